@@ -1,0 +1,14 @@
+"""taskmap: a deep-learning compiler built on task mappings.
+
+Public names only; see DESIGN.md §1.  ``taskmap.lang`` holds the kernel DSL (dtypes, ``attrs``,
+``threadIdx``, ``syncthreads``, shared/register tensors, math builtins); ``taskmap.testing``
+holds hypothesis strategies and tolerance-aware comparisons for users' own kernels.
+"""
+from . import errors, ir, lang
+from .ir.mapping import TaskMapping, auto_map, custom_mapping, repeat, spatial
+from .lang import func, kernel, symbol
+from .runtime.kernel import CompiledKernel, Kernel
+from .version import __version__
+
+__all__ = ["CompiledKernel", "Kernel", "TaskMapping", "__version__", "auto_map", "custom_mapping", "errors",
+           "func", "ir", "kernel", "lang", "repeat", "spatial", "symbol"]

@@ -1,0 +1,63 @@
+"""Build generated C with gcc into a shared library, through the on-disk compile cache."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+from ...errors import BuildError
+from ...runtime.cache import DiskCache, cache_key, compiler_version
+from ..base import Binary, Target
+
+#: The C compiler (override with the environment variable ``TASKMAP_CC``).
+CC_DEFAULT = "gcc"
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+          "-Wall", "-Wno-unused-variable", "-Wno-unused-but-set-variable", "-Wno-unused-function",
+          "-Wno-maybe-uninitialized", "-Wno-uninitialized")
+
+_cache = DiskCache("cpu")
+_loaded: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+def compiler() -> str:
+    return os.environ.get("TASKMAP_CC", CC_DEFAULT)
+
+
+def build_c(source: str, target: Target, entry: str) -> Binary:
+    """Compile ``source`` (cached by source, flags, compiler version and target)."""
+    cc = compiler()
+    key = cache_key("cpu-c", source, CFLAGS, compiler_version((cc, "--version")), target)
+    so = _cache.get(key, ".so")
+    src = _cache.path_for(key, ".c")
+    if so is None:
+        work = _cache.build_dir(key)
+        c_file, out = work / "kernel.c", work / "kernel.so"
+        c_file.write_text(source)
+        cmd = [cc, *CFLAGS, str(c_file), "-o", str(out), "-lm"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.exists():
+            src = _cache.put_bytes(key, ".c", source.encode())
+            shutil.rmtree(work, ignore_errors=True)
+            cmd[cmd.index(str(c_file))] = str(src)
+            cmd[cmd.index(str(out))] = "/tmp/kernel.so"
+            raise BuildError(f"gcc failed to compile the generated C for {entry} (exit {proc.returncode})",
+                             log=proc.stdout + proc.stderr, source_path=str(src), command=shlex.join(cmd))
+        src = _cache.put_bytes(key, ".c", source.encode())
+        so = _cache.put_file(key, ".so", out)
+        shutil.rmtree(work, ignore_errors=True)
+    return Binary(target=target, source=source, binary=str(so), source_path=str(src), entry=entry)
+
+
+def load_library(path: str | Path) -> ctypes.CDLL:
+    """Load a built library once per process."""
+    key = str(path)
+    with _lock:
+        lib = _loaded.get(key)
+        if lib is None:
+            lib = _loaded[key] = ctypes.CDLL(key, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        return lib

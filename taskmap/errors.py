@@ -1,0 +1,119 @@
+"""Every exception type taskmap raises on purpose, in one place.
+
+All of them derive from :class:`TaskmapError`, so ``except taskmap.errors.TaskmapError`` catches
+anything the library reports deliberately. Constructor arguments are kept in ``self.args`` so the
+exceptions survive pickling (multiprocessing, pytest-xdist); the user-facing text is built by
+``__str__``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from os import PathLike
+
+#: How many trailing lines of a compiler log ``str(BuildError)`` shows (``.log`` keeps all).
+LOG_TAIL_LINES = 60
+
+
+class TaskmapError(Exception):
+    """Base class of all taskmap errors."""
+
+
+class DSLError(TaskmapError):
+    """A mistake in user kernel code, pointing at the user's file, line and column.
+
+    ``col`` is 0-based, as in Python's ``ast`` (``node.col_offset``); the header shows it 1-based,
+    as compilers and editors do. Rendered as::
+
+        path/to/file.py:12:15: error: name 'undefined_name' is not defined
+            c[i] = a[i] + undefined_name
+                          ^
+    """
+
+    def __init__(
+        self,
+        message: str,
+        filename: str | None = None,
+        lineno: int | None = None,
+        col: int | None = None,
+        source_line: str | None = None,
+    ):
+        super().__init__(message, filename, lineno, col, source_line)
+        self.msg = message
+        self.filename = filename
+        self.lineno = lineno
+        self.col = col
+        self.source_line = source_line
+
+    def __str__(self) -> str:
+        location = self.filename or "<unknown>"
+        if self.lineno is not None:
+            location += f":{self.lineno}"
+            if self.col is not None:
+                location += f":{self.col + 1}"
+        text = f"{location}: error: {self.msg}"
+        if self.source_line and self.source_line.strip():
+            line = self.source_line.rstrip("\r\n")
+            body = line.lstrip()
+            text += "\n    " + body
+            if self.col is not None:
+                # Pad with the same characters the line uses (tabs stay tabs) so the caret lines up.
+                offset = max(self.col - (len(line) - len(body)), 0)
+                pad = "".join(ch if ch == "\t" else " " for ch in body[:offset])
+                text += "\n    " + pad + "^"
+        return text
+
+
+class IRError(TaskmapError):
+    """The IR broke an invariant (raised by the verifier, and by passes on malformed input)."""
+
+
+class LaunchError(TaskmapError, ValueError):
+    """A compiled kernel was called with wrong shapes, dtypes, layouts or devices."""
+
+
+class BuildError(TaskmapError):
+    """A compiler (NVRTC, hipRTC, gcc) rejected generated code.
+
+    ``log`` holds the full compiler output; ``str()`` shows its last :data:`LOG_TAIL_LINES` lines
+    together with the generated source's path and a command that reproduces the failure.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        log: str = "",
+        source_path: str | PathLike[str] | None = None,
+        command: str | Sequence[str] | None = None,
+    ):
+        super().__init__(message, log, source_path, command)
+        self.message = message
+        self.log = log or ""
+        self.source_path = source_path
+        self.command = command
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.source_path is not None:
+            parts.append(f"  generated source: {self.source_path}")
+        if self.command:
+            cmd = self.command if isinstance(self.command, str) else shlex.join(map(str, self.command))
+            parts.append(f"  reproduce with: {cmd}")
+        lines = self.log.rstrip().splitlines()
+        if lines:
+            if len(lines) > LOG_TAIL_LINES:
+                parts.append(f"  compiler log (last {LOG_TAIL_LINES} of {len(lines)} lines):")
+                lines = lines[-LOG_TAIL_LINES:]
+            else:
+                parts.append("  compiler log:")
+            parts.extend("    " + line for line in lines)
+        return "\n".join(parts)
+
+
+class UnsupportedError(TaskmapError):
+    """A valid request that this version (or this target) does not handle."""
+
+
+class CacheError(TaskmapError):
+    """The on-disk compile cache cannot be used (e.g. it points at a directory it does not own)."""

@@ -1,0 +1,1 @@
+"""Runtime support: compiled artifacts, memory, and the on-disk compile cache."""
