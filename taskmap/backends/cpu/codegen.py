@@ -100,12 +100,12 @@ class _FuncGen:
         if isinstance(e, E.Special):
             return self.special(e)
         if isinstance(e, E.Binary):
-            return self.binary(e)
+            return _wrap_narrow(self.binary(e), e.dtype)
         if isinstance(e, E.Compare):
             return f"({self.expr(e.a)} {e.op.value} {self.expr(e.b)})"
         if isinstance(e, E.Unary):
             op = {E.UnOp.NEG: "-", E.UnOp.NOT: "!", E.UnOp.BITNOT: "~"}[e.op]
-            return f"({op}{self.expr(e.a)})"
+            return _wrap_narrow(f"({op}{self.expr(e.a)})", e.dtype)
         if isinstance(e, E.Cast):
             return self.cast(self.expr(e.a), e.a.dtype, e.type)
         if isinstance(e, E.Select):
@@ -242,6 +242,11 @@ class _FuncGen:
         self.emit(f"for ({ctype(s.var.type)} {v} = {self.expr(s.start)}; {v} {cmp} {self.expr(s.stop)}; {v}{step}) {{", d)
         self.stmt(s.body, d + 1)
         self.emit("}", d)
+
+
+def _wrap_narrow(text: str, t: ScalarType) -> str:
+    """C computes 8- and 16-bit integer arithmetic in ``int``: wrap the result to its IR type."""
+    return f"(({ctype(t)}){text})" if t.is_integer and t.nbytes < 4 else text
 
 
 def _numel(t: TensorType) -> int:

@@ -1,0 +1,46 @@
+"""Shared helpers for the benchmark runners: timing (median after warm-up) and table printing."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Callable
+
+
+def median_time(fn: Callable[[], object], warmup: int = 2, repeat: int = 10, min_time: float = 0.2) -> float:
+    """Median wall time of ``fn()`` in seconds, after ``warmup`` calls; at least ``repeat`` runs."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeat or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 200:
+            break
+    return statistics.median(times)
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    text = "\n".join(lines)
+    print(text)
+    return text

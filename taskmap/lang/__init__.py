@@ -1,0 +1,32 @@
+"""The kernel DSL: write kernels as Python functions with task mappings; ``transpile`` makes IR.
+
+Inside a ``@taskmap.kernel`` function::
+
+    @taskmap.kernel
+    def vec_add(a: f32[1024], b: f32[1024], c: f32[1024]):
+        attrs.grid_dim = 4
+        attrs.block_dim = 256
+        for i in spatial(1024).on(blockIdx.x * 256 + threadIdx.x):
+            c[i] = a[i] + b[i]
+
+Compile-time Python values (closure ints, mappings, config objects) are evaluated while
+transpiling; everything else becomes IR. The rule for local variables is documented in
+:mod:`taskmap.lang.scope`. The builtins below raise ``TypeError`` when called in plain Python;
+dtypes and task mappings are ordinary values.
+"""
+from ..ir.dtypes import bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
+from ..ir.expr import blockDim, blockIdx, gridDim, threadIdx
+from ..ir.mapping import auto_map, custom_mapping, repeat, spatial
+from .builtins import (DeviceFunction, attrs, cast, ceil, cos, erf, exp, exp2, floor, fma, func, log, log2,
+                       parallel, pow, register_tensor, round, rsqrt, select, shared_tensor, sin, sqrt, symbol,
+                       syncthreads, tanh, unroll, vectorize)
+from .kernel import kernel
+from .transpiler import transpile
+
+__all__ = [
+    "DeviceFunction", "attrs", "auto_map", "bf16", "blockDim", "blockIdx", "bool_", "cast", "ceil", "cos",
+    "custom_mapping", "erf", "exp", "exp2", "f16", "f32", "f64", "floor", "fma", "func", "gridDim", "i8",
+    "i16", "i32", "i64", "kernel", "log", "log2", "parallel", "pow", "register_tensor", "repeat", "round",
+    "rsqrt", "select", "shared_tensor", "sin", "spatial", "sqrt", "symbol", "syncthreads", "tanh",
+    "threadIdx", "transpile", "u8", "u16", "u32", "u64", "unroll", "vectorize",
+]
