@@ -5,8 +5,8 @@ Expects: any IR.  Produces: no ``MappingFor``.
 For ``m.on(worker)`` the worker's tasks are enumerated by ``len(m.loop_extents())`` nested loops
 and each task index is ``m.task_index(worker, loop_vars)`` (the paper's semantics, §5.1).  When
 the worker expression may exceed the mapping's workers (a mapping of 128 workers in a block of
-256 threads), the loops are guarded by ``worker < num_workers``; the simplifier drops the guard
-when the launch configuration proves it always holds.
+256 threads) or be negative, the loops are guarded by ``0 <= worker < num_workers``; the
+simplifier drops the parts of the guard the launch configuration proves.
 
 An ``enumerate`` ordinal becomes ``k1 * e2 + k2`` over the task loops: a constant once they are
 unrolled, so register tiles indexed by it stay in registers.
@@ -63,7 +63,8 @@ class _LowerMappings(IRRewriter):
         inner = substitute(body, env)
         if node.worker is not None:
             loops = _task_loops(extents, inner, loop_vars, unroll)
-            guard = E.compare(E.CmpOp.LT, worker, m.num_workers)
+            # A worker outside 0..num_workers-1 has no tasks (the simplifier drops what it can prove).
+            guard = E.logical_and(E.compare(E.CmpOp.GE, worker, 0), E.compare(E.CmpOp.LT, worker, m.num_workers))
             return S.If(guard, loops)
         assert isinstance(worker, E.Var)
         if node.kind is MappingLoopKind.VECTORIZE:

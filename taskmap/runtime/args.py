@@ -52,7 +52,10 @@ def array_info(x: Any) -> ArrayInfo | None:
                          bool(x.flags.writeable), "cpu")
     if is_torch_tensor(x):
         dev = x.device
-        device = "cpu" if dev.type == "cpu" else f"{dev.type}:{dev.index or 0}"
+        if dev.type == "cpu" or (dev.index is None and dev.type != "cuda"):
+            device = dev.type  # "cpu", "meta": no index
+        else:
+            device = f"{dev.type}:{dev.index or 0}"
         return ArrayInfo(x.data_ptr(), tuple(x.shape), str(x.dtype).replace("torch.", ""),
                          bool(x.is_contiguous()), True, device)
     return None
@@ -105,10 +108,11 @@ def _bind_tensor(fname: str, p: E.Var, a: Any, sizes: dict[str, int], written: b
     where = f"{fname}(): argument '{p.name}'"
     if info is None:
         raise LaunchError(f"{where} must be a numpy array or torch tensor of {t!r}, got {type(a).__name__}")
+    if t.dtype is bf16 and isinstance(a, np.ndarray):
+        raise LaunchError(f"{where} is a bfloat16 parameter: pass a torch bfloat16 tensor (numpy has no "
+                          f"bfloat16), got a numpy array of {info.dtype}")
     if info.dtype != t.dtype.name:
         raise LaunchError(f"{where} must have dtype {t.dtype.name}, got {info.dtype}")
-    if t.dtype is bf16 and isinstance(a, np.ndarray):
-        raise LaunchError(f"{where}: bfloat16 tensors must be torch tensors")
     if len(info.shape) != t.ndim:
         raise LaunchError(f"{where} must have {t.ndim} dimensions {t!r}, got shape {info.shape}")
     for d, (dim, got) in enumerate(zip(t.shape, info.shape)):
@@ -148,4 +152,15 @@ def _bind_scalar(fname: str, p: E.Var, a: Any) -> Any:
         return a
     if isinstance(a, bool) or not isinstance(a, (int, float)):
         raise LaunchError(f"{where} must be a number ({t!r}), got {type(a).__name__}")
-    return float(a) if t is not f16 else float(np.float16(a))
+    if t is f16:
+        return float(np.float16(a))
+    return _round_bf16(float(a)) if t is bf16 else float(a)
+
+
+def _round_bf16(x: float) -> float:
+    """``x`` rounded to the nearest bfloat16 (ties to even), as the kernel's bf16 conversions do."""
+    u = int(np.array(x, np.float32).view(np.uint32))
+    if (u & 0x7FFFFFFF) > 0x7F800000:  # NaN stays NaN
+        return x
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16) & 0xFFFFFFFF
+    return float(np.array(u, np.uint32).view(np.float32))

@@ -150,9 +150,12 @@ class Kernel:
         if self.func.kind not in (FuncKind.GPU_KERNEL, FuncKind.CPU_KERNEL):
             raise TypeError(f"{self.__name__} is a {self.func.kind.value} function, not a kernel")
         bound_device = _device_of(args)
-        if bound_device != "cpu":
+        if bound_device.startswith("cuda"):
             raise UnsupportedError(f"{self.__name__}(): tensors on {bound_device} need the CUDA runtime, "
                                    "which this version of taskmap does not include yet")
+        if bound_device != "cpu":
+            raise UnsupportedError(f"{self.__name__}(): cannot run on tensors on device {bound_device!r}; "
+                                   "pass numpy arrays or torch CPU tensors")
         self.build("cpu")(*args)
 
     def __repr__(self) -> str:

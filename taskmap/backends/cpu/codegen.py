@@ -73,8 +73,11 @@ class _FuncGen:
         if isinstance(e, E.Binary) and e.op in (E.BinOp.ADD, E.BinOp.MUL, E.BinOp.FLOORDIV, E.BinOp.MOD,
                                                  E.BinOp.MIN, E.BinOp.MAX, E.BinOp.SHR, E.BinOp.BITAND):
             return self.is_nonneg(e.a) and self.is_nonneg(e.b)
-        if isinstance(e, E.Cast):
-            return e.type.is_integer and e.a.dtype.is_integer and self.is_nonneg(e.a)
+        if isinstance(e, E.Cast):  # only casts that keep every non-negative value of the source
+            src, dst = e.a.dtype, e.type
+            if not (dst.is_integer and src.is_integer and self.is_nonneg(e.a)):
+                return False
+            return dst.kind.value == "uint" or dst.nbytes > src.nbytes or (dst.nbytes == src.nbytes and src.is_signed)
         return False
 
     def special(self, e: E.Special) -> str:
@@ -116,7 +119,10 @@ class _FuncGen:
         if isinstance(e, E.Call):
             return self.call(e)
         if isinstance(e, E.CallFunc):
-            return f"{self.gen.func_name(e.name)}({', '.join(self.expr(a) for a in e.args)})"
+            callee = self.gen.module.lookup(e.name)
+            args = [self.expr(a) for a in e.args]
+            args += [self.expr(sv) for sv in callee.size_vars[len(e.args) - len(callee.params):]]
+            return f"{self.gen.func_name(e.name)}({', '.join(args)})"
         raise UnsupportedError(f"C backend cannot render {type(e).__name__}")
 
     def cast(self, text: str, src: ScalarType, dst: ScalarType) -> str:
@@ -214,6 +220,11 @@ class _FuncGen:
         else:
             raise UnsupportedError(f"C backend cannot render {type(s).__name__} (was the module lowered?)")
 
+    def check_independent(self, s: S.For, what: str) -> None:
+        why = _omp_conflict(s)
+        if why is not None:
+            raise UnsupportedError(f"{self.func.name}: the {what} loop over '{s.var.name}' {why}")
+
     def decl_tensor(self, s: S.DeclTensor, d: int) -> None:
         t: TensorType = s.var.type
         name = self.names(s.var)
@@ -231,8 +242,10 @@ class _FuncGen:
         if self.is_nonneg(s.start) and s.step > 0:
             self.nonneg.add(id(s.var))
         if s.kind is S.ForKind.PARALLEL and not self.gpu_body and self.func.kind is FuncKind.CPU_KERNEL:
+            self.check_independent(s, "parallel")
             self.emit("#pragma omp parallel for schedule(static)", d)
         elif s.kind is S.ForKind.VECTORIZE:
+            self.check_independent(s, "vectorized")
             self.emit("#pragma omp simd", d)
         elif s.kind is S.ForKind.UNROLL:
             extent = _const_extent(s)
@@ -247,6 +260,27 @@ class _FuncGen:
 def _wrap_narrow(text: str, t: ScalarType) -> str:
     """C computes 8- and 16-bit integer arithmetic in ``int``: wrap the result to its IR type."""
     return f"(({ctype(t)}){text})" if t.is_integer and t.nbytes < 4 else text
+
+
+def _omp_conflict(loop: S.For) -> str | None:
+    """Why the iterations of ``loop`` cannot run concurrently (an OpenMP loop), or None."""
+    inner = {id(x.var) for x in collect(loop.body, S.DeclScalar)}
+    for a in collect(loop.body, S.Assign):
+        if id(a.var) not in inner:
+            return (f"assigns '{a.var.name}', a variable declared outside the loop, so its iterations would race; "
+                    "declare it inside the loop, or use a serial loop")
+    if collect(loop.body, S.Return):
+        return "returns from inside the loop"
+    todo = [loop.body]
+    while todo:  # a break that leaves this loop (not one of an inner loop)
+        st = todo.pop()
+        if isinstance(st, S.Break):
+            return "breaks out of the loop; use a serial loop"
+        if isinstance(st, S.Seq):
+            todo.extend(st.stmts)
+        elif isinstance(st, S.If):
+            todo.extend(x for x in (st.then, st.else_) if x is not None)
+    return None
 
 
 def _numel(t: TensorType) -> int:
@@ -301,7 +335,9 @@ class CGen:
         return "\n\n".join(out) + "\n"
 
     def signature(self, f: Function, g: _FuncGen) -> str:
-        params = ", ".join(_param_decl(g.names, p, self.written) for p in f.params) or "void"
+        params = [_param_decl(g.names, p, self.written) for p in f.params]
+        params += [f"int32_t {g.names.size(sv.name)}" for sv in f.size_vars]  # the caller's sizes, by name
+        params = ", ".join(params) or "void"
         ret = ctype(f.ret) if f.ret is not None else "void"
         return f"static inline {ret} {self.func_name(f.name)}({params})"
 
@@ -341,6 +377,10 @@ class CGen:
                 smem += nbytes
             else:
                 reg_bytes += nbytes
+        for h in self.module.functions:  # helpers' register tensors live on the fiber stacks too
+            if h is not f:
+                reg_bytes += sum(_numel(x.var.type) * (2 if x.var.type.dtype is bf16 else x.var.type.dtype.nbytes)
+                                 for x in collect(h.body, S.DeclTensor) if x.var.type.scope is MemScope.REGISTER)
         g.stmt(f.body, 1)
         has_barrier = bool(collect(f.body, S.Barrier)) or any(
             collect(h.body, S.Barrier) for h in self.module.functions if h is not f)

@@ -1,0 +1,111 @@
+"""CUDA ``Target``s: capabilities of NVIDIA architectures, from a table or from the live device.
+
+Numbers are those of each architecture's flagship data-center (or most common) part; the
+``features`` strings are what schedules and templates test instead of comparing arch names:
+
+``mma_f16``     ``mma.sync`` with f16 inputs (sm_70+; m16n8k16 from sm_80)
+``bf16``        ``__nv_bfloat16`` arithmetic and bf16 ``mma.sync`` (sm_80+)
+``cp_async``    ``cp.async`` global->shared copies (sm_80+)
+``ldmatrix``    ``ldmatrix`` (sm_75+)
+``fp8``         e4m3/e5m2 types and fp8 ``mma`` (sm_89+)
+``tma``         tensor memory accelerator, thread-block clusters (sm_90+)
+``wgmma``       warp-group ``wgmma.mma_async`` (only the arch-specific ``sm_90a`` / ``sm_100a``)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from ...errors import UnsupportedError
+from ..base import Target, TargetKind
+from .driver import DeviceProperties, cuda_available, device_properties
+from .nvrtc import arch_for_capability
+
+
+@dataclass(frozen=True)
+class _ArchSpec:
+    part: str
+    num_sms: int
+    smem_optin: int  # bytes per block after cudaFuncSetAttribute(MaxDynamicSharedMemorySize)
+
+
+_KB = 1024
+# Opt-in limits per the CUDA programming guide's "technical specifications per compute capability".
+_ARCHS: dict[int, _ArchSpec] = {
+    70: _ArchSpec("V100", 80, 96 * _KB),
+    75: _ArchSpec("T4", 40, 64 * _KB),
+    80: _ArchSpec("A100", 108, 163 * _KB),       # 166912
+    86: _ArchSpec("A10 / RTX 3090", 84, 99 * _KB),   # 101376 (A10: 72 SMs, RTX 3090: 82, A40: 84)
+    87: _ArchSpec("Jetson Orin", 16, 163 * _KB),
+    89: _ArchSpec("L40S / RTX 4090", 142, 99 * _KB),
+    90: _ArchSpec("H100 SXM", 132, 227 * _KB),   # 232448
+    100: _ArchSpec("B200", 148, 227 * _KB),
+    120: _ArchSpec("RTX 5090", 170, 99 * _KB),
+}
+_ARCH_RE = re.compile(r"sm_(\d+)([af]?)")
+
+
+def _features(cc: int, suffix: str) -> tuple[str, ...]:
+    feats = []
+    if cc >= 70:
+        feats.append("mma_f16")
+    if cc >= 75:
+        feats.append("ldmatrix")
+    if cc >= 80:
+        feats += ["bf16", "cp_async"]
+    if cc >= 89:
+        feats.append("fp8")
+    if cc >= 90:
+        feats.append("tma")
+    if suffix == "a" and cc in (90, 100):
+        feats.append("wgmma")
+    return tuple(sorted(feats))
+
+
+def known_cuda_archs() -> tuple[str, ...]:
+    return tuple(f"sm_{cc}" for cc in _ARCHS) + ("sm_90a", "sm_100a")
+
+
+def cuda_target(arch: str) -> Target:
+    """The Target for ``arch`` ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...)."""
+    m = _ARCH_RE.fullmatch(arch)
+    spec = _ARCHS.get(int(m[1])) if m else None
+    if spec is None:
+        raise UnsupportedError(
+            f"unknown CUDA architecture {arch!r}: expected one of {', '.join(known_cuda_archs())}"
+        )
+    cc = int(m[1])
+    return Target(
+        kind=TargetKind.CUDA,
+        arch=arch,
+        warp_size=32,
+        max_threads_per_block=1024,
+        max_shared_memory=48 * _KB,
+        max_shared_memory_optin=spec.smem_optin,
+        vector_bytes=16,
+        num_cores=spec.num_sms,
+        features=_features(cc, m[2]),
+    )
+
+
+def target_from_properties(props: DeviceProperties) -> Target:
+    """A Target for a live device, compiled for the newest arch NVRTC knows that fits it."""
+    major, minor = props.compute_capability
+    arch = arch_for_capability(major, minor)
+    cc = int(arch[3:])
+    base = cuda_target(arch) if cc in _ARCHS else Target(TargetKind.CUDA, arch, features=_features(cc, ""))
+    return replace(
+        base,
+        warp_size=props.warp_size,
+        max_threads_per_block=props.max_threads_per_block,
+        max_shared_memory=props.shared_memory_per_block,
+        max_shared_memory_optin=props.shared_memory_per_block_optin,
+        num_cores=props.multiprocessor_count,
+    )
+
+
+def current_cuda_target(device: int = 0) -> Target:
+    """The Target of GPU ``device`` (needs an NVIDIA GPU; raises UnsupportedError without one)."""
+    if not cuda_available():
+        raise UnsupportedError("no NVIDIA GPU: cannot describe the current CUDA target")
+    return target_from_properties(device_properties(device))
