@@ -17,6 +17,8 @@ from ..errors import LaunchError
 from ..ir import expr as E
 from ..ir.dtypes import ScalarType, bf16, f16
 from ..ir.func import Function
+from ..ir.functor import substitute
+from ..ir.simplify import simplify_expr
 from ..ir.types import TensorType
 
 INT32_MAX = 2**31 - 1
@@ -88,21 +90,29 @@ def bind_args(func: Function, args: Sequence[Any], written: set[str]) -> BoundAr
     sizes: dict[str, int] = {}
     values: list[Any] = []
     devices: set[str] = set()
+    derived: list[tuple[str, int, E.Expr, tuple[int, ...]]] = []  # dimensions like 2 * n, checked last
     for p, a in zip(func.params, args):
         if isinstance(p.type, TensorType):
-            values.append(_bind_tensor(func.name, p, a, sizes, p.name in written, devices))
+            values.append(_bind_tensor(func.name, p, a, sizes, p.name in written, devices, derived))
         else:
             values.append(_bind_scalar(func.name, p, a))
     if len(devices) > 1:
         raise LaunchError(f"{func.name}(): arguments are on different devices: {sorted(devices)}")
     missing = [sv.name for sv in func.size_vars if sv.name not in sizes]
     if missing:
-        raise LaunchError(f"{func.name}(): cannot infer symbolic sizes {missing} from the arguments")
+        raise LaunchError(f"{func.name}(): cannot infer symbolic sizes {missing} from the arguments "
+                          "(each must be a whole dimension of some tensor argument)")
+    env = {E.SizeVar(k): E.const(v) for k, v in sizes.items()}
+    for where, d, dim, shape in derived:
+        want = simplify_expr(substitute(dim, env))
+        if not isinstance(want, E.Const) or int(want.value) != shape[d]:
+            raise LaunchError(f"{where}: dimension {d} must be {dim!r} = {want!r}, got shape {shape}")
     values += [sizes[sv.name] for sv in func.size_vars]
     return BoundArgs(tuple(values), sizes, devices.pop() if devices else "cpu")
 
 
-def _bind_tensor(fname: str, p: E.Var, a: Any, sizes: dict[str, int], written: bool, devices: set[str]) -> int:
+def _bind_tensor(fname: str, p: E.Var, a: Any, sizes: dict[str, int], written: bool, devices: set[str],
+                 derived: list[tuple[str, int, E.Expr, tuple[int, ...]]]) -> int:
     t: TensorType = p.type
     info = array_info(a)
     where = f"{fname}(): argument '{p.name}'"
@@ -116,6 +126,9 @@ def _bind_tensor(fname: str, p: E.Var, a: Any, sizes: dict[str, int], written: b
     if len(info.shape) != t.ndim:
         raise LaunchError(f"{where} must have {t.ndim} dimensions {t!r}, got shape {info.shape}")
     for d, (dim, got) in enumerate(zip(t.shape, info.shape)):
+        if not isinstance(dim, (E.Const, E.SizeVar)):
+            derived.append((where, d, dim, info.shape))
+            continue
         want = _dim_value(dim, sizes)
         if want is None and isinstance(dim, E.SizeVar):
             if got < 1:

@@ -391,6 +391,26 @@ def test_symbolic_sizes_strings_and_symbols(shape, k, seed):
 
 
 @taskmap.kernel
+def interleave(a: f32[M_, N_], b: f32[M_, N_], out: f32[M_, 2 * N_ + 1]):
+    for i in range(M_):
+        out[i, 2 * N_] = -1.0
+        for j in range(N_):
+            out[i, 2 * j] = a[i, j]
+            out[i, 2 * j + 1] = b[i, j]
+
+
+@given(shapes(2, 2, max_side=40), st.integers(0, 2**32 - 1))
+@FEW
+def test_dimensions_derived_from_symbolic_sizes(shape, seed):
+    rng = np.random.default_rng(seed)
+    a, b = rng.uniform(-2, 2, shape).astype(np.float32), rng.uniform(-2, 2, shape).astype(np.float32)
+    out = np.full((shape[0], 2 * shape[1] + 1), np.nan, np.float32)
+    interleave(a, b, out)
+    want = np.concatenate([np.stack([a, b], axis=2).reshape(shape[0], -1), -np.ones((shape[0], 1))], axis=1)
+    assert_close(out, want)
+
+
+@taskmap.kernel
 def scalars(a: f32["n"], out: f32["n"], alpha: f32, beta: f64, shift: i32, big: i64, flag: bool_):
     for i in range(a.shape[0]):
         v = a[i] * alpha + f32(beta) + f32(shift) + f32(big % 1000)
@@ -525,3 +545,34 @@ def test_torch_cpu_tensors_same_as_numpy():
     running(x, *outs)
     assert_close(outs[1], torch.cummax(x, 0).values)
     assert_close(outs[2], x.double().sum().reshape(1))
+
+
+@taskmap.kernel
+def c_names(exp: f64["n"], sqrt: f64["n"], free: f32[4], malloc: f32[4], _Float16: i32[1]):
+    for i in range(exp.shape[0]):
+        floor = exp[i] // 0.5                    # a local named like the C function
+        int32_t = i * 2
+        sqrt[i] = math.exp(exp[i]) + math.sqrt(abs(exp[i])) + floor + f64(int32_t)
+    _Float16[0] = 7
+    for TM_OK in range(4):
+        free[TM_OK] = malloc[3 - TM_OK]
+
+
+@taskmap.kernel
+def c_names_gpu(free: f32[32], aligned_alloc: f32[32]):
+    attrs.block_dim = 32
+    memset = shared_tensor(f32, [32])
+    memset[threadIdx.x] = free[threadIdx.x]
+    syncthreads()
+    aligned_alloc[threadIdx.x] = memset[31 - threadIdx.x]
+
+
+def test_user_names_that_are_c_library_names():
+    x = rand(9, dtype=np.float64)
+    out, f, m, k = np.empty(9), np.empty(4, np.float32), rand(4), np.zeros(1, np.int32)
+    c_names(x, out, f, m, k)
+    assert_close(out, np.exp(x) + np.sqrt(np.abs(x)) + x // 0.5 + 2 * np.arange(9))
+    assert (f == m[::-1]).all() and k[0] == 7
+    a, b = rand(32), np.empty(32, np.float32)
+    c_names_gpu(a, b)
+    assert (b == a[::-1]).all()

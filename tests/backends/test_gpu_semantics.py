@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import taskmap
 from taskmap import repeat, spatial
-from taskmap.lang import attrs, blockIdx, f32, i32, register_tensor, shared_tensor, syncthreads, threadIdx
+from taskmap.lang import attrs, blockDim, blockIdx, f32, i32, register_tensor, shared_tensor, syncthreads, threadIdx
 from taskmap.testing import arrays, assert_close, shapes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -201,11 +201,39 @@ def test_multi_block_2d_grid(shape):
     assert (who == (((r // 4) * 1000 + c // 8) * 100 + r % 4) * 10 + c % 8).all()
 
 
-def test_3d_block_thread_indices_with_fibers():
+@taskmap.kernel
+def grid_3d_no_barrier(out: i32[3, 2, 2, 2, 3, 4]):
+    attrs.grid_dim = (2, 2, 3)
+    attrs.block_dim = (4, 3, 2)
+    out[blockIdx.z, blockIdx.y, blockIdx.x, threadIdx.z, threadIdx.y, threadIdx.x] = \
+        ((blockIdx.z * 2 + blockIdx.y) * 2 + blockIdx.x) * 24 + (threadIdx.z * 3 + threadIdx.y) * 4 + threadIdx.x
+
+
+def test_3d_block_and_grid_indices_with_and_without_fibers():
     out, nxt = np.full((2, 3, 4), -1, np.int32), np.full((2, 3, 4), -1, np.int32)
     block_3d_with_barrier(out, nxt)
     assert out.ravel().tolist() == list(range(24))
     assert nxt.ravel().tolist() == [((t + 5) % 24) * 7 for t in range(24)]
+    big = np.full((3, 2, 2, 2, 3, 4), -1, np.int32)
+    grid_3d_no_barrier(big)
+    assert big.ravel().tolist() == list(range(big.size))
+
+
+@taskmap.kernel
+def reverse_in_one_block(a: f32["n"], out: f32["n"]):
+    attrs.block_dim = a.shape[0]             # as many threads as elements, known at launch
+    buf = shared_tensor(f32, [1024])
+    buf[threadIdx.x] = a[threadIdx.x]
+    syncthreads()
+    out[threadIdx.x] = buf[a.shape[0] - 1 - threadIdx.x]
+
+
+@given(arrays(np.float32, shapes(1, 1, max_side=1024)))
+@FEW
+def test_block_dim_from_a_symbolic_size(a):
+    out = np.full_like(a, np.nan)
+    reverse_in_one_block(a, out)
+    assert np.array_equal(out, a[::-1])
 
 
 FEW_WORKERS = spatial(4, 8) * repeat(2, 2)   # 32 workers cover an 8x16 tile; the block has 100 threads
@@ -324,3 +352,45 @@ def test_launches_from_several_python_threads(examples):
     with ThreadPoolExecutor(4) as pool:
         errors = list(pool.map(job, range(12)))
     assert max(errors) < 1e-4
+
+
+@taskmap.func
+def global_id() -> i32:
+    return blockIdx.x * blockDim.x + threadIdx.x
+
+
+@taskmap.func
+def put(t: f32[64], i: i32, v: f32):
+    t[i] = v
+
+
+@taskmap.func
+def sync_then_read(s: f32[32], i: i32) -> f32:
+    syncthreads()                          # a barrier inside a helper: the kernel runs threads as fibers
+    return s[i]
+
+
+@taskmap.kernel
+def helper_reads_indices(out: f32[64]):
+    attrs.grid_dim = 2
+    attrs.block_dim = 32
+    put(out, global_id(), f32(global_id() * 2 + blockIdx.x))
+
+
+@taskmap.kernel
+def helper_barrier(a: f32[64], out: f32[64]):
+    attrs.grid_dim = 2
+    attrs.block_dim = 32
+    s = shared_tensor(f32, [32])
+    s[threadIdx.x] = a[global_id()]
+    out[global_id()] = sync_then_read(s, 31 - threadIdx.x)
+
+
+def test_helpers_reading_thread_indices_and_holding_barriers():
+    out = np.full(64, np.nan, np.float32)
+    helper_reads_indices(out)
+    assert out.tolist() == [2 * t + t // 32 for t in range(64)]
+    a = rand(64)
+    out = np.full(64, np.nan, np.float32)
+    helper_barrier(a, out)
+    assert np.array_equal(out, a.reshape(2, 32)[:, ::-1].ravel())

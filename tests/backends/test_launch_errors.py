@@ -78,6 +78,30 @@ def test_bad_arguments_raise_launch_error(case):
         launch(**changes)
 
 
+K_ = taskmap.symbol("K_")
+
+
+@taskmap.kernel
+def doubled(a: f32[K_], b: f32[2 * K_ + 1]):
+    for i in range(K_):
+        b[2 * i] = a[i]
+
+
+@taskmap.kernel
+def only_derived(b: f32[2 * K_]):
+    b[0] = 1.0
+
+
+def test_dimensions_derived_from_sizes():
+    with pytest.raises(LaunchError, match=r"argument 'b': dimension 0 must be 2 \* K_ \+ 1 = 7, got shape \(6,\)"):
+        doubled(np.ones(3, np.float32), np.ones(6, np.float32))
+    with pytest.raises(LaunchError, match=r"cannot infer symbolic sizes \['K_'\] from the arguments"):
+        only_derived(np.ones(4, np.float32))
+    b = np.zeros(7, np.float32)
+    doubled(np.ones(3, np.float32), b)
+    assert b.tolist() == [1, 0, 1, 0, 1, 0, 0]
+
+
 def test_bad_launch_does_not_write_outputs():
     x, y = ok_args()[:2]
     y[:] = np.nan

@@ -37,7 +37,7 @@ def compose(factors):
 
 
 mappings = st.lists(grid_factor(), min_size=1, max_size=3).map(compose).filter(
-    lambda m: m.num_workers <= 1024 and m.tasks_per_worker <= 256)
+    lambda m: m.num_workers <= 1020 and m.tasks_per_worker <= 256)
 
 
 def make_ordinal_kernel(m, threads):
@@ -92,16 +92,16 @@ def guard_kernel(threads):
 
 
 def worker_guards(func):
-    """The conditions of the Ifs that compare threadIdx.x against a constant."""
-    return [s.cond for s in collect(func.body, S.If)
-            if isinstance(s.cond, E.Compare) and collect(s.cond, E.Special)]
+    """The conditions of the Ifs that test threadIdx.x (mapping-loop guards)."""
+    return [s.cond for s in collect(func.body, S.If) if collect(s.cond, E.Special)]
 
 
 def test_guard_inserted_when_more_threads_than_workers():
     k = guard_kernel(100)
     after_pass = lower_mappings(k.module).entry_function
-    assert len(worker_guards(after_pass)) == 1
-    guards = worker_guards(k.lower().entry_function)
+    (g,) = worker_guards(after_pass)                            # 0 <= worker < 32
+    assert g == E.logical_and(E.compare(E.CmpOp.GE, threadIdx.x, 0), E.compare(E.CmpOp.LT, threadIdx.x, 32))
+    guards = worker_guards(k.lower().entry_function)           # threadIdx.x >= 0 is known
     assert len(guards) == 1
     g = guards[0]
     assert g.op is E.CmpOp.LT and g.a == threadIdx.x and g.b == E.const(32)
@@ -134,6 +134,25 @@ def guarded_symbolic_grid(a: f32["n"], c: f32["n"]):
     attrs.block_dim = 256
     for i in spatial(1024).on(blockIdx.x * 256 + threadIdx.x):
         c[i] = a[i]
+
+
+SHIFTED = spatial(4, 8)
+
+
+@taskmap.kernel
+def shifted_worker(out: i32[64]):
+    attrs.block_dim = 64
+    for i, j in SHIFTED.on(threadIdx.x - 32):
+        out[32 + i * 8 + j] = threadIdx.x
+
+
+def test_negative_workers_have_no_tasks():
+    """Threads 0..31 have workers -32..-1: outside the mapping, so they must do nothing."""
+    (g,) = worker_guards(shifted_worker.lower().entry_function)
+    assert g == E.compare(E.CmpOp.GE, threadIdx.x - 32, 0)      # the upper bound is proved, the lower is not
+    out = np.full(64, -1, np.int32)
+    shifted_worker(out)
+    assert out.tolist() == [-1] * 32 + list(range(32, 64))
 
 
 def test_guard_with_block_and_thread_indices():
@@ -224,7 +243,8 @@ def test_lower_dump_dir_writes_one_file_per_pass(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == pass_files()
     texts = [(out / name).read_text() for name in pass_files()]
     assert ".on(threadIdx.x)" in texts[0]                                   # the input: a mapping loop
-    assert ".on(" not in texts[1] and "if threadIdx.x < 32:" in texts[1]    # after lower_mappings
+    assert ".on(" not in texts[1] and "threadIdx.x < 32:" in texts[1]      # after lower_mappings
+    assert "if threadIdx.x < 32:" in texts[2]                               # after simplify
     assert "out[" in texts[-1] and texts[-1] == repr(lowered) + "\n"       # the last file: the result
     assert texts[0] == repr(module) + "\n"
 
@@ -242,3 +262,59 @@ def test_dump_ir_environment_variable(tmp_path, monkeypatch):
     dumped(out)
     assert sorted(p.name for p in (tmp_path / "dumped").iterdir()) == pass_files()
     assert (out >= 0).all() and out.max() == 31
+
+
+# ----------------------------------------------------------------------------- simplified arithmetic
+
+
+CONSTS = (-7, -4, -3, -1, 0, 1, 2, 3, 5, 8, 16)
+DIVISORS = (-8, -5, -3, -2, 2, 3, 4, 7, 16)
+
+
+@st.composite
+def int_exprs(draw, i, j, depth=4):
+    """(IR expression over i and j, the same function in Python) with Python's // and %."""
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        leaf = draw(st.sampled_from(["i", "j", "c"]))
+        if leaf == "c":
+            c = draw(st.sampled_from(CONSTS))
+            return E.const(c), lambda x, y: c
+        return (i, lambda x, y: x) if leaf == "i" else (j, lambda x, y: y)
+    op = draw(st.sampled_from(["+", "-", "*", "//", "%", "min", "max", "select"]))
+    a, fa = draw(int_exprs(i, j, depth - 1))
+    if op in ("*", "//", "%"):  # by a constant: no int32 overflow, no division by zero
+        d = draw(st.sampled_from(DIVISORS))
+        if op == "*":
+            return a * d, lambda x, y: fa(x, y) * d
+        if op == "//":
+            return a // d, lambda x, y: fa(x, y) // d
+        return a % d, lambda x, y: fa(x, y) % d
+    b, fb = draw(int_exprs(i, j, depth - 1))
+    if op == "select":
+        return (E.select(E.compare(E.CmpOp.LT, a, b), a * 2, b),
+                lambda x, y: 2 * fa(x, y) if fa(x, y) < fb(x, y) else fb(x, y))
+    build = {"+": lambda: (a + b, lambda x, y: fa(x, y) + fb(x, y)),
+             "-": lambda: (a - b, lambda x, y: fa(x, y) - fb(x, y)),
+             "min": lambda: (E.minimum(a, b), lambda x, y: min(fa(x, y), fb(x, y))),
+             "max": lambda: (E.maximum(a, b), lambda x, y: max(fa(x, y), fb(x, y)))}
+    return build[op]()
+
+
+I_VAR, J_VAR = E.Var("i", i32), E.Var("j", i32)
+
+
+@given(st.lists(int_exprs(I_VAR, J_VAR), min_size=6, max_size=6),
+       st.sampled_from([(-20, 20), (0, 30), (5, 17), (-9, -1)]), st.sampled_from([(0, 6), (-3, 4), (1, 2)]))
+@settings(max_examples=12, deadline=None)
+def test_simplified_index_arithmetic_matches_python(exprs, irange, jrange):
+    """Loop bounds let the simplifier rewrite // and %; the results must stay Python's."""
+    (lo, hi), (jlo, jhi) = irange, jrange
+    out = E.Var("out", TensorType(i32, (E.const(len(exprs)), E.const(hi - lo), E.const(jhi - jlo))))
+    stores = [S.Store(out, (E.const(q), I_VAR - lo, J_VAR - jlo), E.cast(e, i32)) for q, (e, _) in enumerate(exprs)]
+    loops = S.For(I_VAR, E.const(lo), E.const(hi), 1, S.For(J_VAR, E.const(jlo), E.const(jhi), 1, S.seq(*stores)))
+    kern = taskmap.Kernel(Module((Function("arith", FuncKind.CPU_KERNEL, (out,), loops),), "arith"))
+    got = np.zeros((len(exprs), hi - lo, jhi - jlo), np.int32)
+    kern(got)
+    for q, (e, fn) in enumerate(exprs):
+        want = [[fn(x, y) for y in range(jlo, jhi)] for x in range(lo, hi)]
+        assert got[q].tolist() == want, repr(e)

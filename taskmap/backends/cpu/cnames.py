@@ -15,6 +15,13 @@ _C_KEYWORDS = frozenset("""auto break case char const continue default do double
 goto if inline int long register restrict return short signed sizeof static struct switch typedef union
 unsigned void volatile while bool true false main NAN INFINITY
 """.split())
+#: Identifiers the generated code calls or names inside functions that also hold user names: a
+#: parameter called ``exp`` or ``free`` must not shadow them.
+_C_RESERVED = _C_KEYWORDS | frozenset("""exp expf exp2 exp2f log logf log2 log2f sqrt sqrtf tanh tanhf erf erff
+fabs fabsf sin sinf cos cosf floor floorf ceil ceilf nearbyint nearbyintf pow powf fma fmaf fmin fminf fmax fmaxf
+fmod fmodf free malloc calloc aligned_alloc memset memcpy mmap munmap int8_t int16_t int32_t int64_t uint8_t
+uint16_t uint32_t uint64_t uintptr_t size_t
+""".split())
 
 
 def ctype(t: ScalarType) -> str:
@@ -42,7 +49,9 @@ class CNames:
 
     def _fresh(self, base: str) -> str:
         base = re.sub(r"\W", "_", base) or "v"
-        if base[0].isdigit() or base in _C_KEYWORDS or base.startswith("tm_"):
+        reserved_prefix = base.lower().startswith("tm_") or (base[0] == "_" and base[1:2].isupper()) \
+            or base.startswith("__")
+        if base[0].isdigit() or base in _C_RESERVED or reserved_prefix:
             base = "v_" + base
         name, k = base, 0
         while name in self._used:
