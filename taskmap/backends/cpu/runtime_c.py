@@ -1,13 +1,13 @@
 """The C runtime prepended to every generated CPU source file.
 
-Besides small helpers (Python-style floor division and modulo, bfloat16 conversions), it holds
-the emulation of GPU thread blocks on the CPU: every GPU thread of a block is a fiber with its
+Besides the shared helpers (``clike_runtime``), it holds the emulation of GPU thread blocks on the CPU: every GPU thread of a block is a fiber with its
 own stack; ``__syncthreads()`` switches to the next fiber, and a block's fibers run round-robin
 until all have returned, so a barrier anywhere (inside loops, after divergent code) has the
 GPU's meaning: no thread passes it before every live thread of the block has reached it.
 Blocks run in parallel over the cores (OpenMP), each core with its own shared memory buffer
 and fiber stacks.
 """
+from ..clike_runtime import HELPERS
 
 RUNTIME_C = r"""
 #include <stdint.h>
@@ -25,28 +25,9 @@ RUNTIME_C = r"""
 #define TM_OK 0
 #define TM_ERR_ALLOC 1
 #define TM_ERR_LAUNCH 2
-
-static inline int32_t tm_fdiv_i32(int32_t a, int32_t b) {
-  int32_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-static inline int64_t tm_fdiv_i64(int64_t a, int64_t b) {
-  int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-static inline int32_t tm_fmod_i32(int32_t a, int32_t b) {
-  int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline int64_t tm_fmod_i64(int64_t a, int64_t b) {
-  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline float tm_fmod_f32(float a, float b) {
-  float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline double tm_fmod_f64(double a, double b) {
-  double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-
-static inline float tm_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint16_t tm_f32_to_bf16(float f) {
-  uint32_t u; memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
-static inline float tm_round_bf16(float f) { return tm_bf16_to_f32(tm_f32_to_bf16(f)); }
-
+#define TM_FN static inline
+#define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
+""" + HELPERS + r"""
 /* ---- GPU thread-block emulation ------------------------------------------------------------ */
 typedef struct {
   int tid[3], bid[3], bdim[3], gdim[3];
