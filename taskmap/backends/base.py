@@ -6,13 +6,16 @@ Binary`` and ``load(binary) -> callable``.  Code outside ``backends/`` reads ``T
 """
 from __future__ import annotations
 
+import ctypes
 import enum
 import os
 import platform
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
-from ..ir.func import Module
+from ..ir.dtypes import ScalarType
+from ..ir.func import Function, Module
+from ..ir.types import TensorType
 
 
 class TargetKind(enum.Enum):
@@ -70,6 +73,33 @@ class Binary:
     binary: Any
     source_path: str | None = None
     entry: str = ""
+    extra: Any = None  # the toolchain's own result (e.g. a CudaBinary with cubin, PTX and log)
+
+
+_CTYPES = {
+    "bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16, "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64, "uint8": ctypes.c_uint8, "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32,
+    "uint64": ctypes.c_uint64, "float16": ctypes.c_float, "bfloat16": ctypes.c_float,
+    "float32": ctypes.c_float, "float64": ctypes.c_double,
+}
+
+
+def ctypes_type(t: ScalarType | TensorType) -> Any:
+    """The ctypes type an argument of type ``t`` is passed as (tensors: a pointer; half floats as
+    float, which the generated entry converts)."""
+    return ctypes.c_void_p if isinstance(t, TensorType) else _CTYPES[t.name]
+
+
+def param_ctypes(func: Function) -> list[Any]:
+    """ctypes of a kernel's arguments: its parameters, then its symbolic sizes (int32)."""
+    return [ctypes_type(p.type) for p in func.params] + [ctypes.c_int32 for _ in func.size_vars]
+
+
+class Launcher(Protocol):
+    """Runs a built kernel: ``values`` are the parameters then the sizes (pointers as ints)."""
+
+    def __call__(self, values: Sequence[Any], grid: tuple[int, int, int], block: tuple[int, int, int],
+                 smem_bytes: int, stream: Any) -> int: ...
 
 
 class Backend(Protocol):
@@ -77,4 +107,5 @@ class Backend(Protocol):
 
     def build(self, source: str, target: Target, entry: str) -> Binary: ...
 
-    def load(self, binary: Binary) -> Any: ...
+    def load(self, binary: Binary, func: Function) -> Launcher | None:
+        """A launcher, or None when the device is not present in this process."""

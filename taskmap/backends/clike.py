@@ -14,8 +14,9 @@ from ..ir import expr as E
 from ..ir.expr import Var
 from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, bf16, f32, f64
-from ..ir.func import FuncKind, Function
-from ..ir.types import TensorType
+from ..ir.func import FuncKind, Function, Module
+from ..ir.functor import collect
+from ..ir.types import MemScope, TensorType
 
 _CTYPES = {
     "bool": "bool", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
@@ -147,6 +148,13 @@ class CLikeFuncGen:
 
     def loop_pragmas(self, s: S.For) -> list[str]:
         return []
+
+    def param_decl(self, p: Var, written: set[int]) -> str:
+        """A parameter: tensors are pointers (``const`` unless the module stores to them)."""
+        if isinstance(p.type, TensorType):
+            const = "" if id(p) in written else "const "
+            return f"{const}{self.storage_ctype(p.type.dtype)} *{self.names(p)}"
+        return f"{self.ctype(p.type)} {self.names(p)}"
 
     def const_float(self, v: float, t: ScalarType) -> str:
         if v != v:
@@ -325,3 +333,26 @@ def const_extent(s: S.For) -> int | None:
     if isinstance(s.start, E.Const) and isinstance(s.stop, E.Const):
         return max(0, -(-(s.stop.value - s.start.value) // s.step))
     return None
+
+
+def element_bytes(t: TensorType) -> int:
+    return 2 if t.dtype is bf16 else t.dtype.nbytes
+
+
+def smem_layout(func: Function) -> tuple[dict[int, int], int]:
+    """Byte offsets (by variable id) of a kernel's shared tensors in its one shared buffer, 16-byte
+    aligned, and the buffer's size.  The CPU and GPU backends and the launcher all use this."""
+    offsets: dict[int, int] = {}
+    total = 0
+    for decl in collect(func.body, S.DeclTensor):
+        t = decl.var.type
+        if t.scope is MemScope.SHARED:
+            total = (total + 15) // 16 * 16
+            offsets[id(decl.var)] = total
+            total += numel(t) * element_bytes(t)
+    return offsets, total
+
+
+def written_tensors(module: Module) -> set[int]:
+    """Ids of the tensor variables some function of ``module`` stores to."""
+    return {id(s.tensor) for f in module.functions for s in collect(f.body, S.Store)}

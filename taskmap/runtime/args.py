@@ -7,7 +7,6 @@ layout or device.
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -23,12 +22,6 @@ from ..ir.types import TensorType
 
 INT32_MAX = 2**31 - 1
 
-_CTYPES = {
-    "bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16, "int32": ctypes.c_int32,
-    "int64": ctypes.c_int64, "uint8": ctypes.c_uint8, "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32,
-    "uint64": ctypes.c_uint64, "float16": ctypes.c_float, "bfloat16": ctypes.c_float,
-    "float32": ctypes.c_float, "float64": ctypes.c_double,
-}
 
 
 @dataclass(frozen=True)
@@ -61,10 +54,6 @@ def array_info(x: Any) -> ArrayInfo | None:
         return ArrayInfo(x.data_ptr(), tuple(x.shape), str(x.dtype).replace("torch.", ""),
                          bool(x.is_contiguous()), True, device)
     return None
-
-
-def ctypes_type(t: ScalarType | TensorType) -> Any:
-    return ctypes.c_void_p if isinstance(t, TensorType) else _CTYPES[t.name]
 
 
 @dataclass(frozen=True)

@@ -2,24 +2,26 @@
 
 ``Kernel`` is what ``@taskmap.kernel`` returns.  Calling it with numpy arrays or torch CPU
 tensors builds (once, cached on disk) and runs it on the CPU backend — GPU-style kernels
-included, with GPU semantics.  ``kernel.build("cpu")`` returns the :class:`CompiledKernel`
-with its source and binary.
+included, with GPU semantics; with torch CUDA tensors it runs on the GPU, on PyTorch's current
+stream.  ``kernel.build("cpu" | "cuda" | "hip", arch=...)`` returns the :class:`CompiledKernel`
+with its source and binary, with or without the device.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
-from ..backends import Binary, Target, TargetKind, get_backend, host_cpu_target
+from ..backends import Binary, Launcher, Target, TargetKind, get_backend, resolve_target
+from ..backends.clike import smem_layout
 from ..errors import LaunchError, TaskmapError, UnsupportedError
 from ..ir import expr as E
-from ..ir import stmt as S
 from ..ir.func import FuncKind, Function, Module
+from ..ir import stmt as S
 from ..ir.functor import collect, substitute
 from ..ir.simplify import simplify_expr
-from ..ir.types import MemScope
 from ..passes import lower
-from .args import BoundArgs, array_info, bind_args, ctypes_type
+from .args import BoundArgs, array_info, bind_args
 
 _STATUS = {1: "out of memory while setting up thread blocks on the CPU",
            2: "grid and block dimensions must be positive"}
@@ -38,33 +40,18 @@ def launch_dims(func: Function, sizes: dict[str, int]) -> tuple[tuple[int, ...],
     return tuple(out[:3]), tuple(out[3:])
 
 
-def shared_bytes(func: Function) -> int:
-    total = 0
-    for decl in collect(func.body, S.DeclTensor):
-        t = decl.var.type
-        if t.scope is MemScope.SHARED:
-            n = 1
-            for s in t.shape:
-                n *= int(s.value)
-            total = (total + 15) // 16 * 16 + n * t.dtype.nbytes
-    return total
-
-
 class CompiledKernel:
-    """A kernel built for one target: ``source``, ``binary``, and a launcher."""
+    """A kernel built for one target: ``source``, ``binary`` (a shared library path, a cubin, an
+    AMD code object), and — when the device is present — a launcher."""
 
-    def __init__(self, module: Module, binary: Binary, launcher: Any) -> None:
+    def __init__(self, module: Module, binary: Binary, launcher: Launcher | None) -> None:
         self.module = module
         self.artifact = binary
         self.target: Target = binary.target
         self.func = module.entry_function
+        self.smem_bytes = smem_layout(self.func)[1] if self.func.kind is FuncKind.GPU_KERNEL else 0
         self._launcher = launcher
         self._written = {s.tensor.name for f in module.functions for s in collect(f.body, S.Store)}
-        if launcher is not None and hasattr(launcher, "argtypes"):
-            types = [ctypes_type(p.type) for p in self.func.params]
-            types += [ctypes_type(sv.dtype) for sv in self.func.size_vars]
-            launcher.argtypes = types
-            launcher.restype = ctypes_type(E.i32)
 
     @property
     def source(self) -> str:
@@ -78,10 +65,11 @@ class CompiledKernel:
     def source_path(self) -> str | None:
         return self.artifact.source_path
 
-    def check_launch(self, bound: BoundArgs) -> None:
+    def launch_config(self, bound: BoundArgs) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Grid and block for these arguments, checked against the target's limits."""
         f = self.func
         if f.kind is not FuncKind.GPU_KERNEL:
-            return
+            return (1, 1, 1), (1, 1, 1)
         grid, block = launch_dims(f, bound.sizes)
         if min(grid + block) <= 0:
             raise LaunchError(f"{f.name}(): grid {grid} and block {block} dimensions must be positive")
@@ -89,27 +77,31 @@ class CompiledKernel:
         if threads > self.target.max_threads_per_block:
             raise LaunchError(f"{f.name}(): {threads} threads per block exceeds the limit of "
                               f"{self.target.max_threads_per_block} (max_threads_per_block) on {self.target.name}")
-        smem = shared_bytes(f)
-        if smem > self.target.max_shared_memory_optin:
-            raise LaunchError(f"{f.name}(): {smem} bytes of shared memory per block exceeds the limit of "
-                              f"{self.target.max_shared_memory_optin} bytes on {self.target.name}")
+        if self.smem_bytes > self.target.max_shared_memory_optin:
+            raise LaunchError(f"{f.name}(): {self.smem_bytes} bytes of shared memory per block exceeds the limit "
+                              f"of {self.target.max_shared_memory_optin} bytes on {self.target.name}")
+        return grid, block
 
     def __call__(self, *args: Any) -> None:
         bound = bind_args(self.func, args, self._written)
-        if self.target.kind is TargetKind.CPU and bound.device != "cpu":
-            raise LaunchError(f"{self.func.name}() was built for the CPU but got tensors on {bound.device}")
-        self.check_launch(bound)
+        want = "cpu" if self.target.kind is TargetKind.CPU else self.target.kind.value
+        if bound.device.split(":")[0] != want:
+            raise LaunchError(f"{self.func.name}() was built for {self.target.name} but got tensors on {bound.device}")
+        grid, block = self.launch_config(bound)
         if self._launcher is None:
-            raise UnsupportedError(f"{self.func.name}: cannot launch on {self.target.name} from this process")
-        status = self._launcher(*bound.values)
+            raise UnsupportedError(f"{self.func.name}: built for {self.target.name}, but no such device is "
+                                   "present in this process: the source and binary are available, launching is not")
+        status = self._launcher(bound.values, grid, block, self.smem_bytes, _current_stream(bound.device))
         if status:
             raise TaskmapError(f"{self.func.name}(): {_STATUS.get(status, f'error {status}')}")
 
 
-def _target_for(kind: str, arch: str | None) -> Target:
-    if kind == "cpu":
-        return host_cpu_target()
-    raise UnsupportedError(f"target {kind!r} (arch={arch!r}) is not available in this version of taskmap")
+def _current_stream(device: str) -> Any:
+    """PyTorch's current stream on ``device`` when torch is in use (torch tensors were passed)."""
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None:
+        return torch.cuda.current_stream(torch.device(device))
+    return None
 
 
 class Kernel:
@@ -134,16 +126,17 @@ class Kernel:
         return self._lowered
 
     def build(self, target: str = "cpu", arch: str | None = None) -> CompiledKernel:
-        """Build for ``target`` ("cpu"; "cuda"/"hip" with an ``arch``) and return the result."""
+        """Build for ``target`` ("cpu", "cuda", "hip"); ``arch`` ("sm_90", "gfx90a") defaults to the
+        device present.  Works without the device: the result carries the source and binary."""
         key = (target, arch)
         with self._lock:
             built = self._built.get(key)
             if built is None:
-                tgt = _target_for(target, arch)
+                tgt = resolve_target(target, arch)
                 backend = get_backend(tgt.kind)
                 module = self.lower()
                 binary = backend.build(backend.render(module, tgt), tgt, module.entry)
-                built = self._built[key] = CompiledKernel(module, binary, backend.load(binary))
+                built = self._built[key] = CompiledKernel(module, binary, backend.load(binary, module.entry_function))
             return built
 
     def __call__(self, *args: Any) -> None:
@@ -151,8 +144,8 @@ class Kernel:
             raise TypeError(f"{self.__name__} is a {self.func.kind.value} function, not a kernel")
         bound_device = _device_of(args)
         if bound_device.startswith("cuda"):
-            raise UnsupportedError(f"{self.__name__}(): tensors on {bound_device} need the CUDA runtime, "
-                                   "which this version of taskmap does not include yet")
+            self.build("cuda")(*args)
+            return
         if bound_device != "cpu":
             raise UnsupportedError(f"{self.__name__}(): cannot run on tensors on device {bound_device!r}; "
                                    "pass numpy arrays or torch CPU tensors")

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import ctypes
+from typing import Any, Sequence
 
-from ...ir.func import Module
-from ..base import Binary, Target
+from ...ir.func import Function, Module
+from ..base import Binary, Target, param_ctypes
 from .build import build_c, load_library
 from .cnames import entry_name
 from .codegen import render_c
@@ -17,8 +18,21 @@ class CpuBackend:
     def build(self, source: str, target: Target, entry: str) -> Binary:
         return build_c(source, target, entry)
 
-    def load(self, binary: Binary) -> ctypes._CFuncPtr:
-        return getattr(load_library(binary.binary), entry_name(binary.entry))
+    def load(self, binary: Binary, func: Function) -> "CpuLauncher":
+        return CpuLauncher(getattr(load_library(binary.binary), entry_name(binary.entry)), func)
 
 
-__all__ = ["CpuBackend", "render_c", "build_c", "load_library"]
+class CpuLauncher:
+    """Calls the generated entry, which runs the whole grid (or CPU kernel) and returns a status."""
+
+    def __init__(self, fn: Any, func: Function) -> None:
+        fn.argtypes = param_ctypes(func)
+        fn.restype = ctypes.c_int32
+        self.fn = fn
+
+    def __call__(self, values: Sequence[Any], grid: Any = None, block: Any = None, smem_bytes: int = 0,
+                 stream: Any = None) -> int:
+        return self.fn(*values)
+
+
+__all__ = ["CpuBackend", "CpuLauncher", "render_c", "build_c", "load_library"]

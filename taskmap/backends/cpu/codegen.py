@@ -12,12 +12,12 @@ from __future__ import annotations
 from ...errors import UnsupportedError
 from ...ir import expr as E
 from ...ir import stmt as S
-from ...ir.dtypes import ScalarType, bf16, f16
+from ...ir.dtypes import ScalarType, f16
 from ...ir.func import FuncKind, Function, Module
 from ...ir.functor import collect
 from ...ir.types import MemScope, TensorType
 from ..base import Target
-from ..clike import CLikeFuncGen, CNames, const_extent, func_name, numel
+from ..clike import CLikeFuncGen, const_extent, element_bytes, func_name, numel, smem_layout, written_tensors
 from .cnames import ctype, entry_name, scalar_abi_type
 from .runtime_c import RUNTIME_C
 
@@ -98,14 +98,6 @@ def _omp_conflict(loop: S.For) -> str | None:
     return None
 
 
-def _param_decl(names: CNames, p: E.Var, written: set[int]) -> str:
-    if isinstance(p.type, TensorType):
-        storage = "uint16_t" if p.type.dtype is bf16 else ctype(p.type.dtype)
-        const = "" if id(p) in written else "const "
-        return f"{const}{storage} *{names(p)}"
-    return f"{ctype(p.type)} {names(p)}"
-
-
 class CGen:
     """Renders a whole module; GPU kernels get a thread function and a block-launching entry."""
 
@@ -113,7 +105,7 @@ class CGen:
         self.module = module
         self.target = target
         self.smem_offsets: dict[int, int] = {}
-        self.written = {id(s.tensor) for f in module.functions for s in collect(f.body, S.Store)}
+        self.written = written_tensors(module)
 
     def render(self) -> str:
         out = [RUNTIME_C]
@@ -132,7 +124,7 @@ class CGen:
         return "\n\n".join(out) + "\n"
 
     def signature(self, f: Function, g: CpuFuncGen) -> str:
-        params = [_param_decl(g.names, p, self.written) for p in f.params]
+        params = [g.param_decl(p, self.written) for p in f.params]
         params += [f"int32_t {g.names.size(sv.name)}" for sv in f.size_vars]  # the caller's sizes, by name
         params = ", ".join(params) or "void"
         ret = ctype(f.ret) if f.ret is not None else "void"
@@ -148,7 +140,7 @@ class CGen:
         params = []
         for p in f.params:
             if isinstance(p.type, TensorType):
-                params.append(_param_decl(g.names, p, self.written))
+                params.append(g.param_decl(p, self.written))
             else:
                 params.append(f"{scalar_abi_type(p.type)} {g.names(p)}")
         params += [f"int32_t {g.names.size(sv.name)}" for sv in f.size_vars]
@@ -163,26 +155,15 @@ class CGen:
     def gpu_kernel(self, f: Function) -> str:
         """Thread function + entry running the grid; threads are fibers if there are barriers."""
         g = CpuFuncGen(self, f)
-        smem = 0
-        reg_bytes = 0
-        for decl in collect(f.body, S.DeclTensor):
-            t = decl.var.type
-            nbytes = numel(t) * (2 if t.dtype is bf16 else t.dtype.nbytes)
-            if t.scope is MemScope.SHARED:
-                smem = (smem + 15) // 16 * 16
-                self.smem_offsets[id(decl.var)] = smem
-                smem += nbytes
-            else:
-                reg_bytes += nbytes
-        for h in self.module.functions:  # helpers' register tensors live on the fiber stacks too
-            if h is not f:
-                reg_bytes += sum(numel(x.var.type) * (2 if x.var.type.dtype is bf16 else x.var.type.dtype.nbytes)
-                                 for x in collect(h.body, S.DeclTensor) if x.var.type.scope is MemScope.REGISTER)
+        self.smem_offsets, smem = smem_layout(f)
+        reg_bytes = sum(numel(x.var.type) * element_bytes(x.var.type)  # helpers' too: all on the fiber stack
+                        for h in self.module.functions for x in collect(h.body, S.DeclTensor)
+                        if x.var.type.scope is MemScope.REGISTER)
         g.stmt(f.body, 1)
         has_barrier = bool(collect(f.body, S.Barrier)) or any(
             collect(h.body, S.Barrier) for h in self.module.functions if h is not f)
         arg_names = [g.names(p) for p in f.params] + [g.names.size(sv.name) for sv in f.size_vars]
-        fields = [_param_decl(g.names, p, self.written) + ";" for p in f.params]
+        fields = [g.param_decl(p, self.written) + ";" for p in f.params]
         fields += [f"int32_t {g.names.size(sv.name)};" for sv in f.size_vars]
         struct = f"tm_args_{f.name}"
         unpack = [f"  {fld[:-1]} = tm_p->{name};" for fld, name in zip(fields, arg_names)]

@@ -1,0 +1,150 @@
+"""Render a lowered IR module as CUDA or HIP C++ (one renderer, two small dialects).
+
+A GPU kernel becomes ``extern "C" __global__ void __launch_bounds__(threads) <name>(params,
+sizes)``; helpers become ``__device__ __forceinline__`` functions.  Shared tensors live in one
+dynamic shared-memory buffer with the same layout the CPU backend uses (so kernels above 48 KB
+work through the opt-in attribute), register tensors are local arrays, ``syncthreads()`` is
+``__syncthreads()``.  bfloat16 is stored as 16-bit integers and computed in float (as on the
+CPU: hipRTC in ROCm 5.2 has no bf16 type); f16 is ``__half``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedError
+from ..ir import expr as E
+from ..ir import stmt as S
+from ..ir.dtypes import ScalarType, f16
+from ..ir.func import FuncKind, Function, Module
+from ..ir.types import MemScope, TensorType
+from .base import Target
+from .clike import CLikeFuncGen, const_extent, func_name, numel, smem_layout, written_tensors
+from .clike_runtime import HELPERS
+
+_INT_TYPEDEFS = """typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+"""
+
+
+@dataclass(frozen=True)
+class GpuDialect:
+    """What differs between CUDA and HIP source."""
+
+    name: str
+    prelude: str
+
+
+CUDA = GpuDialect("cuda", "#include <cuda_fp16.h>\n" + _INT_TYPEDEFS)
+# hipRTC pre-includes hip_runtime.h, which has __half and the 32/64-bit integer typedefs only.
+HIP = GpuDialect("hip", "\n".join(line for line in _INT_TYPEDEFS.splitlines() if "int8" in line or "int16" in line) + "\n")
+
+_COMMON = r"""
+#define TM_FN static __device__ __forceinline__
+#define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+"""
+_SPECIAL = {E.SpecialReg.THREAD_IDX: "threadIdx", E.SpecialReg.BLOCK_IDX: "blockIdx",
+            E.SpecialReg.BLOCK_DIM: "blockDim", E.SpecialReg.GRID_DIM: "gridDim"}
+
+
+class GpuFuncGen(CLikeFuncGen):
+    TYPES = {**CLikeFuncGen.TYPES, "float16": "__half"}
+    MATH = {**CLikeFuncGen.MATH, E.Intrinsic.ROUND: ("rintf", "rint")}
+
+    def __init__(self, gen: "GpuCodegen", func: Function) -> None:
+        super().__init__(gen, func)
+
+    def float_const(self, text: str, t: ScalarType) -> str:
+        return f"__float2half({text}f)" if t is f16 else super().float_const(text, t)
+
+    def cast(self, text: str, src: ScalarType, dst: ScalarType) -> str:
+        if dst is f16 and src is not f16:
+            return f"__float2half((float)({text}))"
+        if src is f16 and dst is not f16 and not dst.is_bool:
+            return super().cast(f"__half2float({text})", src, dst)
+        return super().cast(text, src, dst)
+
+    def special(self, e: E.Special) -> str:
+        return f"((int){_SPECIAL[e.reg]}.{'xyz'[e.dim]})"  # unsigned in CUDA: keep index math signed
+
+    def barrier(self) -> str:
+        return "__syncthreads();"
+
+    def loop_pragmas(self, s: S.For) -> list[str]:
+        if s.kind is S.ForKind.UNROLL:
+            extent = const_extent(s)
+            return [f"#pragma unroll {extent}" if extent else "#pragma unroll"]
+        return []  # parallel / vectorize loops in GPU code run as plain loops in each thread
+
+    def decl_tensor(self, s: S.DeclTensor, d: int) -> None:
+        t: TensorType = s.var.type
+        name, storage = self.names(s.var), self.storage_ctype(t.dtype)
+        if t.scope is MemScope.SHARED:
+            if self.func.kind is not FuncKind.GPU_KERNEL:
+                raise UnsupportedError(f"shared tensor {s.var.name} declared in helper {self.func.name}: "
+                                       "declare it in the kernel and pass it as an argument")
+            offset = self.gen.smem_offsets[id(s.var)]
+            self.emit(f"{storage} *{name} = ({storage} *)(tm_smem + {offset});", d)
+        else:
+            self.emit(f"{storage} {name}[{numel(t)}];", d)
+
+
+class GpuCodegen:
+    """Renders a module whose entry is a GPU kernel."""
+
+    def __init__(self, module: Module, target: Target, dialect: GpuDialect) -> None:
+        self.module = module
+        self.target = target
+        self.dialect = dialect
+        self.written = written_tensors(module)
+        self.smem_offsets, self.smem_bytes = smem_layout(module.entry_function)
+
+    def render(self) -> str:
+        entry = self.module.entry_function
+        if entry.kind is not FuncKind.GPU_KERNEL:
+            raise UnsupportedError(f"{entry.name} is a {entry.kind.value} function: only GPU-style kernels "
+                                   f"(with attrs.grid_dim / attrs.block_dim) can be built for {self.dialect.name}")
+        out = [f"// generated by taskmap for {self.target.name}", self.dialect.prelude + _COMMON + HELPERS]
+        helpers = [f for f in self.module.functions if f is not entry]
+        out += [self.signature(f, GpuFuncGen(self, f)) + ";" for f in helpers]
+        out += [self.function(f) for f in helpers]
+        out.append(self.kernel(entry))
+        return "\n\n".join(out) + "\n"
+
+    def signature(self, f: Function, g: GpuFuncGen) -> str:
+        params = [g.param_decl(p, self.written) for p in f.params]
+        params += [f"int32_t {g.names.size(sv.name)}" for sv in f.size_vars]
+        ret = g.ctype(f.ret) if f.ret is not None else "void"
+        return f"static __device__ __forceinline__ {ret} {func_name(f.name)}({', '.join(params) or 'void'})"
+
+    def function(self, f: Function) -> str:
+        g = GpuFuncGen(self, f)
+        head = self.signature(f, g) + " {"
+        g.stmt(f.body, 1)
+        return "\n".join([head, *g.lines, "}"])
+
+    def kernel(self, f: Function) -> str:
+        g = GpuFuncGen(self, f)
+        params = [g.param_decl(p, self.written) for p in f.params]
+        params += [f"int32_t {g.names.size(sv.name)}" for sv in f.size_vars]
+        g.stmt(f.body, 1)
+        threads = f.launch.block_size() if f.launch is not None else None
+        bounds = f"__launch_bounds__({threads}) " if threads else ""
+        smem = ["  extern __shared__ __align__(16) unsigned char tm_smem[];"] if self.smem_bytes else []
+        return "\n".join([f'extern "C" __global__ void {bounds}{f.name}({", ".join(params)}) {{',
+                          *smem, *g.lines, "}"])
+
+
+def render_gpu(module: Module, target: Target, dialect: GpuDialect) -> str:
+    return GpuCodegen(module, target, dialect).render()
