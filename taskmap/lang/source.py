@@ -107,8 +107,16 @@ class KernelSource:
                 return ns[name]
         return _MISSING
 
-    def eval_annotation(self, node: ast.expr) -> Any:
-        """Evaluate an annotation expression (or a string annotation) in the function's scope."""
+    def eval_annotation(self, node: ast.expr, name: str | None = None) -> Any:
+        """Evaluate an annotation expression (or a string annotation) in the function's scope.
+
+        Python already evaluated ``name``'s annotation when the ``def`` ran (unless the module uses
+        ``from __future__ import annotations``); that value is used first, since it also sees the
+        enclosing function's locals that the body does not mention (``def make(dt): ... a: dt[n]``).
+        """
+        evaluated = getattr(self.fn, "__annotations__", {}).get(name) if name is not None else None
+        if evaluated is not None and not isinstance(evaluated, str):
+            return evaluated
         code = compile(ast.Expression(body=node), self.filename, "eval")
         value = eval(code, self.globals, dict(self.closure))
         return self.eval_text(value) if isinstance(value, str) else value

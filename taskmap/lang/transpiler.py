@@ -55,7 +55,7 @@ class Transpiler(StmtVisitor):
             if arg.annotation is None:
                 raise self.error(arg, f"parameter '{arg.arg}' needs a type annotation, such as f32[64, 64] "
                                       "(a tensor) or i32 (a scalar)")
-            t = self.eval_annotation(arg.annotation, f"parameter '{arg.arg}'")
+            t = self.eval_annotation(arg.annotation, f"parameter '{arg.arg}'", arg.arg)
             if isinstance(t, TensorType) and t.scope is not MemScope.GLOBAL:
                 raise self.error(arg.annotation, f"parameter '{arg.arg}' must be a global tensor, got {t!r}")
             if not isinstance(t, (ScalarType, TensorType)):
@@ -65,7 +65,7 @@ class Transpiler(StmtVisitor):
             params.append(Var(arg.arg, t))
         ret = None
         if self.tree.returns is not None:
-            ret = self.eval_annotation(self.tree.returns, "the return value")
+            ret = self.eval_annotation(self.tree.returns, "the return value", "return")
             if ret is not None and not isinstance(ret, ScalarType):
                 raise self.error(self.tree.returns, f"a function can only return a scalar type such as f32, "
                                                     f"got {self.value_str(ret)}")
@@ -74,9 +74,9 @@ class Transpiler(StmtVisitor):
                                                     "tensor parameter (device functions use @taskmap.lang.func)")
         return tuple(params), ret
 
-    def eval_annotation(self, node: ast.expr, what: str) -> Any:
+    def eval_annotation(self, node: ast.expr, what: str, name: str | None = None) -> Any:
         try:
-            return self.src.eval_annotation(node)
+            return self.src.eval_annotation(node, name)
         except DSLError:
             raise
         except Exception as e:
