@@ -317,6 +317,15 @@ class DeviceBuffer:
         return host
 
 
+def pointer_device(ptr: int) -> int | None:
+    """The ordinal of the GPU whose memory ``ptr`` points into, or None when the driver does not
+    know the address (host memory, a freed or made-up pointer) or there is no GPU."""
+    if not cuda_available():
+        return None
+    err, ordinal = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, int(ptr))
+    return int(ordinal) if err == _SUCCESS else None
+
+
 def alloc(nbytes: int, device: int = 0) -> DeviceBuffer:
     ctx = use_device(device)
     ptr = check(cu.cuMemAlloc(max(int(nbytes), 1)), f"cuMemAlloc({nbytes})")
