@@ -8,7 +8,8 @@ from . import errors, ir, lang
 from .ir.mapping import TaskMapping, auto_map, custom_mapping, repeat, spatial
 from .lang import func, kernel, symbol
 from .runtime.kernel import CompiledKernel, Kernel
+from .runtime.tensor import Tensor, empty, from_dlpack, tensor
 from .version import __version__
 
-__all__ = ["CompiledKernel", "Kernel", "TaskMapping", "__version__", "auto_map", "custom_mapping", "errors",
-           "func", "ir", "kernel", "lang", "repeat", "spatial", "symbol"]
+__all__ = ["CompiledKernel", "Kernel", "TaskMapping", "Tensor", "__version__", "auto_map", "custom_mapping", "empty",
+           "errors", "from_dlpack", "func", "ir", "kernel", "lang", "repeat", "spatial", "symbol", "tensor"]

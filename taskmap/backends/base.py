@@ -96,10 +96,11 @@ def param_ctypes(func: Function) -> list[Any]:
 
 
 class Launcher(Protocol):
-    """Runs a built kernel: ``values`` are the parameters then the sizes (pointers as ints)."""
+    """Runs a built kernel: ``values`` are the parameters then the sizes (pointers as ints), on
+    device ordinal ``device`` of the launcher's kind, on ``stream`` (None: the default stream)."""
 
     def __call__(self, values: Sequence[Any], grid: tuple[int, int, int], block: tuple[int, int, int],
-                 smem_bytes: int, stream: Any) -> int: ...
+                 smem_bytes: int, stream: Any, device: int = 0) -> int: ...
 
 
 class Backend(Protocol):

@@ -15,7 +15,8 @@ from ..ir.expr import Var
 from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, bf16, f32, f64
 from ..ir.func import FuncKind, Function, Module
-from ..ir.functor import collect
+from ..ir.functor import collect, written_tensors as _written_under
+from ..ir.primitives import PrimCall
 from ..ir.types import MemScope, TensorType
 
 _CTYPES = {
@@ -140,6 +141,38 @@ class CLikeFuncGen:
     def special(self, e: E.Special) -> str:
         raise NotImplementedError
 
+    def prim(self, e: PrimCall) -> str:
+        """A GPU primitive (shuffles, atomics, copies, mma), in the backend's dialect."""
+        raise UnsupportedError(f"{self.func.name}: {e.op.spec.name}() is not supported by this backend")
+
+    def ref(self, load: E.Load) -> str:
+        """The address of an element reference (a primitive's memory operand)."""
+        return f"(&{self.names(load.tensor)}[{self.expr(load.indices[0])}])"
+
+    def linear_tid(self) -> E.Expr:
+        """The thread's linear index in its block (x fastest), as an IR expression."""
+        tid = [E.Special(E.SpecialReg.THREAD_IDX, d) for d in range(3)]
+        launch = self.func.launch if self.func.kind is FuncKind.GPU_KERNEL else None
+        dims = list(launch.block_dim) if launch is not None else \
+            [E.Special(E.SpecialReg.BLOCK_DIM, d) for d in range(3)]
+        one = lambda d: isinstance(d, E.Const) and d.value == 1  # noqa: E731
+        if one(dims[1]) and one(dims[2]):
+            return tid[0]
+        return tid[0] + tid[1] * dims[0] + tid[2] * (dims[0] * dims[1])
+
+    def warp_special(self, e: E.Special) -> str:
+        """``lane_id()``, ``warp_id()``, ``warp_size()`` with the target's warp size (32 or 64, which
+        the simplifier assumes)."""
+        w = self.gen.target.warp_size
+        if w not in (32, 64):
+            raise UnsupportedError(f"warp size {w} of {self.gen.target.name}: warp primitives need 32 or 64")
+        if e.reg is E.SpecialReg.WARP_SIZE:
+            return str(w)
+        linear = self.linear_tid()
+        if e.reg is E.SpecialReg.LANE_ID:
+            return self.expr(E.Binary(E.BinOp.BITAND, linear, E.const(w - 1)))
+        return self.expr(E.Binary(E.BinOp.SHR, linear, E.const(w.bit_length() - 1)))
+
     def barrier(self) -> str:
         raise NotImplementedError
 
@@ -185,7 +218,9 @@ class CLikeFuncGen:
         if isinstance(e, E.SizeVar):
             return self.names.size(e.name)
         if isinstance(e, E.Special):
-            return self.special(e)
+            return self.warp_special(e) if e.reg.is_warp else self.special(e)
+        if isinstance(e, PrimCall):
+            return self.prim(e)
         if isinstance(e, E.Binary):
             return self.wrap_narrow(self.binary(e), e.dtype)
         if isinstance(e, E.Compare):
@@ -355,4 +390,4 @@ def smem_layout(func: Function) -> tuple[dict[int, int], int]:
 
 def written_tensors(module: Module) -> set[int]:
     """Ids of the tensor variables some function of ``module`` stores to."""
-    return {id(s.tensor) for f in module.functions for s in collect(f.body, S.Store)}
+    return {id(t) for f in module.functions for t in _written_under(f.body)}

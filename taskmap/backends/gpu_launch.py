@@ -1,9 +1,14 @@
-"""The launcher shared by the CUDA and HIP backends: typed argument packing, the opt-in for more
-than 48 KB of dynamic shared memory, and the launch on the caller's stream."""
+"""The launcher shared by the CUDA and HIP backends: typed argument packing, loading the module on
+each device it is launched on (on first use), the opt-in for more than 48 KB of dynamic shared
+memory, a check of the launch's resources against the loaded function, and the launch on the
+caller's stream."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Sequence
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +19,9 @@ from .base import ctypes_type
 
 #: Dynamic shared memory a kernel may use without opting in.
 DEFAULT_SMEM_LIMIT = 48 * 1024
+
+#: ``check(function, block, smem_bytes, device)``: raise LaunchError when the launch cannot run.
+ResourceCheck = Callable[[Any, tuple[int, int, int], int, int], None]
 
 
 def pack_values(func: Function, values: Sequence[Any]) -> list[Any]:
@@ -30,21 +38,50 @@ def pack_values(func: Function, values: Sequence[Any]) -> list[Any]:
     return out
 
 
-class GpuLauncher:
-    """Launches one kernel function through a driver's ``launch`` (CUDA or HIP)."""
+@dataclass
+class _Loaded:
+    function: Any
+    smem_opted_in: int = DEFAULT_SMEM_LIMIT
 
-    def __init__(self, function: Any, func: Function, launch: Callable[..., None],
-                 set_max_dynamic_shared: Callable[[Any, int], None] | None) -> None:
-        self.function = function
+
+class GpuLauncher:
+    """Launches one kernel through a driver's ``launch`` (CUDA or HIP) on any device of that kind.
+
+    ``load(device)`` returns the kernel's function handle on ``device`` (loading the module
+    there); it is called once per device, at the first launch on it.
+    """
+
+    def __init__(self, func: Function, load: Callable[[int], Any], launch: Callable[..., None],
+                 set_max_dynamic_shared: Callable[[Any, int], None] | None = None,
+                 check_resources: ResourceCheck | None = None) -> None:
         self.func = func
+        self._load = load
         self._launch = launch
         self._set_smem = set_max_dynamic_shared
-        self._smem_opted_in = DEFAULT_SMEM_LIMIT
+        self._check = check_resources
+        self._loaded: dict[int, _Loaded] = {}
+        self._lock = threading.Lock()
+
+    def function(self, device: int = 0) -> Any:
+        """The function handle on ``device``, loading the module there on first use."""
+        return self._entry(device).function
+
+    def _entry(self, device: int) -> _Loaded:
+        entry = self._loaded.get(device)
+        if entry is None:
+            with self._lock:
+                entry = self._loaded.get(device)
+                if entry is None:
+                    entry = self._loaded[device] = _Loaded(self._load(device))
+        return entry
 
     def __call__(self, values: Sequence[Any], grid: tuple[int, int, int], block: tuple[int, int, int],
-                 smem_bytes: int, stream: Any) -> int:
-        if smem_bytes > self._smem_opted_in and self._set_smem is not None:
-            self._set_smem(self.function, smem_bytes)
-            self._smem_opted_in = smem_bytes
-        self._launch(self.function, grid, block, smem_bytes, stream, pack_values(self.func, values))
+                 smem_bytes: int, stream: Any, device: int = 0) -> int:
+        entry = self._entry(device)
+        if self._check is not None:
+            self._check(entry.function, tuple(block), smem_bytes, device)
+        if smem_bytes > entry.smem_opted_in and self._set_smem is not None:
+            self._set_smem(entry.function, smem_bytes)
+            entry.smem_opted_in = smem_bytes
+        self._launch(entry.function, grid, block, smem_bytes, stream, pack_values(self.func, values))
         return 0

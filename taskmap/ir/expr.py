@@ -86,6 +86,15 @@ class SpecialReg(enum.Enum):
     BLOCK_IDX = "blockIdx"
     BLOCK_DIM = "blockDim"
     GRID_DIM = "gridDim"
+    # Resolved by the backend with the target's warp size, 32 or 64 (the IR does not know which):
+    # the lane and warp of the thread's linear index in its block, and the warp size.  ``dim`` is 0.
+    LANE_ID = "lane_id"
+    WARP_ID = "warp_id"
+    WARP_SIZE = "warp_size"
+
+    @property
+    def is_warp(self) -> bool:
+        return self in (SpecialReg.LANE_ID, SpecialReg.WARP_ID, SpecialReg.WARP_SIZE)
 
 
 class Expr:

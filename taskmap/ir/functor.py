@@ -11,6 +11,7 @@ from typing import Any, Callable
 from . import expr as E
 from . import stmt as S
 from .func import Function
+from .primitives import PrimCall
 
 
 class IRVisitor:
@@ -52,6 +53,7 @@ _CHILDREN: dict[type, Callable[[Any], tuple[Any, ...]]] = {
     E.Load: lambda n: (n.tensor, *n.indices),
     E.Call: lambda n: n.args,
     E.CallFunc: lambda n: n.args,
+    PrimCall: lambda n: n.args,
     S.Evaluate: lambda n: (n.expr,),
     S.DeclScalar: lambda n: _opt(n.var, n.init),
     S.DeclTensor: lambda n: (n.var,),
@@ -129,6 +131,7 @@ _REBUILD: dict[type, Callable[[Any, tuple[Any, ...]], Any]] = {
     E.Load: lambda n, c: E.Load(c[0], tuple(c[1:])),
     E.Call: lambda n, c: E.Call(n.fn, tuple(c)),
     E.CallFunc: lambda n, c: E.CallFunc(n.name, tuple(c), n.ret),
+    PrimCall: lambda n, c: PrimCall(n.op, tuple(c), n.type),
     S.Evaluate: lambda n, c: S.Evaluate(c[0]),
     S.DeclScalar: _rebuild_decl_scalar,
     S.DeclTensor: lambda n, c: S.DeclTensor(c[0]),
@@ -177,3 +180,15 @@ def collect(node: Any, cls: type | tuple[type, ...]) -> list[Any]:
 
     _Collector().visit(node)
     return found
+
+
+def written_tensors(node: Any) -> list[E.Var]:
+    """The tensors written under ``node``: stored to, or written by a primitive (the target of an
+    atomic, the destination of a copy, an ``mma`` accumulator), in program order."""
+    out: list[E.Var] = []
+    for n in collect(node, (S.Store, PrimCall)):
+        if isinstance(n, S.Store):
+            out.append(n.tensor)
+        else:
+            out.extend(n.args[i].tensor for i in n.op.spec.writes if isinstance(n.args[i], E.Load))
+    return out

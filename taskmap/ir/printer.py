@@ -7,6 +7,7 @@ from . import expr as E
 from . import stmt as S
 from .dtypes import HOOKS
 from .func import Function
+from .primitives import PrimCall
 from .types import TensorType
 
 _PREC = {
@@ -50,7 +51,7 @@ def expr_str(e: Any, names: _Names | None = None, prec: int = 0) -> str:
     if isinstance(e, E.SizeVar):
         return e.name
     if isinstance(e, E.Special):
-        return f"{e.reg.value}.{'xyz'[e.dim]}"
+        return f"{e.reg.value}()" if e.reg.is_warp else f"{e.reg.value}.{'xyz'[e.dim]}"
     if isinstance(e, E.Binary):
         if e.op in (E.BinOp.MIN, E.BinOp.MAX):
             return f"{e.op.value}({expr_str(e.a, names)}, {expr_str(e.b, names)})"
@@ -74,6 +75,10 @@ def expr_str(e: Any, names: _Names | None = None, prec: int = 0) -> str:
         return f"{e.fn.fname}({', '.join(expr_str(a, names) for a in e.args)})"
     if isinstance(e, E.CallFunc):
         return f"{e.name}({', '.join(expr_str(a, names) for a in e.args)})"
+    if isinstance(e, PrimCall):  # element references print as &t[i, j]
+        refs = e.op.spec.refs
+        args = [("&" if i in refs else "") + expr_str(a, names) for i, a in enumerate(e.args)]
+        return f"{e.op.spec.name}({', '.join(args)})"
     return f"<{type(e).__name__}>"
 
 

@@ -11,8 +11,9 @@ All integer rules are exact under the IR's floor semantics of ``//`` and ``%``; 
 split a sum additionally require the part left under the division to be non-negative, so index
 arithmetic stays non-negative where it was.  They apply to signed integer types only; unsigned
 and float expressions get constant folding and a few exact identities (``x * 1.0``, never
-``x * 0.0`` or ``x - x``).  Expressions are assumed free of side effects (calls of helper
-functions are not expected in index arithmetic).
+``x * 0.0`` or ``x - x``).  An expression holding a call (a helper function, a GPU primitive:
+atomics have effects, shuffles are warp-wide) is only rebuilt from its simplified parts: no rule
+drops, duplicates or merges it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from .expr import (BinOp, Binary, CallFunc, Cast, CmpOp, Compare, Const, Expr, S
                    SpecialReg, UnOp, Unary, Var, cast)
 from .func import Function, Module
 from .functor import IRRewriter, collect, substitute
+from .primitives import PrimCall
 
 # ----------------------------------------------------------------------------- statement helpers
 
@@ -38,10 +40,16 @@ def _is_empty(s: S.Stmt | None) -> bool:
 
 
 def _pure(*nodes: Any) -> bool:
-    return not any(collect(n, CallFunc) for n in nodes if n is not None)
+    """Free of calls: helper functions and GPU primitives (effects, warp-wide exchanges) must be
+    neither dropped nor merged."""
+    return not any(collect(n, (CallFunc, PrimCall)) for n in nodes if n is not None)
 
 
 _EMPTY = S.Seq(())
+#: Ranges of launch registers (dimensions are >= 1); warp sizes are 32 or 64 on every target.
+_SPECIAL_RANGE: dict[SpecialReg, Range] = {SpecialReg.THREAD_IDX: (0, None), SpecialReg.BLOCK_IDX: (0, None),
+                                           SpecialReg.WARP_ID: (0, None), SpecialReg.LANE_ID: (0, 63),
+                                           SpecialReg.WARP_SIZE: (32, 64)}
 
 
 # ----------------------------------------------------------------------------- the simplifier
@@ -60,6 +68,15 @@ class Simplifier(IRRewriter):
         self._fixed: set[Expr] = {k for k in self._bounds if isinstance(k, Var)}  # immutable vars
         self._rmemo: dict[int, tuple[Expr, Range]] = {}
         self._lmemo: dict[tuple[int, ScalarType], tuple[Expr, Lin]] = {}  # Lin values are never mutated
+        self._has_prims = True  # per function: whether expressions may hold primitives
+        self._prim_memo: dict[int, tuple[Expr, bool]] = {}
+
+    def _keep(self, e: Expr) -> bool:
+        """Whether ``e`` holds a GPU primitive, whose terms algebra must neither drop nor merge."""
+        hit = self._prim_memo.get(id(e)) if self._has_prims else (e, False)
+        if hit is None or hit[0] is not e:
+            hit = self._prim_memo[id(e)] = (e, bool(collect(e, PrimCall)))
+        return hit[1]
 
     # ------------------------------------------------------------------ ranges
     def _invalidate(self) -> None:
@@ -100,7 +117,7 @@ class Simplifier(IRRewriter):
         if isinstance(e, (Var, Special, SizeVar)) and e in self._bounds:
             return self._bounds[e]
         if isinstance(e, Special):
-            return (0, None) if e.reg in (SpecialReg.THREAD_IDX, SpecialReg.BLOCK_IDX) else (1, None)
+            return _SPECIAL_RANGE.get(e.reg, (1, None))
         if isinstance(e, SizeVar):
             return (1, None)
         if isinstance(e, Compare):
@@ -398,17 +415,17 @@ class Simplifier(IRRewriter):
     def visit_Binary(self, node: Binary) -> Expr:
         a, b = self.visit(node.a), self.visit(node.b)
         e = node if a is node.a and b is node.b else Binary(node.op, a, b)
-        return self._done(node, self._binary(e), e)
+        return self._done(node, e if self._keep(e) else self._binary(e), e)
 
     def visit_Unary(self, node: Unary) -> Expr:
         a = self.visit(node.a)
         e = node if a is node.a else Unary(node.op, a)
-        return self._done(node, self._unary(e), e)
+        return self._done(node, e if self._keep(e) else self._unary(e), e)
 
     def visit_Compare(self, node: Compare) -> Expr:
         a, b = self.visit(node.a), self.visit(node.b)
         e = node if a is node.a and b is node.b else Compare(node.op, a, b)
-        return self._done(node, self._compare(e), e)
+        return self._done(node, e if self._keep(e) else self._compare(e), e)
 
     def visit_Select(self, node: Select) -> Expr:
         c, a, b = self.visit(node.cond), self.visit(node.a), self.visit(node.b)
@@ -416,7 +433,7 @@ class Simplifier(IRRewriter):
         out: Expr = e
         if isinstance(c, Const):
             out = cast(a if c.value else b, node.dtype)
-        elif a == b:
+        elif a == b and not self._keep(a):
             out = a
         return self._done(node, out, e)
 
@@ -471,6 +488,7 @@ class Simplifier(IRRewriter):
     def visit_function(self, func: Function) -> Function:
         saved_bounds, saved_fixed = self._bounds, self._fixed
         self._bounds, self._fixed = dict(saved_bounds), set(saved_fixed)
+        self._has_prims = bool(collect(func.body, PrimCall))
         self._invalidate()
         try:
             if func.launch is not None:

@@ -12,6 +12,7 @@ from ..errors import IRError
 from . import expr as E
 from . import stmt as S
 from .func import FuncKind, Function, Module
+from .primitives import PrimCall, needs_gpu, problem
 from .printer import stmt_str
 from .types import MemScope
 
@@ -86,6 +87,8 @@ class _Verifier:
     def stmt_Evaluate(self, s: S.Evaluate) -> None:
         if isinstance(s.expr, E.CallFunc):
             self.check_call(s.expr, as_value=False)
+        elif isinstance(s.expr, PrimCall):
+            self.check_prim(s.expr, as_value=False)
         else:
             self.check_expr(s.expr)
 
@@ -215,6 +218,21 @@ class _Verifier:
             else:
                 self.check_expr(a)
 
+    def check_prim(self, e: PrimCall, as_value: bool) -> None:
+        spec = e.op.spec
+        if needs_gpu(e.op) and self.func.kind not in _GPU_KINDS:
+            self.fail(f"{spec.name}() in a {self.func.kind.value} function (only in GPU kernels and device functions)")
+        if as_value and not spec.value:
+            self.fail(f"the value of {spec.name}(), which has none, is used")
+        bad = problem(e)
+        if bad is not None:
+            self.fail(bad[1])
+        for i, a in enumerate(e.args):
+            if i in spec.refs:
+                self.check_access(a.tensor, a.indices)  # an element reference: checked like a load
+            else:
+                self.check_expr(a)
+
     def check_expr(self, e: E.Expr) -> None:
         if isinstance(e, E.Var):
             self.check_var(e)
@@ -228,6 +246,8 @@ class _Verifier:
             self.check_access(e.tensor, e.indices)
         elif isinstance(e, E.CallFunc):
             self.check_call(e, as_value=True)
+        elif isinstance(e, PrimCall):
+            self.check_prim(e, as_value=True)
         elif isinstance(e, (E.Binary, E.Compare)):
             self.check_expr(e.a)
             self.check_expr(e.b)
@@ -249,7 +269,9 @@ def verify(module: Module, *, lowered: bool = False) -> None:
     Every variable is defined before use (parameters, declarations in an enclosing scope, loop
     variables in their body) and declared once; tensors are indexed with one index per dimension
     (one flat index when ``lowered``); assignments target declared scalars or scalar parameters;
-    GPU-only constructs appear in GPU kernels and device functions only; calls name functions of
+    GPU-only constructs (``threadIdx``, barriers, warp primitives, ``cp_async``, ``mma``) appear in GPU
+    kernels and device functions only; primitives have well-formed operands
+    (:func:`~taskmap.ir.primitives.problem`); calls name functions of
     the module with the right number of arguments; returns match the function's result type.
     """
     v = _Verifier(module, lowered)

@@ -13,6 +13,7 @@ from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, i32
 from ..ir.expr import Expr, Var
 from ..ir.functor import collect
+from ..ir.primitives import PrimCall
 from ..ir.mapping import MappingLoop, MappingLoopKind, MappingOn, TaskMapping
 from ..ir.types import tensor_type
 from .builtins import LoopRange, TensorSpec, _Attrs, is_ir, is_number, is_tensor, py_number
@@ -23,7 +24,7 @@ from .source import _MISSING
 
 def is_size_expr(e: Expr) -> bool:
     """Whether ``e`` only depends on constants and symbolic sizes (so it can stay compile-time)."""
-    return not collect(e, (Var, E.Special, E.Load, E.CallFunc))
+    return not collect(e, (Var, E.Special, E.Load, E.CallFunc, PrimCall))
 
 
 class StmtVisitor(ExprVisitor):
@@ -263,7 +264,7 @@ class StmtVisitor(ExprVisitor):
             self.emit(v)
         elif isinstance(v, (LoopRange, TensorSpec)):
             self.to_scalar(v, node.value)  # raises: these need a for loop / an assignment
-        elif is_ir(v) and not is_tensor(v) and collect(v, E.CallFunc):
+        elif is_ir(v) and not is_tensor(v) and collect(v, (E.CallFunc, PrimCall)):
             self.emit(S.Evaluate(v))
 
     def stmt_Pass(self, node: ast.Pass) -> None:

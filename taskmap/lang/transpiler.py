@@ -17,6 +17,7 @@ from ..ir.dtypes import ScalarType
 from ..ir.expr import Expr, SizeVar, Var
 from ..ir.func import FuncKind, Function, LaunchConfig, Module
 from ..ir.functor import collect
+from ..ir.primitives import PrimCall
 from ..ir.types import MemScope, TensorType
 from .builtins import DeviceFunction, _Attrs, is_tensor
 from .scope import BindKind, Scope, scan_assignments
@@ -126,7 +127,7 @@ class Transpiler(StmtVisitor):
             e = self.to_scalar(v, vnode)
             if not e.dtype.is_integer:
                 raise self.error(vnode, f"attrs.{attr} must be integers, got a {e.dtype!r} value")
-            if collect(e, (Var, E.Special, E.Load, E.CallFunc)):
+            if collect(e, (Var, E.Special, E.Load, E.CallFunc, PrimCall)):
                 raise self.error(vnode, f"attrs.{attr} can only use compile-time values and symbolic sizes, "
                                         f"got {e!r}")
             if isinstance(e, E.Const) and e.value <= 0:

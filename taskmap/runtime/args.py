@@ -1,27 +1,43 @@
 """Check and convert launch arguments against a kernel's parameters.
 
-Accepts numpy arrays and torch tensors (recognised without importing torch) for tensor
-parameters, Python numbers for scalar parameters.  Binds symbolic sizes from the shapes, and
+Tensor parameters accept (checked in this order):
+
+* numpy arrays (host memory);
+* :class:`taskmap.Tensor` (host, CUDA or HIP memory);
+* torch tensors, zero-copy through ``data_ptr()`` (recognised without importing torch);
+* any object with ``__cuda_array_interface__`` (CuPy, Numba, ...): versions 0 to 3, no mask,
+  C-contiguous (``strides`` None or row-major), a native-endian ``typestr``; its device comes
+  from ``__dlpack_device__`` or a ``device`` attribute when it has one, else from the driver;
+* any object with ``__dlpack__`` / ``__dlpack_device__`` (JAX, ...): a capsule is requested and
+  read (never consumed), the producer keeping ownership.
+
+Scalar parameters take Python numbers.  Devices are named ``"cpu"``, ``"cuda:N"``, ``"hip:N"``
+(torch's own name for others, e.g. ``"meta"``).  Binds symbolic sizes from the shapes, and
 raises :class:`~taskmap.errors.LaunchError` naming the parameter for a wrong dtype, rank, shape,
-layout or device.
+layout or device.  Nothing here reads the arrays' memory.
 """
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..errors import LaunchError
+from ..backends.cuda import driver as cuda_driver
+from ..errors import LaunchError, TaskmapError
 from ..ir import expr as E
 from ..ir.dtypes import ScalarType, bf16, f16
 from ..ir.func import Function
 from ..ir.functor import substitute
 from ..ir.simplify import simplify_expr
 from ..ir.types import TensorType
+from . import dlpack
+from .tensor import DLPACK_DEVICES, Tensor, consumer_stream, device_string, parse_device
 
 INT32_MAX = 2**31 - 1
-
+_CAI_VERSIONS = range(4)
 
 
 @dataclass(frozen=True)
@@ -33,7 +49,7 @@ class ArrayInfo:
     dtype: str
     contiguous: bool
     writeable: bool
-    device: str  # "cpu" or "cuda:N"
+    device: str  # "cpu", "cuda:N", "hip:N" (or torch's name of another device, e.g. "meta")
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -41,19 +57,118 @@ def is_torch_tensor(x: Any) -> bool:
 
 
 def array_info(x: Any) -> ArrayInfo | None:
-    """Describe ``x`` if it is an array we accept, else None."""
+    """Describe ``x`` if it is an array we accept, else None.  Raises LaunchError for an array
+    interface we recognise but cannot use (e.g. a masked ``__cuda_array_interface__``)."""
     if isinstance(x, np.ndarray):
         return ArrayInfo(x.ctypes.data, tuple(x.shape), x.dtype.name, bool(x.flags.c_contiguous),
                          bool(x.flags.writeable), "cpu")
+    if isinstance(x, Tensor):
+        return ArrayInfo(x.data_ptr(), x.shape, x.dtype, True, x.writeable, x.device)
     if is_torch_tensor(x):
-        dev = x.device
-        if dev.type == "cpu" or (dev.index is None and dev.type != "cuda"):
-            device = dev.type  # "cpu", "meta": no index
-        else:
-            device = f"{dev.type}:{dev.index or 0}"
         return ArrayInfo(x.data_ptr(), tuple(x.shape), str(x.dtype).replace("torch.", ""),
-                         bool(x.is_contiguous()), True, device)
+                         bool(x.is_contiguous()), True, _torch_device(x.device))
+    try:
+        cai = x.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    if cai is not None:
+        return _cai_info(x, cai)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        return _dlpack_info(x)
     return None
+
+
+def _torch_device(dev: Any) -> str:
+    if dev.type == "cpu" or (dev.index is None and dev.type != "cuda"):
+        return dev.type  # "cpu", "meta": no index
+    kind = dev.type
+    torch = sys.modules.get("torch")
+    if kind == "cuda" and getattr(getattr(torch, "version", None), "hip", None):
+        kind = "hip"  # PyTorch for ROCm calls AMD GPUs "cuda"
+    return f"{kind}:{dev.index or 0}"
+
+
+def _cai_info(x: Any, cai: Any) -> ArrayInfo:
+    what = "__cuda_array_interface__"
+    if not isinstance(cai, dict):
+        raise LaunchError(f"{what} must be a dict, got {type(cai).__name__}")
+    version = cai.get("version")
+    if not isinstance(version, int) or version not in _CAI_VERSIONS:
+        raise LaunchError(f"{what} version {version!r} is not supported (versions 0 to 3 are)")
+    if cai.get("mask") is not None:
+        raise LaunchError(f"{what} has a mask: masked arrays are not supported")
+    try:
+        shape = tuple(int(s) for s in cai["shape"])
+        ptr, readonly = cai["data"]
+        typestr = cai["typestr"]
+    except (KeyError, TypeError, ValueError):
+        raise LaunchError(f"{what} needs 'shape', 'typestr' and 'data' (pointer, read-only flag)") from None
+    try:
+        dtype = np.dtype(typestr)
+    except TypeError:
+        raise LaunchError(f"{what} typestr {typestr!r} is not a dtype taskmap supports") from None
+    if not dtype.isnative:
+        raise LaunchError(f"{what} typestr {typestr!r} is not in this machine's byte order")
+    strides = cai.get("strides")
+    contiguous = True
+    if strides is not None:
+        strides = tuple(int(s) for s in strides)
+        contiguous = dlpack.is_c_contiguous(shape, strides, dtype.itemsize)
+    ptr = int(ptr or 0)
+    return ArrayInfo(ptr, shape, dtype.name, contiguous, not readonly, _cai_device(x, ptr))
+
+
+def _declared_device(x: Any) -> str | None:
+    """The device an array object names itself: ``__dlpack_device__()`` or ``.device`` (an int,
+    a CuPy ``Device`` with ``.id``, or a string like ``"cuda:1"``)."""
+    get = getattr(x, "__dlpack_device__", None)
+    if callable(get):
+        try:
+            dl_type, dl_id = get()
+        except Exception:  # noqa: BLE001, S110 -- a broken optional protocol: fall back to the others
+            pass
+        else:
+            kind = DLPACK_DEVICES.get(int(dl_type))
+            if kind is not None:
+                return device_string(kind, int(dl_id))
+    dev = getattr(x, "device", None)
+    ident = getattr(dev, "id", dev)
+    if isinstance(ident, (int, np.integer)) and not isinstance(ident, bool):
+        return device_string("cuda", int(ident))
+    if isinstance(dev, str):
+        try:
+            return device_string(*parse_device(dev))
+        except TaskmapError:
+            return None
+    return None
+
+
+def _cai_device(x: Any, ptr: int) -> str:
+    declared = _declared_device(x)
+    if declared is not None:
+        return declared
+    if not cuda_driver.cuda_available():
+        return "cuda:0"  # nothing to ask; a launch without a GPU stops before using the pointer
+    ordinal = cuda_driver.pointer_device(ptr)
+    if ordinal is None:
+        raise LaunchError(f"__cuda_array_interface__ pointer {ptr:#x} is not memory of any CUDA device")
+    return f"cuda:{ordinal}"
+
+
+def _dlpack_info(x: Any) -> ArrayInfo:
+    try:
+        dl_type, dl_id = (int(v) for v in x.__dlpack_device__())
+    except (TypeError, ValueError) as exc:
+        raise LaunchError(f"__dlpack_device__() did not return (device type, id): {exc}") from None
+    kind = DLPACK_DEVICES.get(dl_type)
+    if kind is None:
+        raise LaunchError(f"DLPack device type {dl_type} is not supported (cpu, cuda and rocm are)")
+    try:
+        capsule = dlpack.request_capsule(x, consumer_stream(kind, dl_id))
+        view = dlpack.peek(capsule)  # the unconsumed capsule returns the memory to x when dropped
+    except (BufferError, TypeError, ValueError) as exc:
+        raise LaunchError(f"cannot read it through DLPack: {exc}") from None
+    return ArrayInfo(view.ptr, view.shape, view.dtype, view.contiguous, view.writeable, device_string(kind, dl_id))
 
 
 @dataclass(frozen=True)
@@ -103,10 +218,14 @@ def bind_args(func: Function, args: Sequence[Any], written: set[str]) -> BoundAr
 def _bind_tensor(fname: str, p: E.Var, a: Any, sizes: dict[str, int], written: bool, devices: set[str],
                  derived: list[tuple[str, int, E.Expr, tuple[int, ...]]]) -> int:
     t: TensorType = p.type
-    info = array_info(a)
     where = f"{fname}(): argument '{p.name}'"
+    try:
+        info = array_info(a)
+    except LaunchError as exc:
+        raise LaunchError(f"{where}: {exc}") from None
     if info is None:
-        raise LaunchError(f"{where} must be a numpy array or torch tensor of {t!r}, got {type(a).__name__}")
+        raise LaunchError(f"{where} must be a numpy array or torch tensor (or a taskmap.Tensor, or an array with "
+                          f"__cuda_array_interface__ or __dlpack__) of {t!r}, got {type(a).__name__}")
     if t.dtype is bf16 and isinstance(a, np.ndarray):
         raise LaunchError(f"{where} is a bfloat16 parameter: pass a torch bfloat16 tensor (numpy has no "
                           f"bfloat16), got a numpy array of {info.dtype}")

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 # DLDeviceType
 CPU, CUDA, CUDA_HOST, ROCM, ROCM_HOST, CUDA_MANAGED = 1, 2, 3, 10, 11, 13
@@ -186,9 +187,14 @@ class DLView:
         return self.strides is None or is_c_contiguous(self.shape, self.strides)
 
 
-def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Row-major with no gaps, in elements; dimensions of size 1 may have any stride."""
-    expected = 1
+def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int = 1) -> bool:
+    """Row-major with no gaps; ``strides`` in units where one element is ``itemsize`` (elements by
+    default, bytes with the element size).  Dimensions of size 1 may have any stride."""
+    if len(strides) != len(shape):
+        return False
+    if 0 in shape:
+        return True
+    expected = itemsize
     for size, stride in zip(reversed(shape), reversed(strides)):
         if size != 1 and stride != expected:
             return False

@@ -2,9 +2,11 @@
 
 ``Kernel`` is what ``@taskmap.kernel`` returns.  Calling it with numpy arrays or torch CPU
 tensors builds (once, cached on disk) and runs it on the CPU backend — GPU-style kernels
-included, with GPU semantics; with torch CUDA tensors it runs on the GPU, on PyTorch's current
-stream.  ``kernel.build("cpu" | "cuda" | "hip", arch=...)`` returns the :class:`CompiledKernel`
-with its source and binary, with or without the device.
+included, with GPU semantics; with GPU arrays (torch CUDA tensors, ``taskmap.Tensor``, CuPy /
+Numba arrays, DLPack-capable arrays) it runs on their GPU, on PyTorch's current stream when
+torch is loaded, else on the legacy default stream.  ``kernel.build("cpu" | "cuda" | "hip",
+arch=...)`` returns the :class:`CompiledKernel` with its source and binary, with or without the
+device.
 """
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ from ..backends.clike import smem_layout
 from ..errors import LaunchError, TaskmapError, UnsupportedError
 from ..ir import expr as E
 from ..ir.func import FuncKind, Function, Module
-from ..ir import stmt as S
-from ..ir.functor import collect, substitute
+from ..ir.functor import substitute, written_tensors
 from ..ir.simplify import simplify_expr
 from ..passes import lower
 from .args import BoundArgs, array_info, bind_args
 
 _STATUS = {1: "out of memory while setting up thread blocks on the CPU",
-           2: "grid and block dimensions must be positive"}
+           2: "grid and block dimensions must be positive",
+           3: "misaligned address: copy16() and ldmatrix() need 16-byte aligned addresses, cp_async() addresses "
+              "aligned to its size (a GPU faults on them; the CPU emulation checks)",
+           4: "mma_sync_m16n8k16() / ldmatrix() executed by only some lanes of a warp: all 32 lanes must execute "
+              "it together (the block size must be a multiple of 32)"}
 
 
 def launch_dims(func: Function, sizes: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -51,7 +56,7 @@ class CompiledKernel:
         self.func = module.entry_function
         self.smem_bytes = smem_layout(self.func)[1] if self.func.kind is FuncKind.GPU_KERNEL else 0
         self._launcher = launcher
-        self._written = {s.tensor.name for f in module.functions for s in collect(f.body, S.Store)}
+        self._written = {t.name for f in module.functions for t in written_tensors(f.body)}
 
     @property
     def source(self) -> str:
@@ -64,6 +69,11 @@ class CompiledKernel:
     @property
     def source_path(self) -> str | None:
         return self.artifact.source_path
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """What launches the binary (None when the device is not present in this process)."""
+        return self._launcher
 
     def launch_config(self, bound: BoundArgs) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Grid and block for these arguments, checked against the target's limits."""
@@ -85,23 +95,39 @@ class CompiledKernel:
     def __call__(self, *args: Any) -> None:
         bound = bind_args(self.func, args, self._written)
         want = "cpu" if self.target.kind is TargetKind.CPU else self.target.kind.value
-        if bound.device.split(":")[0] != want:
-            raise LaunchError(f"{self.func.name}() was built for {self.target.name} but got tensors on {bound.device}")
+        kind, _, index = bound.device.partition(":")
+        if kind != want:
+            raise LaunchError(f"{self.func.name}() was built for {self.target.name} but got tensors on {bound.device}; "
+                              + _MOVE_HINT.get(want, _MOVE_HINT["gpu"]))
         grid, block = self.launch_config(bound)
         if self._launcher is None:
             raise UnsupportedError(f"{self.func.name}: built for {self.target.name}, but no such device is "
-                                   "present in this process: the source and binary are available, launching is not")
-        status = self._launcher(bound.values, grid, block, self.smem_bytes, _current_stream(bound.device))
+                                   "present in this process: the source and binary are available (.source, "
+                                   ".binary, .source_path), launching is not")
+        device = int(index or 0)
+        status = self._launcher(bound.values, grid, block, self.smem_bytes, _current_stream(kind, device), device)
         if status:
             raise TaskmapError(f"{self.func.name}(): {_STATUS.get(status, f'error {status}')}")
 
 
-def _current_stream(device: str) -> Any:
-    """PyTorch's current stream on ``device`` when torch is in use (torch tensors were passed)."""
+_MOVE_HINT = {
+    "cpu": "copy them to the host first (taskmap.Tensor.numpy(), torch's .cpu())",
+    "cuda": "move them to the GPU with taskmap.tensor(array, device='cuda') or torch's .cuda()",
+    "hip": "move them to the GPU with taskmap.tensor(array, device='hip') or torch's .cuda() (ROCm)",
+    "gpu": "move them to the kernel's device",
+}
+
+
+def _current_stream(kind: str, device: int) -> Any:
+    """PyTorch's current stream on the GPU when torch is loaded (None: the legacy default stream).
+
+    PyTorch for ROCm calls its HIP streams ``torch.cuda`` streams too."""
     torch = sys.modules.get("torch")
-    if device.startswith("cuda") and torch is not None:
-        return torch.cuda.current_stream(torch.device(device))
-    return None
+    if kind == "cpu" or torch is None or not torch.cuda.is_available():
+        return None
+    if (kind == "hip") != bool(getattr(torch.version, "hip", None)):
+        return None  # torch is built for the other vendor: its streams are not this GPU's
+    return torch.cuda.current_stream(device)
 
 
 class Kernel:
@@ -143,20 +169,26 @@ class Kernel:
         if self.func.kind not in (FuncKind.GPU_KERNEL, FuncKind.CPU_KERNEL):
             raise TypeError(f"{self.__name__} is a {self.func.kind.value} function, not a kernel")
         bound_device = _device_of(args)
-        if bound_device.startswith("cuda"):
-            self.build("cuda")(*args)
-            return
-        if bound_device != "cpu":
+        kind = bound_device.partition(":")[0]
+        if kind not in ("cpu", "cuda", "hip"):
             raise UnsupportedError(f"{self.__name__}(): cannot run on tensors on device {bound_device!r}; "
-                                   "pass numpy arrays or torch CPU tensors")
-        self.build("cpu")(*args)
+                                   "pass numpy arrays, taskmap Tensors, or CPU / CUDA / ROCm torch tensors")
+        self.build(kind)(*args)
 
     def __repr__(self) -> str:
         return f"<taskmap.Kernel {self.__name__}>\n{self.module!r}"
 
 
 def _device_of(args: tuple[Any, ...]) -> str:
-    devices = {info.device for info in map(array_info, args) if info is not None}
+    """The one device the array arguments are on ("cpu" when there are none)."""
+    devices = set()
+    for a in args:
+        try:
+            info = array_info(a)
+        except LaunchError:  # reported by bind_args, naming the parameter
+            continue
+        if info is not None:
+            devices.add(info.device)
     if len(devices) > 1:
         raise LaunchError(f"arguments are on different devices: {sorted(devices)}")
     return devices.pop() if devices else "cpu"

@@ -21,7 +21,8 @@ from __future__ import annotations
 import ctypes
 import sys
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,8 +34,9 @@ from . import dlpack
 
 DEVICE_KINDS = ("cpu", "cuda", "hip")
 _DL_DEVICE = {"cpu": dlpack.CPU, "cuda": dlpack.CUDA, "hip": dlpack.ROCM}
-_FROM_DL = {dlpack.CPU: "cpu", dlpack.CUDA_HOST: "cpu", dlpack.ROCM_HOST: "cpu", dlpack.CUDA: "cuda",
-            dlpack.CUDA_MANAGED: "cuda", dlpack.ROCM: "hip"}
+#: DLPack device types taskmap reads, and the device kind they are (pinned host memory is host memory).
+DLPACK_DEVICES = {dlpack.CPU: "cpu", dlpack.CUDA_HOST: "cpu", dlpack.ROCM_HOST: "cpu", dlpack.CUDA: "cuda",
+                  dlpack.CUDA_MANAGED: "cuda", dlpack.ROCM: "hip"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,9 +78,9 @@ def storage_dtype(name: str) -> np.dtype:
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float values -> bfloat16 bit patterns (uint16), rounding to nearest-even; NaN stays NaN."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    u = np.asarray(x, dtype=np.float32, order="C").view(np.uint32)
     rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where((u & 0x7FFFFFFF) > 0x7F800000, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+    return np.asarray(np.where((u & 0x7FFFFFFF) > 0x7F800000, ((u >> 16) | 0x40).astype(np.uint16), rounded))
 
 
 def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
@@ -150,7 +152,7 @@ class Tensor:
     """A C-contiguous array on one device; make one with :func:`tensor`, :func:`empty` or
     :func:`from_dlpack`.  Accepted wherever a kernel takes a tensor argument."""
 
-    __slots__ = ("_memory", "_ptr", "shape", "dtype", "device", "_kind", "_index", "_writeable", "__weakref__")
+    __slots__ = ("__weakref__", "_index", "_kind", "_memory", "_ptr", "_writeable", "device", "dtype", "shape")
 
     def __init__(self, memory: Any, ptr: int, shape: Sequence[int], dtype: str, device: str,
                  writeable: bool = True) -> None:
@@ -209,7 +211,7 @@ class Tensor:
                 self._device_buffer().copy_to(out)
         return from_bf16_bits(out) if self.dtype == "bfloat16" else out
 
-    def copy_(self, data: Any) -> "Tensor":
+    def copy_(self, data: Any) -> Tensor:
         """Copy a host array of the same shape into this tensor (converted to its dtype)."""
         if not self._writeable:
             raise TaskmapError(f"{self!r} is read-only")
@@ -269,7 +271,7 @@ def _host_array(data: Any, dtype: str) -> np.ndarray:
     arr = np.asarray(data)
     if dtype == "bfloat16":
         return arr.view(np.uint16) if arr.dtype.name == "bfloat16" else to_bf16_bits(arr.astype(np.float32))
-    return np.ascontiguousarray(arr, dtype=np.dtype(dtype))
+    return np.asarray(arr, dtype=np.dtype(dtype), order="C")
 
 
 def empty(shape: int | Sequence[int], dtype: Any = "float32", device: Any = "cuda") -> Tensor:
@@ -296,7 +298,7 @@ def tensor(data: Any, device: Any = "cuda", dtype: Any = None) -> Tensor:
     return out.copy_(arr)
 
 
-def _consumer_stream(kind: str, index: int) -> int | None:
+def consumer_stream(kind: str, index: int) -> int | None:
     """The stream a DLPack producer must order its work before (what taskmap launches on)."""
     if kind == "cpu":
         return None
@@ -312,15 +314,15 @@ def from_dlpack(obj: Any) -> Tensor:
     without copying; ``obj``'s memory stays alive as long as the Tensor does."""
     if hasattr(obj, "__dlpack__"):
         dl_type, dl_id = obj.__dlpack_device__()
-        kind = _FROM_DL.get(int(dl_type))
+        kind = DLPACK_DEVICES.get(int(dl_type))
         if kind is None:
             raise UnsupportedError(f"from_dlpack: DLPack device type {int(dl_type)} is not supported "
                                    "(cpu, cuda and rocm are)")
-        capsule = dlpack.request_capsule(obj, _consumer_stream(kind, int(dl_id)))
+        capsule = dlpack.request_capsule(obj, consumer_stream(kind, int(dl_id)))
     else:
         capsule = obj
     view = dlpack.peek(capsule)            # validate before taking ownership
-    kind = _FROM_DL.get(view.device_type)
+    kind = DLPACK_DEVICES.get(view.device_type)
     if kind is None:
         raise UnsupportedError(f"from_dlpack: DLPack device type {view.device_type} is not supported")
     if not view.contiguous:

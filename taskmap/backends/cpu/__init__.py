@@ -31,7 +31,7 @@ class CpuLauncher:
         self.fn = fn
 
     def __call__(self, values: Sequence[Any], grid: Any = None, block: Any = None, smem_bytes: int = 0,
-                 stream: Any = None) -> int:
+                 stream: Any = None, device: int = 0) -> int:
         return self.fn(*values)
 
 

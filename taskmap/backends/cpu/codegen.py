@@ -15,11 +15,13 @@ from ...ir import stmt as S
 from ...ir.dtypes import ScalarType, f16
 from ...ir.func import FuncKind, Function, Module
 from ...ir.functor import collect
+from ...ir.primitives import Prim, PrimCall, is_warp_synchronous
 from ...ir.types import MemScope, TensorType
 from ..base import Target
 from ..clike import CLikeFuncGen, const_extent, element_bytes, func_name, numel, smem_layout, written_tensors
 from .cnames import ctype, entry_name, scalar_abi_type
 from .runtime_c import RUNTIME_C
+from .warp_c import render_prim_c
 
 _SPECIAL_FIELD = {E.SpecialReg.THREAD_IDX: "tid", E.SpecialReg.BLOCK_IDX: "bid",
                   E.SpecialReg.BLOCK_DIM: "bdim", E.SpecialReg.GRID_DIM: "gdim"}
@@ -47,11 +49,14 @@ class CpuFuncGen(CLikeFuncGen):
     def barrier(self) -> str:
         return "tm_barrier();"
 
+    def prim(self, e: PrimCall) -> str:
+        return render_prim_c(self, e)
+
     def loop_pragmas(self, s: S.For) -> list[str]:
         if s.kind is S.ForKind.PARALLEL and not self.gpu_body and self.func.kind is FuncKind.CPU_KERNEL:
             self.check_independent(s, "parallel")
             return ["#pragma omp parallel for schedule(static)"]
-        if s.kind is S.ForKind.VECTORIZE:
+        if s.kind is S.ForKind.VECTORIZE and not collect(s.body, PrimCall):  # else: a plain loop
             self.check_independent(s, "vectorized")
             return ["#pragma omp simd"]
         if s.kind is S.ForKind.UNROLL:
@@ -73,8 +78,8 @@ class CpuFuncGen(CLikeFuncGen):
                 raise UnsupportedError(f"shared tensor {s.var.name} outside a GPU kernel ({self.func.name})")
             offset = self.gen.smem_offsets[id(s.var)]
             self.emit(f"{storage} *{name} = ({storage} *)(tm_tls.smem + {offset});", d)
-        else:
-            self.emit(f"{storage} {name}[{numel(t)}];", d)
+        else:  # 16-byte aligned, as on the GPU backends: vector copies and fragments rely on it
+            self.emit(f"{storage} {name}[{numel(t)}] __attribute__((aligned(16)));", d)
 
 
 def _omp_conflict(loop: S.For) -> str | None:
@@ -160,8 +165,10 @@ class CGen:
                         for h in self.module.functions for x in collect(h.body, S.DeclTensor)
                         if x.var.type.scope is MemScope.REGISTER)
         g.stmt(f.body, 1)
-        has_barrier = bool(collect(f.body, S.Barrier)) or any(
-            collect(h.body, S.Barrier) for h in self.module.functions if h is not f)
+        prims = [p.op for h in self.module.functions for p in collect(h.body, PrimCall)]
+        needs = (1 if any(map(is_warp_synchronous, prims)) else 0) | (2 if Prim.CP_ASYNC in prims else 0)
+        # Threads are fibers when they must stop midway: barriers, warp rendezvous, cp.async queues.
+        has_barrier = needs != 0 or any(collect(h.body, S.Barrier) for h in self.module.functions)
         arg_names = [g.names(p) for p in f.params] + [g.names.size(sv.name) for sv in f.size_vars]
         fields = [g.param_decl(p, self.written) + ";" for p in f.params]
         fields += [f"int32_t {g.names.size(sv.name)};" for sv in f.size_vars]
@@ -201,7 +208,8 @@ class CGen:
             f"    char *tm_smem = {'(char *)aligned_alloc(64, ' + str((smem + 63) // 64 * 64) + ')' if smem else 'NULL'};",
             "    tm_sched tm_sched_;",
             f"    int tm_ok = {'tm_smem != NULL' if smem else '1'};",
-            f"    if (tm_ok && {int(has_barrier)}) tm_ok = tm_sched_init(&tm_sched_, tm_nthreads, {stack}) == TM_OK;",
+            f"    if (tm_ok && {int(has_barrier)}) tm_ok = tm_sched_init(&tm_sched_, tm_nthreads, {stack}, "
+            f"{self.target.warp_size}, {needs}) == TM_OK;",
             "    if (!tm_ok) {",
             "      #pragma omp atomic write",
             "      tm_status = TM_ERR_ALLOC;",
@@ -213,9 +221,11 @@ class CGen:
             "      tm_tls.bid[0] = (int)(tm_b % tm_dims[0]); tm_tls.bid[1] = (int)((tm_b / tm_dims[0]) % tm_dims[1]);",
             "      tm_tls.bid[2] = (int)(tm_b / (tm_dims[0] * tm_dims[1]));",
             "      tm_tls.smem = tm_smem;",
+            "      tm_tls.status = &tm_status;",
             *run,
             "    }",
             f"    if (tm_ok && {int(has_barrier)}) tm_sched_free(&tm_sched_);",
+            "    tm_tls.status = NULL;",
             "    free(tm_smem);",
             "  }",
             "  return tm_status;",

@@ -1,13 +1,24 @@
 """The C runtime prepended to every generated CPU source file.
 
-Besides the shared helpers (``clike_runtime``), it holds the emulation of GPU thread blocks on the CPU: every GPU thread of a block is a fiber with its
-own stack; ``__syncthreads()`` switches to the next fiber, and a block's fibers run round-robin
-until all have returned, so a barrier anywhere (inside loops, after divergent code) has the
-GPU's meaning: no thread passes it before every live thread of the block has reached it.
-Blocks run in parallel over the cores (OpenMP), each core with its own shared memory buffer
-and fiber stacks.
+Besides the shared helpers (``clike_runtime``), it holds the emulation of GPU thread blocks on
+the CPU: every GPU thread of a block is a fiber with its own stack, and a block's fibers run
+warp by warp.  A fiber runs until it reaches ``__syncthreads()`` (a *block* barrier), a warp
+primitive (a *warp* rendezvous, see ``warp_c``) or its end.  Within a warp, the scheduler runs
+every runnable lane; when they have all stopped, the lanes waiting at a warp rendezvous are
+released together (the exchange completes among the lanes that arrived — lanes that exited or
+wait at a block barrier do not take part) and run again, until every live lane of the warp waits
+at the block barrier; then the next warp runs.  Once all warps are there, the block barrier is
+released.  So a barrier anywhere (inside loops, after divergent code) has the GPU's meaning: no
+thread passes it before every live thread of the block has reached it; and warp primitives
+interleave with block barriers in any order.  Blocks run in parallel over the cores (OpenMP),
+each core with its own shared memory buffer, fiber stacks and warp exchange areas.
+
+Kernels without barriers, warp primitives or ``cp_async`` skip all this: each thread runs to
+completion in turn, without fibers.  Faults the GPU would raise (misaligned vector accesses,
+partial-warp ``mma``) are recorded in the launch's status (``tm_fault``) and reported by Python.
 """
 from ..clike_runtime import HELPERS
+from .warp_c import WARP_PRIMS_C, WARP_TYPES_C
 
 RUNTIME_C = r"""
 #include <stdint.h>
@@ -25,6 +36,8 @@ RUNTIME_C = r"""
 #define TM_OK 0
 #define TM_ERR_ALLOC 1
 #define TM_ERR_LAUNCH 2
+#define TM_ERR_ALIGN 3
+#define TM_ERR_WARP 4
 #define TM_FN static inline
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
 """ + HELPERS + r"""
@@ -32,8 +45,13 @@ RUNTIME_C = r"""
 typedef struct {
   int tid[3], bid[3], bdim[3], gdim[3];
   char *smem;
+  int *status;   /* the launch's status: faults are recorded there */
 } tm_state;
 static __thread tm_state tm_tls;
+
+static inline void tm_fault(int code) {
+  if (tm_tls.status) __atomic_store_n(tm_tls.status, code, __ATOMIC_RELAXED);
+}
 
 /* Context switching: a few instructions on x86-64 (callee-saved registers, the SIMD/x87 control
    words and the stack pointer), ucontext elsewhere (slower: it saves the signal mask). */
@@ -48,17 +66,18 @@ __asm__(
   "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
   "  ret\n.size tm_switch_x86,.-tm_switch_x86\n");
 void tm_switch_x86(void **save_sp, void *to_sp);
-typedef struct { void *sp; int done; } tm_fiber;
+typedef struct { void *sp; int state; } tm_fiber;
 typedef void *tm_main_ctx;
 #define TM_SWITCH_TO_FIBER(s, f) tm_switch_x86(&(s)->main, (f)->sp)
 #define TM_SWITCH_TO_MAIN(s, f) tm_switch_x86(&(f)->sp, (s)->main)
 #else
-typedef struct { ucontext_t ctx; int done; } tm_fiber;
+typedef struct { ucontext_t ctx; int state; } tm_fiber;
 typedef ucontext_t tm_main_ctx;
 #define TM_SWITCH_TO_FIBER(s, f) swapcontext(&(s)->main, &(f)->ctx)
 #define TM_SWITCH_TO_MAIN(s, f) swapcontext(&(f)->ctx, &(s)->main)
 #endif
-
+enum { TM_RUN = 0, TM_AT_BLOCK = 1, TM_AT_WARP = 2, TM_DONE = 3 };  /* fiber states */
+""" + WARP_TYPES_C + r"""
 typedef struct {
   tm_main_ctx main;
 #if !defined(__x86_64__)
@@ -67,7 +86,9 @@ typedef struct {
   tm_fiber *fibers;
   char *stacks;
   size_t stack_size, map_size;
-  int n, cur;
+  int n, cur, warp_size;
+  tm_warp *warps;      /* one exchange area per warp (kernels with warp primitives) */
+  tm_cpq *cpq;         /* one queue of pending cp.async copies per thread (kernels with cp_async) */
   void (*entry)(const void *);
   const void *arg;
 } tm_sched;
@@ -83,7 +104,7 @@ static void tm_fiber_main(void) {
   tm_sched *s = tm_cur_sched;
   tm_fiber *f = &s->fibers[s->cur];
   s->entry(s->arg);
-  f->done = 1;
+  f->state = TM_DONE;
 #if defined(__x86_64__)
   TM_SWITCH_TO_MAIN(s, f);      /* never resumed */
   __builtin_unreachable();
@@ -92,12 +113,30 @@ static void tm_fiber_main(void) {
 
 static inline void tm_barrier(void) {
   tm_sched *s = tm_cur_sched;
-  if (s) TM_SWITCH_TO_MAIN(s, &s->fibers[s->cur]);
+  if (s) { tm_fiber *f = &s->fibers[s->cur]; f->state = TM_AT_BLOCK; TM_SWITCH_TO_MAIN(s, f); }
 }
 
-static int tm_sched_init(tm_sched *s, int n, size_t stack_size) {
+/* Wait at a warp rendezvous: resumed once every runnable lane of the warp has stopped. */
+static inline void tm_warp_wait(tm_sched *s) {
+  tm_fiber *f = &s->fibers[s->cur];
+  f->state = TM_AT_WARP;
+  TM_SWITCH_TO_MAIN(s, f);
+}
+
+#define TM_NEED_WARPS 1
+#define TM_NEED_CPQ 2
+static int tm_sched_init(tm_sched *s, int n, size_t stack_size, int warp_size, int needs) {
   memset(s, 0, sizeof *s);
   s->n = n;
+  s->warp_size = warp_size;
+  if (needs & TM_NEED_WARPS) {
+    s->warps = (tm_warp *)calloc((size_t)((n + warp_size - 1) / warp_size), sizeof(tm_warp));
+    if (!s->warps) return TM_ERR_ALLOC;
+  }
+  if (needs & TM_NEED_CPQ) {
+    s->cpq = (tm_cpq *)calloc((size_t)n, sizeof(tm_cpq));
+    if (!s->cpq) return TM_ERR_ALLOC;
+  }
   s->stack_size = (stack_size + 4095) & ~(size_t)4095;
   s->map_size = s->stack_size * (size_t)n;
   s->fibers = (tm_fiber *)calloc((size_t)n, sizeof(tm_fiber));
@@ -114,12 +153,15 @@ static int tm_sched_init(tm_sched *s, int n, size_t stack_size) {
 static void tm_sched_free(tm_sched *s) {
   if (s->stacks) munmap(s->stacks, s->map_size);
   free(s->fibers);
+  free(s->warps);
+  free(s->cpq);
 }
 
 static void tm_fiber_reset(tm_sched *s, int t) {
   tm_fiber *f = &s->fibers[t];
   char *base = s->stacks + (size_t)t * s->stack_size;
-  f->done = 0;
+  f->state = TM_RUN;
+  if (s->cpq) s->cpq[t].head = s->cpq[t].tail = s->cpq[t].committed = 0;
 #if defined(__x86_64__)
   /* A frame tm_switch_x86 "returns" from into tm_fiber_main: control words, six callee-saved
      registers, the return address; tm_fiber_main starts with rsp = 8 (mod 16), as after a call. */
@@ -141,22 +183,36 @@ static void tm_fiber_reset(tm_sched *s, int t) {
 #endif
 }
 
-/* Run one block: every thread a fiber, round-robin from barrier to barrier. */
+/* Run one block: every thread a fiber; warp by warp, from barrier to barrier (see the top). */
 static void tm_run_block(tm_sched *s, void (*entry)(const void *), const void *arg) {
   s->entry = entry; s->arg = arg;
   for (int t = 0; t < s->n; ++t) tm_fiber_reset(s, t);
   tm_sched *prev = tm_cur_sched;
   tm_cur_sched = s;
+  const int W = s->warp_size;
   for (int alive = s->n; alive > 0;) {
-    for (int t = 0; t < s->n; ++t) {
-      tm_fiber *f = &s->fibers[t];
-      if (f->done) continue;
-      s->cur = t;
-      tm_set_tid(t);
-      TM_SWITCH_TO_FIBER(s, f);
-      if (f->done) --alive;
+    for (int w0 = 0; w0 < s->n; w0 += W) {
+      const int w1 = w0 + W < s->n ? w0 + W : s->n;
+      for (;;) {
+        int waiting = 0;
+        for (int t = w0; t < w1; ++t) {
+          tm_fiber *f = &s->fibers[t];
+          if (f->state != TM_RUN) continue;
+          s->cur = t;
+          tm_set_tid(t);
+          TM_SWITCH_TO_FIBER(s, f);
+          if (f->state == TM_DONE) --alive;
+          else if (f->state == TM_AT_WARP) ++waiting;
+        }
+        if (!waiting) break;
+        s->warps[w0 / W].gen++;          /* the rendezvous completes: release its lanes */
+        for (int t = w0; t < w1; ++t)
+          if (s->fibers[t].state == TM_AT_WARP) s->fibers[t].state = TM_RUN;
+      }
     }
+    for (int t = 0; t < s->n; ++t)       /* every live thread is at the block barrier */
+      if (s->fibers[t].state == TM_AT_BLOCK) s->fibers[t].state = TM_RUN;
   }
   tm_cur_sched = prev;
 }
-"""
+""" + WARP_PRIMS_C

@@ -322,7 +322,11 @@ def pointer_device(ptr: int) -> int | None:
     know the address (host memory, a freed or made-up pointer) or there is no GPU."""
     if not cuda_available():
         return None
-    err, ordinal = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, int(ptr))
+    try:
+        err, ordinal = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                                cu.CUdeviceptr(int(ptr)))
+    except (TypeError, ValueError, OverflowError):  # not an address at all
+        return None
     return int(ordinal) if err == _SUCCESS else None
 
 

@@ -1,4 +1,7 @@
-"""The HIP backend: IR -> HIP C++ (``gpu_codegen``), hipRTC -> AMD code object, HIP runtime -> launch."""
+"""The HIP backend: IR -> HIP C++ (``gpu_codegen``), hipRTC -> AMD code object, HIP runtime -> launch.
+
+The code object is loaded lazily, on the first launch on each GPU (a build never needs the device).
+"""
 from __future__ import annotations
 
 from ...ir.func import Function, Module
@@ -7,6 +10,12 @@ from ..gpu_codegen import HIP, render_gpu
 from ..gpu_launch import GpuLauncher
 from . import runtime
 from .hiprtc import compile_hip
+
+
+def _loader(binary: Binary):
+    def load(device: int) -> runtime.HipFunction:
+        return runtime.load_module(binary.extra, device).get_function(binary.entry)
+    return load
 
 
 class HipBackend:
@@ -21,5 +30,4 @@ class HipBackend:
     def load(self, binary: Binary, func: Function) -> GpuLauncher | None:
         if not runtime.hip_available():
             return None
-        module = runtime.load_module(binary.extra)
-        return GpuLauncher(module.get_function(binary.entry), func, runtime.launch, None)
+        return GpuLauncher(func, _loader(binary), runtime.launch, None)

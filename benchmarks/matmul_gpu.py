@@ -1,0 +1,94 @@
+"""Benchmark: the example GPU matmul (examples/matmul_gpu.py: SIMT f32, 128x128 tiles, double
+buffered shared memory) against torch.matmul (cuBLAS, f32 with TF32 off), square sizes, on an
+NVIDIA GPU.  Times are CUDA-event medians after warm-up, measured on PyTorch's current stream,
+on which taskmap launches; the taskmap time includes its Python launch path (argument checks).
+
+    python benchmarks/matmul_gpu.py [sizes...]          # default: 512 1024 2039 2048 4096
+
+Needs an NVIDIA GPU and a CUDA build of PyTorch; elsewhere it says so and exits.
+"""
+from __future__ import annotations
+
+import datetime
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from common import print_table
+
+from taskmap.backends.cuda import driver
+
+DEFAULT_SIZES = [512, 1024, 2039, 2048, 4096]
+
+
+def unavailable() -> str | None:
+    """Why this benchmark cannot run here, or None."""
+    if not driver.cuda_available():
+        return "no NVIDIA GPU here (the CUDA driver sees no device): this benchmark needs one"
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed: it provides the cuBLAS baseline and the CUDA events"
+    if not torch.cuda.is_available():
+        return f"this PyTorch ({torch.__version__}) has no CUDA support: install a CUDA build"
+    return None
+
+
+def cuda_median_ms(fn: Callable[[], object], warmup: int = 3, repeat: int = 20) -> float:
+    """Median milliseconds of ``fn()`` between two CUDA events on the current stream."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main(sizes: list[int]) -> int:
+    reason = unavailable()
+    if reason is not None:
+        print(f"benchmarks/matmul_gpu.py: skipped: {reason}.", file=sys.stderr)
+        return 0
+    import matmul_gpu  # examples/matmul_gpu.py
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False          # a true f32 baseline
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for n in sizes:
+        a = torch.randn(n, n, device="cuda", generator=gen)
+        b = torch.randn(n, n, device="cuda", generator=gen)
+        c = torch.empty(n, n, device="cuda")
+        matmul_gpu.matmul(a, b, c)
+        ref = a @ b
+        err = float((c - ref).abs().max() / ref.abs().max())
+        if err > 1e-4:
+            print(f"n={n}: taskmap result differs from cuBLAS (max relative error {err:.2e})", file=sys.stderr)
+            return 1
+        repeat = 20 if n <= 2048 else 10
+        t_tm = cuda_median_ms(lambda a=a, b=b, c=c: matmul_gpu.matmul(a, b, c), repeat=repeat)
+        t_cb = cuda_median_ms(lambda a=a, b=b, ref=ref: torch.matmul(a, b, out=ref), repeat=repeat)
+        flop = 2.0 * n**3
+        rows.append([f"{n}", f"{t_tm:.3f}", f"{flop / t_tm / 1e9:.2f}", f"{t_cb:.3f}", f"{flop / t_cb / 1e9:.2f}",
+                     f"{t_tm / t_cb:.2f}", f"{err:.1e}"])
+    name = driver.device_properties(0).name
+    print(f"\n{name}, torch {torch.__version__}, f32 (TF32 off), {datetime.date.today()}")
+    print_table(["n", "taskmap ms", "taskmap TFLOP/s", "cuBLAS ms", "cuBLAS TFLOP/s", "taskmap/cuBLAS time",
+                 "max rel err"], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main([int(x) for x in sys.argv[1:]] or DEFAULT_SIZES))

@@ -1,0 +1,253 @@
+"""GPU primitives emulated on the CPU with GPU semantics: the C code (part of ``runtime_c``) and
+how :class:`~taskmap.ir.primitives.PrimCall` nodes are rendered as calls of it.
+
+**Warp exchange.**  Each warp of a block has an exchange area of two slot arrays, one slot per
+lane, used alternately by successive rendezvous (the warp's generation ``gen`` picks the array).
+A lane executing a warp primitive writes its operand (value, predicate, fragments, a row
+address) and its mask into its slot, tagged ``gen + 1``, and waits (``tm_warp_wait``).  The
+scheduler resumes the warp's lanes once every runnable lane of the warp has stopped (see
+``runtime_c``), after incrementing ``gen``; each lane then computes its own result from the
+slots tagged with its generation: a lane *took part* iff its tag matches.  Double buffering
+makes a second rendezvous unnecessary: a lane can only write the same array again two
+rendezvous later, when every lane has finished reading it.
+
+Semantics (CUDA's, where CUDA defines them): ``shfl_sync`` reads lane ``src_lane % warp_size``;
+``shfl_down/up`` out of range, ``shfl_xor`` out of range, and any source lane that did not take
+part or is not in the caller's mask give the caller its own value; votes and ballots count the
+lanes in the mask that took part.  ``mma_sync_m16n8k16`` and ``ldmatrix`` need all 32 lanes
+(else the launch fails with a fault); ``mma`` accumulates the exact f16/bf16 products in f32,
+k = 0..15 in order.
+
+**Memory.**  Atomics are real atomics (blocks run in parallel on the cores); ``copy16`` is a
+``memcpy`` that checks 16-byte alignment; ``cp_async`` copies are *deferred*: each thread keeps a
+queue of pending copies, tagged with the group ``cp_async_commit`` closes, and
+``cp_async_wait(n)`` performs all but the newest ``n`` committed groups — so a kernel that reads
+shared memory without waiting reads stale data here too, as it might on a GPU.  A full queue
+completes its oldest copy early, which is allowed.  Misaligned addresses are recorded as a fault.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import UnsupportedError
+from ...ir.dtypes import bf16
+from ...ir.primitives import Prim, PrimCall
+
+WARP_TYPES_C = r"""
+/* ---- GPU primitives: warp exchange areas and cp.async queues ------------------------------- */
+#define TM_WARP_MAX 64
+typedef struct {
+  uint32_t tag;          /* the warp generation + 1 at which the lane posted it */
+  int32_t arg;
+  uint64_t mask;
+  union { uint64_t u; const void *p; unsigned char b[24]; } d;
+} tm_xslot;
+typedef struct { uint32_t gen; tm_xslot slot[2][TM_WARP_MAX]; } tm_warp;
+
+typedef struct { void *dst; const void *src; int32_t n, src_n; uint32_t group; } tm_cp_op;
+#define TM_CPQ 32
+typedef struct { tm_cp_op op[TM_CPQ]; uint32_t head, tail, committed; } tm_cpq;
+"""
+
+WARP_PRIMS_C = r"""
+/* ---- warp primitives (one rendezvous each) ------------------------------------------------- */
+typedef struct { tm_sched *s; tm_warp *w; const tm_xslot *buf; uint32_t tag; int lane, W; } tm_xchg;
+
+static inline tm_xslot *tm_warp_post(tm_xchg *x, uint64_t mask, int32_t arg) {
+  tm_sched *s = tm_cur_sched;
+  x->s = s; x->W = s->warp_size; x->lane = s->cur % x->W;
+  x->w = &s->warps[s->cur / x->W];
+  const uint32_t g = x->w->gen;
+  x->tag = g + 1;
+  x->buf = x->w->slot[g & 1];
+  tm_xslot *me = &x->w->slot[g & 1][x->lane];
+  me->tag = x->tag; me->mask = mask; me->arg = arg;
+  return me;
+}
+static inline int tm_took_part(const tm_xchg *x, int lane) { return x->buf[lane].tag == x->tag; }
+
+enum { TM_SHFL_IDX, TM_SHFL_XOR, TM_SHFL_DOWN, TM_SHFL_UP };
+static uint64_t tm_warp_shfl(int op, uint64_t mask, uint64_t v, int32_t arg) {
+  tm_xchg x;
+  tm_warp_post(&x, mask, arg)->d.u = v;
+  tm_warp_wait(x.s);
+  const long W = x.W, lane = x.lane;
+  long src;
+  switch (op) {
+    case TM_SHFL_IDX: src = arg & (W - 1); break;
+    case TM_SHFL_XOR: src = lane ^ arg; break;
+    case TM_SHFL_DOWN: src = lane + (long)(uint32_t)arg; break;
+    default: src = lane - (long)(uint32_t)arg; break;
+  }
+  if (src < 0 || src >= W || !((mask >> src) & 1) || !tm_took_part(&x, (int)src)) return v;
+  return x.buf[src].d.u;
+}
+#define TM_SHFL_T(sfx, T) \
+  static inline T tm_shfl_##sfx(int op, uint64_t mask, T v, int32_t arg) { \
+    uint64_t b = 0; memcpy(&b, &v, sizeof(T)); b = tm_warp_shfl(op, mask, b, arg); \
+    memcpy(&v, &b, sizeof(T)); return v; }
+TM_SHFL_T(f32, float) TM_SHFL_T(f64, double) TM_SHFL_T(f16, _Float16) TM_SHFL_T(b, bool)
+TM_SHFL_T(i8, int8_t) TM_SHFL_T(i16, int16_t) TM_SHFL_T(i32, int32_t) TM_SHFL_T(i64, int64_t)
+TM_SHFL_T(u8, uint8_t) TM_SHFL_T(u16, uint16_t) TM_SHFL_T(u32, uint32_t) TM_SHFL_T(u64, uint64_t)
+
+enum { TM_VOTE_ALL, TM_VOTE_ANY, TM_VOTE_BALLOT };
+static uint64_t tm_warp_vote(int op, uint64_t mask, int pred) {
+  tm_xchg x;
+  tm_warp_post(&x, mask, 0)->d.u = pred != 0;
+  tm_warp_wait(x.s);
+  uint64_t yes = 0, members = 0;
+  for (int i = 0; i < x.W; ++i)
+    if (((mask >> i) & 1) && tm_took_part(&x, i)) {
+      members |= 1ull << i;
+      if (x.buf[i].d.u) yes |= 1ull << i;
+    }
+  return op == TM_VOTE_ALL ? yes == members : op == TM_VOTE_ANY ? yes != 0 : yes;
+}
+static inline void tm_syncwarp(uint64_t mask) { tm_xchg x; tm_warp_post(&x, mask, 0); tm_warp_wait(x.s); }
+
+static inline int tm_full_warp(const tm_xchg *x) {
+  if (x->W != 32) return 0;
+  for (int i = 0; i < 32; ++i) if (!tm_took_part(x, i)) return 0;
+  return 1;
+}
+static inline float tm_b16_to_f32(const unsigned char *p, int bf) {
+  uint16_t h; memcpy(&h, p, 2);
+  if (bf) return tm_bf16_to_f32(h);
+  _Float16 f; memcpy(&f, &h, 2); return (float)f;
+}
+/* mma.sync.m16n8k16.row.col.f32.{f16,bf16}: c[4] += A[16x16] B[16x8], fragments as in PTX. */
+static void tm_mma_m16n8k16(float *c, const void *a, const void *b, int bf) {
+  tm_xchg x;
+  tm_xslot *me = tm_warp_post(&x, ~0ull, 0);
+  memcpy(me->d.b, a, 16);
+  memcpy(me->d.b + 16, b, 8);
+  tm_warp_wait(x.s);
+  if (!tm_full_warp(&x)) { tm_fault(TM_ERR_WARP); return; }
+  const int g = x.lane >> 2, t = x.lane & 3;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >> 1) * 8, col = 2 * t + (i & 1);
+    float acc = c[i];
+    for (int k = 0; k < 16; ++k) {
+      const int q = (k & 7) >> 1;   /* threadID_in_group of the lanes holding column / row k */
+      const unsigned char *pa = x.buf[(row & 7) * 4 + q].d.b + 2 * ((row >> 3) * 2 + (k >> 3) * 4 + (k & 1));
+      const unsigned char *pb = x.buf[col * 4 + q].d.b + 16 + 2 * ((k >> 3) * 2 + (k & 1));
+      acc += tm_b16_to_f32(pa, bf) * tm_b16_to_f32(pb, bf);
+    }
+    c[i] = acc;
+  }
+}
+/* ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16: lane 8j+r gives row r of matrix j. */
+static void tm_ldmatrix(void *dst, const void *row, int num, int trans) {
+  tm_xchg x;
+  tm_warp_post(&x, ~0ull, 0)->d.p = row;
+  if (x.lane < 8 * num && ((uintptr_t)row & 15)) tm_fault(TM_ERR_ALIGN);
+  tm_warp_wait(x.s);
+  if (!tm_full_warp(&x)) { tm_fault(TM_ERR_WARP); return; }
+  unsigned char *out = (unsigned char *)dst;
+  for (int j = 0; j < num; ++j)
+    for (int e = 0; e < 2; ++e) {
+      const int src = trans ? j * 8 + 2 * (x.lane & 3) + e : j * 8 + (x.lane >> 2);
+      const int elem = trans ? x.lane >> 2 : 2 * (x.lane & 3) + e;
+      memcpy(out + 2 * (2 * j + e), (const unsigned char *)x.buf[src].d.p + 2 * elem, 2);
+    }
+}
+
+/* ---- atomics ------------------------------------------------------------------------------- */
+#define TM_ATOMIC_INT(sfx, T) \
+  static inline T tm_atomic_add_##sfx(T *p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); } \
+  static inline T tm_atomic_exch_##sfx(T *p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); } \
+  static inline T tm_atomic_cas_##sfx(T *p, T cmp, T v) { \
+    __atomic_compare_exchange_n(p, &cmp, v, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp; } \
+  static inline T tm_atomic_max_##sfx(T *p, T v) { T old = __atomic_load_n(p, __ATOMIC_RELAXED); \
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {} \
+    return old; } \
+  static inline T tm_atomic_min_##sfx(T *p, T v) { T old = __atomic_load_n(p, __ATOMIC_RELAXED); \
+    while (old > v && !__atomic_compare_exchange_n(p, &old, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {} \
+    return old; }
+TM_ATOMIC_INT(i32, int32_t) TM_ATOMIC_INT(u32, uint32_t) TM_ATOMIC_INT(i64, int64_t) TM_ATOMIC_INT(u64, uint64_t)
+#define TM_ATOMIC_FLOAT(sfx, T, U) \
+  static inline T tm_atomic_add_##sfx(T *p, T v) { \
+    U old = __atomic_load_n((U *)p, __ATOMIC_RELAXED), nw; T f; \
+    do { memcpy(&f, &old, sizeof f); f = f + v; memcpy(&nw, &f, sizeof nw); } \
+    while (!__atomic_compare_exchange_n((U *)p, &old, nw, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)); \
+    memcpy(&f, &old, sizeof f); return f; } \
+  static inline T tm_atomic_exch_##sfx(T *p, T v) { \
+    U nw, old; memcpy(&nw, &v, sizeof nw); old = __atomic_exchange_n((U *)p, nw, __ATOMIC_RELAXED); \
+    T f; memcpy(&f, &old, sizeof f); return f; }
+TM_ATOMIC_FLOAT(f32, float, uint32_t) TM_ATOMIC_FLOAT(f64, double, uint64_t)
+
+/* ---- 16-byte and asynchronous copies ------------------------------------------------------- */
+static inline void tm_copy16(void *dst, const void *src) {
+  if (((uintptr_t)dst | (uintptr_t)src) & 15) tm_fault(TM_ERR_ALIGN);
+  memcpy(dst, src, 16);
+}
+static inline void tm_cp_do(const tm_cp_op *o) {
+  const int k = o->src_n < 0 ? 0 : o->src_n < o->n ? o->src_n : o->n;
+  if (k) memcpy(o->dst, o->src, (size_t)k);
+  if (k < o->n) memset((char *)o->dst + k, 0, (size_t)(o->n - k));
+}
+static inline tm_cpq *tm_my_cpq(void) {
+  tm_sched *s = tm_cur_sched;
+  return s && s->cpq ? &s->cpq[s->cur] : NULL;
+}
+static inline void tm_cp_async(void *dst, const void *src, int n, int src_n) {
+  if (((uintptr_t)dst | (uintptr_t)src) & (uintptr_t)(n - 1)) tm_fault(TM_ERR_ALIGN);
+  tm_cp_op o = { dst, src, n, src_n, 0 };
+  tm_cpq *q = tm_my_cpq();
+  if (!q) { tm_cp_do(&o); return; }
+  if (q->tail - q->head == TM_CPQ) { tm_cp_do(&q->op[q->head % TM_CPQ]); ++q->head; }
+  o.group = q->committed;
+  q->op[q->tail % TM_CPQ] = o;
+  ++q->tail;
+}
+static inline void tm_cp_async_commit(void) { tm_cpq *q = tm_my_cpq(); if (q) ++q->committed; }
+static inline void tm_cp_async_wait(int n) {
+  tm_cpq *q = tm_my_cpq();
+  if (!q) return;
+  while (q->head != q->tail && q->op[q->head % TM_CPQ].group + (uint32_t)n < q->committed) {
+    tm_cp_do(&q->op[q->head % TM_CPQ]);
+    ++q->head;
+  }
+}
+"""
+
+_SUFFIX = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "f32", "bool": "b",
+           "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+           "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64"}
+_SHFL = {Prim.SHFL_IDX: "TM_SHFL_IDX", Prim.SHFL_XOR: "TM_SHFL_XOR", Prim.SHFL_DOWN: "TM_SHFL_DOWN",
+         Prim.SHFL_UP: "TM_SHFL_UP"}
+_VOTE = {Prim.VOTE_ALL: "TM_VOTE_ALL", Prim.VOTE_ANY: "TM_VOTE_ANY", Prim.VOTE_BALLOT: "TM_VOTE_BALLOT"}
+_ATOMIC = {Prim.ATOMIC_ADD: "add", Prim.ATOMIC_MAX: "max", Prim.ATOMIC_MIN: "min", Prim.ATOMIC_EXCH: "exch",
+           Prim.ATOMIC_CAS: "cas"}
+
+
+def render_prim_c(g: Any, e: PrimCall) -> str:
+    """C for ``e``, rendered by the function generator ``g`` (a ``CpuFuncGen``)."""
+    op, a = e.op, e.args
+    ref = g.ref
+    x = g.expr
+    if op in _SHFL:
+        return f"tm_shfl_{_SUFFIX[e.dtype.name]}({_SHFL[op]}, (uint64_t)({x(a[0])}), {x(a[1])}, (int32_t)({x(a[2])}))"
+    if op in _VOTE:
+        return f"(({g.ctype(e.dtype)})tm_warp_vote({_VOTE[op]}, (uint64_t)({x(a[0])}), {x(a[1])}))"
+    if op is Prim.SYNCWARP:
+        return f"tm_syncwarp((uint64_t)({x(a[0])}))"
+    if op in _ATOMIC:
+        args = ", ".join([ref(a[0]), *(x(v) for v in a[1:])])
+        return f"tm_atomic_{_ATOMIC[op]}_{_SUFFIX[e.dtype.name]}({args})"
+    if op is Prim.COPY16:
+        return f"tm_copy16({ref(a[0])}, {ref(a[1])})"
+    if op is Prim.CP_ASYNC:
+        return f"tm_cp_async({ref(a[0])}, {ref(a[1])}, {x(a[2])}, (int)({x(a[3])}))"
+    if op is Prim.CP_ASYNC_COMMIT:
+        return "tm_cp_async_commit()"
+    if op is Prim.CP_ASYNC_WAIT:
+        return f"tm_cp_async_wait({x(a[0])})"
+    if op is Prim.MMA_M16N8K16:
+        return f"tm_mma_m16n8k16({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {int(a[1].dtype is bf16)})"
+    if op is Prim.LDMATRIX:
+        return f"tm_ldmatrix({ref(a[0])}, {ref(a[1])}, {x(a[2])}, {x(a[3])})"
+    raise UnsupportedError(f"the C backend cannot render {op.spec.name}()")  # pragma: no cover
+
+
+__all__ = ["WARP_PRIMS_C", "WARP_TYPES_C", "render_prim_c"]

@@ -1,0 +1,251 @@
+"""GPU primitives in CUDA and HIP C++: warp shuffles and votes, atomics, 16-byte and asynchronous
+copies, ``mma.sync`` and ``ldmatrix`` (IR: :mod:`taskmap.ir.primitives`).
+
+CUDA uses the ``*_sync`` intrinsics with their masks, ``atomic*``, and inline PTX for
+``cp.async`` (``.ca`` for 4 and 8 bytes, ``.cg`` for 16; the src-size operand zero-fills),
+``cp.async.commit_group`` / ``wait_group``, ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}``
+and ``ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16``.  Targets without ``cp_async``
+(before sm_80) copy synchronously; ``mma`` needs sm_80 (feature ``mma_m16n8k16``), ``ldmatrix``
+sm_75.
+
+HIP (ROCm 5.2 hipRTC) has no ``*_sync`` warp functions: shuffles and votes render as ``__shfl*``
+/ ``__all`` / ``__any`` / ``__ballot`` over the whole wavefront — **the mask is ignored** (every
+active lane takes part), and a ballot is 64 bits wide, so ``ballot_sync(..., dtype=u64)`` is
+required on wave64 targets.  ``syncwarp`` is a wavefront scheduling barrier (lanes run in
+lockstep).  ``cp_async`` copies synchronously and ``commit``/``wait`` do nothing.  ``mma`` and
+``ldmatrix`` are NVIDIA tensor-core instructions: building them for HIP raises
+``UnsupportedError`` (AMD's MFMA is a different instruction with other fragment layouts).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UnsupportedError
+from ..ir.dtypes import ScalarType, bf16, f16, u64
+from ..ir.primitives import Prim, PrimCall
+
+_COPY = r"""
+TM_FN void tm_copy16(void *dst, const void *src) { *(int4 *)dst = *(const int4 *)src; }
+TM_FN void tm_cp_sync(void *dst, const void *src, int n, int src_n) {
+  unsigned char *d = (unsigned char *)dst;
+  const unsigned char *s = (const unsigned char *)src;
+  if (src_n >= n) {
+    if (n == 16) *(int4 *)d = *(const int4 *)s;
+    else if (n == 8) *(int2 *)d = *(const int2 *)s;
+    else *(int *)d = *(const int *)s;
+    return;
+  }
+  for (int i = 0; i < n; ++i) d[i] = i < src_n ? s[i] : (unsigned char)0;
+}
+"""
+
+CUDA_PRIMS = _COPY + r"""
+TM_FN unsigned tm_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+TM_FN void tm_cp_async4(void *dst, const void *src, int src_n) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(tm_smem_addr(dst)), "l"(src), "r"(src_n));
+}
+TM_FN void tm_cp_async8(void *dst, const void *src, int src_n) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(tm_smem_addr(dst)), "l"(src), "r"(src_n));
+}
+TM_FN void tm_cp_async16(void *dst, const void *src, int src_n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(tm_smem_addr(dst)), "l"(src), "r"(src_n));
+}
+TM_FN void tm_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> TM_FN void tm_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+#define TM_MMA_M16N8K16(NAME, TYPE) \
+TM_FN void NAME(float *c, const void *a, const void *b) { \
+  unsigned A[4], B[2]; memcpy(A, a, 16); memcpy(B, b, 8); \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 " \
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) \
+               : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1])); }
+TM_MMA_M16N8K16(tm_mma_m16n8k16_f16, "f16")
+TM_MMA_M16N8K16(tm_mma_m16n8k16_bf16, "bf16")
+
+#define TM_LDMATRIX(NAME, SHAPE, N, REGS, ...) \
+TM_FN void NAME(void *dst, const void *src) { \
+  unsigned r[N]; \
+  asm volatile("ldmatrix.sync.aligned.m8n8." SHAPE ".shared.b16 " REGS ", [%" #N "];\n" \
+               : __VA_ARGS__ : "r"(tm_smem_addr(src))); \
+  memcpy(dst, r, 4 * N); }
+TM_LDMATRIX(tm_ldmatrix_x1, "x1", 1, "{%0}", "=r"(r[0]))
+TM_LDMATRIX(tm_ldmatrix_x2, "x2", 2, "{%0, %1}", "=r"(r[0]), "=r"(r[1]))
+TM_LDMATRIX(tm_ldmatrix_x4, "x4", 4, "{%0, %1, %2, %3}", "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]))
+TM_LDMATRIX(tm_ldmatrix_x1_trans, "x1.trans", 1, "{%0}", "=r"(r[0]))
+TM_LDMATRIX(tm_ldmatrix_x2_trans, "x2.trans", 2, "{%0, %1}", "=r"(r[0]), "=r"(r[1]))
+TM_LDMATRIX(tm_ldmatrix_x4_trans, "x4.trans", 4, "{%0, %1, %2, %3}", "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]))
+"""
+
+# ROCm 5.2 has no signed 64-bit atomicMax / atomicMin: a compare-and-swap loop.
+HIP_PRIMS = _COPY + r"""
+#define TM_ATOMIC_I64(NAME, CMP) \
+TM_FN long long NAME(long long *p, long long v) { \
+  unsigned long long *u = (unsigned long long *)p, old = *u; \
+  while ((long long)old CMP v) { \
+    unsigned long long seen = atomicCAS(u, old, (unsigned long long)v); \
+    if (seen == old) break; \
+    old = seen; \
+  } \
+  return (long long)old; }
+TM_ATOMIC_I64(tm_atomic_max_i64, <)
+TM_ATOMIC_I64(tm_atomic_min_i64, >)
+"""
+
+_SHFL_CUDA = {Prim.SHFL_IDX: "__shfl_sync", Prim.SHFL_XOR: "__shfl_xor_sync", Prim.SHFL_DOWN: "__shfl_down_sync",
+              Prim.SHFL_UP: "__shfl_up_sync"}
+_SHFL_HIP = {Prim.SHFL_IDX: "__shfl", Prim.SHFL_XOR: "__shfl_xor", Prim.SHFL_DOWN: "__shfl_down",
+             Prim.SHFL_UP: "__shfl_up"}
+_VOTE_CUDA = {Prim.VOTE_ALL: "__all_sync", Prim.VOTE_ANY: "__any_sync", Prim.VOTE_BALLOT: "__ballot_sync"}
+_VOTE_HIP = {Prim.VOTE_ALL: "__all", Prim.VOTE_ANY: "__any", Prim.VOTE_BALLOT: "__ballot"}
+_ATOMIC = {Prim.ATOMIC_ADD: "atomicAdd", Prim.ATOMIC_MAX: "atomicMax", Prim.ATOMIC_MIN: "atomicMin",
+           Prim.ATOMIC_EXCH: "atomicExch", Prim.ATOMIC_CAS: "atomicCAS"}
+#: Shuffled as this type (the intrinsics' overloads): narrow integers and bools as int, halves as float.
+_SHFL_AS = {"bool": "int", "int8": "int", "int16": "int", "uint8": "int", "uint16": "int", "float16": "float",
+            "bfloat16": "float", "int64": "long long", "uint64": "unsigned long long"}
+
+
+class GpuPrims:
+    """Renders primitives for one dialect (CUDA or HIP); ``g`` is the ``GpuFuncGen``."""
+
+    name = "gpu"
+    prelude = ""
+
+    def render(self, g: Any, e: PrimCall) -> str:
+        op, a = e.op, e.args
+        if op in _SHFL_CUDA:
+            return self.shuffle(g, e)
+        if op in _VOTE_CUDA:
+            return self.vote(g, e)
+        if op is Prim.SYNCWARP:
+            return self.syncwarp(g, e)
+        if op in _ATOMIC:
+            return self.atomic(g, e)
+        if op is Prim.COPY16:
+            return f"tm_copy16({g.ref(a[0])}, {g.ref(a[1])})"
+        if op in (Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT):
+            return self.cp_async(g, e)
+        return self.tensor_core(g, e)
+
+    def shuffle_value(self, g: Any, e: PrimCall, call: Any) -> str:
+        """Shuffle ``e``'s value through the intrinsic's type; ``call(text)`` makes the call."""
+        t: ScalarType = e.dtype
+        via = _SHFL_AS.get(t.name)
+        v = g.expr(e.args[1])
+        if via is None:
+            return call(v)
+        if t is f16:
+            return f"__float2half({call(f'__half2float({v})')})"
+        return f"(({g.ctype(t)}){call(f'({via})({v})')})"
+
+    def atomic(self, g: Any, e: PrimCall) -> str:
+        t: ScalarType = e.dtype
+        fn = _ATOMIC[e.op]
+        ref, vals = g.ref(e.args[0]), [g.expr(v) for v in e.args[1:]]
+        if t.is_integer and t.nbytes == 8:  # the 64-bit overloads take (unsigned) long long
+            signed = t.is_signed and e.op in (Prim.ATOMIC_MAX, Prim.ATOMIC_MIN)
+            c = "long long" if signed else "unsigned long long"
+            args = ", ".join([f"({c} *){ref}", *(f"({c})({v})" for v in vals)])
+            return f"(({g.ctype(t)}){fn}({args}))"
+        return f"{fn}({', '.join([ref, *vals])})"
+
+    def cp_async_sync(self, g: Any, e: PrimCall) -> str:
+        """cp_async as a synchronous copy (commit and wait do nothing)."""
+        if e.op is not Prim.CP_ASYNC:
+            return "((void)0)"
+        a = e.args
+        return f"tm_cp_sync({g.ref(a[0])}, {g.ref(a[1])}, {g.expr(a[2])}, (int)({g.expr(a[3])}))"
+
+    def shuffle(self, g: Any, e: PrimCall) -> str:
+        raise NotImplementedError
+
+    def vote(self, g: Any, e: PrimCall) -> str:
+        raise NotImplementedError
+
+    def syncwarp(self, g: Any, e: PrimCall) -> str:
+        raise NotImplementedError
+
+    def cp_async(self, g: Any, e: PrimCall) -> str:
+        raise NotImplementedError
+
+    def tensor_core(self, g: Any, e: PrimCall) -> str:
+        raise NotImplementedError
+
+
+class CudaPrims(GpuPrims):
+    name = "cuda"
+    prelude = CUDA_PRIMS
+
+    def shuffle(self, g: Any, e: PrimCall) -> str:
+        mask, lane = g.expr(e.args[0]), g.expr(e.args[2])
+        return self.shuffle_value(g, e, lambda v: f"{_SHFL_CUDA[e.op]}((unsigned)({mask}), {v}, {lane})")
+
+    def vote(self, g: Any, e: PrimCall) -> str:
+        text = f"{_VOTE_CUDA[e.op]}((unsigned)({g.expr(e.args[0])}), {g.expr(e.args[1])})"
+        return f"(({g.ctype(e.dtype)}){text})"
+
+    def syncwarp(self, g: Any, e: PrimCall) -> str:
+        return f"__syncwarp((unsigned)({g.expr(e.args[0])}))"
+
+    def cp_async(self, g: Any, e: PrimCall) -> str:
+        if "cp_async" not in g.gen.target.features:
+            return self.cp_async_sync(g, e)
+        a = e.args
+        if e.op is Prim.CP_ASYNC_COMMIT:
+            return "tm_cp_async_commit()"
+        if e.op is Prim.CP_ASYNC_WAIT:
+            return f"tm_cp_async_wait<{g.expr(a[0])}>()"
+        return f"tm_cp_async{a[2].value}({g.ref(a[0])}, {g.ref(a[1])}, (int)({g.expr(a[3])}))"
+
+    def tensor_core(self, g: Any, e: PrimCall) -> str:
+        target = g.gen.target
+        a = e.args
+        if e.op is Prim.MMA_M16N8K16:
+            if "mma_m16n8k16" not in target.features:
+                raise UnsupportedError(f"{g.func.name}: mma_sync_m16n8k16() needs sm_80 or newer, not {target.name}")
+            kind = "bf16" if a[1].dtype is bf16 else "f16"
+            return f"tm_mma_m16n8k16_{kind}({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])})"
+        if "ldmatrix" not in target.features:
+            raise UnsupportedError(f"{g.func.name}: ldmatrix() needs sm_75 or newer, not {target.name}")
+        trans = "_trans" if a[3].value else ""
+        return f"tm_ldmatrix_x{a[2].value}{trans}({g.ref(a[0])}, {g.ref(a[1])})"
+
+
+class HipPrims(GpuPrims):
+    name = "hip"
+    prelude = HIP_PRIMS
+
+    def atomic(self, g: Any, e: PrimCall) -> str:
+        t: ScalarType = e.dtype
+        if e.op in (Prim.ATOMIC_MAX, Prim.ATOMIC_MIN) and t.is_signed and t.nbytes == 8:
+            fn = "tm_atomic_max_i64" if e.op is Prim.ATOMIC_MAX else "tm_atomic_min_i64"
+            return f"(({g.ctype(t)}){fn}((long long *){g.ref(e.args[0])}, (long long)({g.expr(e.args[1])})))"
+        return super().atomic(g, e)
+
+    def shuffle(self, g: Any, e: PrimCall) -> str:  # the mask is ignored: the whole wavefront takes part
+        lane = g.expr(e.args[2])
+        if e.op in (Prim.SHFL_DOWN, Prim.SHFL_UP):
+            lane = f"(unsigned)({lane})"
+        return self.shuffle_value(g, e, lambda v: f"{_SHFL_HIP[e.op]}({v}, {lane})")
+
+    def vote(self, g: Any, e: PrimCall) -> str:
+        target = g.gen.target
+        if e.op is Prim.VOTE_BALLOT and e.dtype is not u64 and target.warp_size > 32:
+            raise UnsupportedError(f"{g.func.name}: ballot_sync() returns u32, which cannot hold the ballot of a "
+                                   f"{target.warp_size}-lane wavefront on {target.name}: use "
+                                   "ballot_sync(mask, pred, dtype=u64)")
+        return f"(({g.ctype(e.dtype)}){_VOTE_HIP[e.op]}({g.expr(e.args[1])}))"
+
+    def syncwarp(self, g: Any, e: PrimCall) -> str:
+        return "__builtin_amdgcn_wave_barrier()"
+
+    def cp_async(self, g: Any, e: PrimCall) -> str:
+        return self.cp_async_sync(g, e)
+
+    def tensor_core(self, g: Any, e: PrimCall) -> str:
+        raise UnsupportedError(f"{g.func.name}: {e.op.spec.name}() is an NVIDIA tensor-core instruction with no HIP "
+                               f"equivalent on {g.gen.target.name} (AMD's MFMA uses other fragment layouts and is "
+                               "not exposed yet); this kernel runs on CUDA sm_80+ and on the CPU")
+
+
+__all__ = ["CudaPrims", "GpuPrims", "HipPrims"]

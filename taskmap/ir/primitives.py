@@ -1,0 +1,265 @@
+"""GPU primitives of the tensor IR: warp shuffles and votes, atomics, vector and asynchronous
+copies, tensor-core ``mma.sync`` and ``ldmatrix`` — one node class, :class:`PrimCall`, with an
+operator enum :class:`Prim` (as ``Call`` has ``Intrinsic``).
+
+Conventions every pass relies on:
+
+* **Element references.** Some arguments designate memory rather than values: the first
+  argument of ``atomic_add``, both of ``copy16``, the fragments of ``mma_sync_m16n8k16``...  Such
+  an argument is a ``Load`` node (``t[i, j]``), listed in ``Prim.spec.refs``; backends render it
+  as ``&t[offset]``.  Being an ordinary ``Load`` child, it is lowered like any load (mapping
+  variables substituted, indices flattened through the layout, simplified); passes that rewrite
+  loads *as values* (fusion) must skip the positions in ``refs``: use :func:`ref_args`.
+* **Immediates** (``cp_async``'s byte count, ``cp_async_wait``'s group count, ``ldmatrix``'s
+  matrix count and transpose flag) are integer ``Const`` arguments, listed in ``spec.consts``.
+* **Effects.** Every primitive has an effect or takes part in a warp-wide exchange, so none may
+  be removed, duplicated or merged by a rewrite (the simplifier treats them as impure).
+  Primitives without a result (``spec.value`` False) appear as ``Evaluate(PrimCall(...))``.
+* **Warp semantics** (``PrimKind.WARP`` and ``PrimKind.MMA``) need the target's warp size, which
+  the IR does not know: backends resolve it (as they resolve ``lane_id()``, a ``Special``).
+  A lane's result only depends on lanes that execute the same primitive and are in its mask;
+  a source lane that is out of range, inactive or not in the mask gives the caller its own value.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .dtypes import ScalarType, bf16, bool_, f16, f32, f64, i16, i32, i64, u16, u32, u64
+from .expr import Const, Expr, Load, Var
+from .types import MemScope
+
+
+class PrimKind(enum.Enum):
+    WARP = "warp"        # warp-synchronous exchange among the lanes named by a mask
+    ATOMIC = "atomic"    # read-modify-write of one element of global or shared memory
+    MEMORY = "memory"    # 16-byte vector copies, asynchronous global -> shared copies
+    MMA = "mma"          # warp-cooperative tensor-core operations (all 32 lanes take part)
+
+
+@dataclass(frozen=True)
+class PrimSpec:
+    name: str                      # the DSL name, also used by the printer
+    kind: PrimKind
+    arity: int
+    refs: tuple[int, ...] = ()     # arguments that are element references (Load nodes)
+    writes: tuple[int, ...] = ()   # the references written to
+    consts: tuple[int, ...] = ()   # arguments that must be integer constants
+    value: bool = True             # whether the primitive has a result
+
+
+class Prim(enum.Enum):
+    """The GPU primitives; ``prim.spec`` describes the arguments."""
+
+    SHFL_IDX = PrimSpec("shfl_sync", PrimKind.WARP, 3)            # (mask, value, src_lane)
+    SHFL_XOR = PrimSpec("shfl_xor_sync", PrimKind.WARP, 3)        # (mask, value, lane_mask)
+    SHFL_DOWN = PrimSpec("shfl_down_sync", PrimKind.WARP, 3)      # (mask, value, delta)
+    SHFL_UP = PrimSpec("shfl_up_sync", PrimKind.WARP, 3)          # (mask, value, delta)
+    SYNCWARP = PrimSpec("syncwarp", PrimKind.WARP, 1, value=False)  # (mask,)
+    VOTE_ALL = PrimSpec("all_sync", PrimKind.WARP, 2)             # (mask, pred) -> bool
+    VOTE_ANY = PrimSpec("any_sync", PrimKind.WARP, 2)             # (mask, pred) -> bool
+    VOTE_BALLOT = PrimSpec("ballot_sync", PrimKind.WARP, 2)       # (mask, pred) -> u32 / u64
+    ATOMIC_ADD = PrimSpec("atomic_add", PrimKind.ATOMIC, 2, refs=(0,), writes=(0,))  # (ref, v) -> old
+    ATOMIC_MAX = PrimSpec("atomic_max", PrimKind.ATOMIC, 2, refs=(0,), writes=(0,))
+    ATOMIC_MIN = PrimSpec("atomic_min", PrimKind.ATOMIC, 2, refs=(0,), writes=(0,))
+    ATOMIC_EXCH = PrimSpec("atomic_exch", PrimKind.ATOMIC, 2, refs=(0,), writes=(0,))
+    ATOMIC_CAS = PrimSpec("atomic_cas", PrimKind.ATOMIC, 3, refs=(0,), writes=(0,))  # (ref, compare, v)
+    COPY16 = PrimSpec("copy16", PrimKind.MEMORY, 2, refs=(0, 1), writes=(0,), value=False)  # (dst, src)
+    CP_ASYNC = PrimSpec("cp_async", PrimKind.MEMORY, 4, refs=(0, 1), writes=(0,), consts=(2,),
+                        value=False)                              # (dst, src, nbytes, src_bytes)
+    CP_ASYNC_COMMIT = PrimSpec("cp_async_commit", PrimKind.MEMORY, 0, value=False)
+    CP_ASYNC_WAIT = PrimSpec("cp_async_wait", PrimKind.MEMORY, 1, consts=(0,), value=False)  # (n,)
+    MMA_M16N8K16 = PrimSpec("mma_sync_m16n8k16", PrimKind.MMA, 3, refs=(0, 1, 2), writes=(0,),
+                            value=False)                          # (c, a, b): c += a @ b
+    LDMATRIX = PrimSpec("ldmatrix", PrimKind.MMA, 4, refs=(0, 1), writes=(0,), consts=(2, 3),
+                        value=False)                              # (dst, src_row, num, trans)
+
+    @property
+    def spec(self) -> PrimSpec:
+        return self.value
+
+
+#: Element types each atomic supports on every backend.
+ATOMIC_TYPES: dict[Prim, tuple[ScalarType, ...]] = {
+    Prim.ATOMIC_ADD: (f32, f64, i32, u32, i64, u64),
+    Prim.ATOMIC_MAX: (i32, u32, i64, u64),
+    Prim.ATOMIC_MIN: (i32, u32, i64, u64),
+    Prim.ATOMIC_EXCH: (f32, i32, u32, i64, u64),
+    Prim.ATOMIC_CAS: (i32, u32, i64, u64),
+}
+CP_ASYNC_BYTES = (4, 8, 16)
+LDMATRIX_NUMS = (1, 2, 4)
+#: Elements each mma_sync_m16n8k16 operand reference covers (C f32, A and B f16/bf16), per lane.
+MMA_FRAGMENT = {0: 4, 1: 8, 2: 4}
+B16_TYPES = (f16, bf16, i16, u16)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class PrimCall(Expr):
+    """A GPU primitive.  ``type`` is the result type, None for primitives without a result."""
+
+    op: Prim
+    args: tuple[Expr, ...]
+    type: ScalarType | None = None
+
+    @property
+    def dtype(self) -> ScalarType:  # type: ignore[override]
+        if self.type is None:
+            raise TypeError(f"{self.op.spec.name}() has no value")
+        return self.type
+
+
+def ref_args(call: PrimCall) -> tuple[Load, ...]:
+    """The element references of ``call`` (its memory operands)."""
+    return tuple(call.args[i] for i in call.op.spec.refs)  # type: ignore[misc]
+
+
+def is_warp_synchronous(op: Prim) -> bool:
+    """Whether all lanes of a warp (those in the mask) must execute the primitive together."""
+    return op.spec.kind in (PrimKind.WARP, PrimKind.MMA)
+
+
+def needs_gpu(op: Prim) -> bool:
+    """Whether the primitive only exists in GPU kernels and device functions (atomics and
+    ``copy16`` are also valid in CPU kernels)."""
+    return op.spec.kind in (PrimKind.WARP, PrimKind.MMA) or op in (Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT,
+                                                                 Prim.CP_ASYNC_WAIT)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _scope(ref: Load) -> MemScope:
+    return ref.tensor.type.scope
+
+
+def _int_const(e: Expr) -> int | None:
+    return int(e.value) if isinstance(e, Const) and (e.dtype.is_integer or e.dtype.is_bool) else None
+
+
+def problem(call: PrimCall) -> tuple[int | None, str] | None:
+    """What is wrong with ``call`` (the argument position, or None, and a message), or None.
+
+    The rules every backend relies on: reference positions hold ``Load`` nodes of tensors in
+    the right memory (atomics: global or shared; ``cp_async``: shared <- global; fragments of
+    ``mma``/``ldmatrix``: registers, ``ldmatrix`` reads shared memory), element types fit, and
+    immediates are constants in range.
+    """
+    op, spec, args = call.op, call.op.spec, call.args
+    name = spec.name
+    if len(args) != spec.arity:
+        return None, f"{name}() takes {spec.arity} argument(s), got {len(args)}"
+    for i in spec.refs:
+        if not isinstance(args[i], Load) or not isinstance(args[i].tensor, Var):
+            return i, f"argument {i + 1} of {name}() must be a tensor element such as t[i, j]"
+    for i in spec.consts:
+        if _int_const(args[i]) is None:
+            return i, f"argument {i + 1} of {name}() must be a compile-time integer"
+    if spec.value != (call.type is not None):
+        return None, f"{name}() {'has' if spec.value else 'has no'} result, but the node's type is {call.type!r}"
+    kind = spec.kind
+    if kind is PrimKind.WARP:
+        if not args[0].dtype.is_integer:
+            return 0, f"the mask of {name}() must be an integer, got {args[0].dtype!r}"
+        if op in (Prim.SHFL_IDX, Prim.SHFL_XOR, Prim.SHFL_DOWN, Prim.SHFL_UP):
+            if not args[2].dtype.is_integer:
+                return 2, f"the lane argument of {name}() must be an integer, got {args[2].dtype!r}"
+            if call.type is not args[1].dtype:
+                return 1, f"{name}() returns the type of its value ({args[1].dtype!r}), node says {call.type!r}"
+        if op in (Prim.VOTE_ALL, Prim.VOTE_ANY, Prim.VOTE_BALLOT) and not args[1].dtype.is_bool:
+            return 1, f"the predicate of {name}() must be a bool, got {args[1].dtype!r}"
+        if op in (Prim.VOTE_ALL, Prim.VOTE_ANY) and call.type is not bool_:
+            return None, f"{name}() returns a bool"
+        if op is Prim.VOTE_BALLOT and call.type not in (u32, u64):
+            return None, f"{name}() returns u32 or u64, not {call.type!r}"
+        return None
+    if kind is PrimKind.ATOMIC:
+        ref = args[0]
+        if _scope(ref) is MemScope.REGISTER:
+            return 0, (f"{name}() needs an element of a global or shared tensor; '{ref.tensor.name}' is a "
+                       "register tensor")
+        t = ref.dtype
+        if t not in ATOMIC_TYPES[op]:
+            ok = ", ".join(x.short for x in ATOMIC_TYPES[op])
+            return 0, f"{name}() on {t!r} elements is not supported (supported: {ok})"
+        for i in range(1, spec.arity):
+            if args[i].dtype is not t:
+                return i, f"argument {i + 1} of {name}() must have the element type {t!r}, got {args[i].dtype!r}"
+        if call.type is not t:
+            return None, f"{name}() returns the old element ({t!r}), node says {call.type!r}"
+        return None
+    if op is Prim.COPY16:
+        dst, src = args
+        if dst.dtype is not src.dtype:
+            return 1, f"copy16() copies between tensors of one element type, got {dst.dtype!r} and {src.dtype!r}"
+        if 16 % dst.dtype.nbytes or dst.dtype.is_bool:
+            return 0, f"copy16() cannot copy {dst.dtype!r} elements"
+        return None
+    if op is Prim.CP_ASYNC:
+        dst, src, nbytes, src_bytes = args
+        if _scope(dst) is not MemScope.SHARED:
+            return 0, f"the destination of cp_async() must be a shared tensor element, '{dst.tensor.name}' is " \
+                      f"{_scope(dst).value}"
+        if _scope(src) is not MemScope.GLOBAL:
+            return 1, f"the source of cp_async() must be a global tensor element, '{src.tensor.name}' is " \
+                      f"{_scope(src).value}"
+        if _int_const(nbytes) not in CP_ASYNC_BYTES:
+            return 2, f"cp_async() copies 4, 8 or 16 bytes, got {_int_const(nbytes)}"
+        if nbytes.value % dst.dtype.nbytes or dst.dtype is not src.dtype:  # type: ignore[attr-defined]
+            return 1, f"cp_async() copies whole {dst.dtype!r} elements between tensors of one type"
+        if not src_bytes.dtype.is_integer:
+            return 3, f"src_bytes of cp_async() must be an integer, got {src_bytes.dtype!r}"
+        return None
+    if op is Prim.CP_ASYNC_WAIT:
+        n = _int_const(args[0])
+        return None if n is not None and n >= 0 else (0, f"cp_async_wait() needs a group count >= 0, got {n}")
+    if op is Prim.MMA_M16N8K16:
+        c, a, b = args
+        for i, ref in enumerate(args):
+            if _scope(ref) is not MemScope.REGISTER:
+                return i, f"the operands of {name}() are register tensors; '{ref.tensor.name}' is " \
+                          f"{_scope(ref).value}"
+        if c.dtype is not f32:
+            return 0, f"the accumulator of {name}() must be f32, got {c.dtype!r}"
+        if a.dtype not in (f16, bf16):
+            return 1, f"the A operand of {name}() must be f16 or bf16, got {a.dtype!r}"
+        if b.dtype is not a.dtype:
+            return 2, f"the B operand of {name}() must have A's type {a.dtype!r}, got {b.dtype!r}"
+        return None
+    if op is Prim.LDMATRIX:
+        dst, src, num, trans = args
+        if _scope(dst) is not MemScope.REGISTER:
+            return 0, f"ldmatrix() loads into a register tensor; '{dst.tensor.name}' is {_scope(dst).value}"
+        if _scope(src) is not MemScope.SHARED:
+            return 1, f"ldmatrix() reads a shared tensor; '{src.tensor.name}' is {_scope(src).value}"
+        if dst.dtype not in B16_TYPES or src.dtype is not dst.dtype:
+            return 0, f"ldmatrix() moves 16-bit elements between tensors of one type, got {dst.dtype!r} and " \
+                      f"{src.dtype!r}"
+        if _int_const(num) not in LDMATRIX_NUMS or _int_const(trans) not in (0, 1):
+            return 2, "ldmatrix() loads 1, 2 or 4 matrices, transposed or not"
+        return None
+    return None
+
+
+def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
+    """How many consecutive elements from reference ``index`` the primitive reads or writes."""
+    if op is Prim.MMA_M16N8K16:
+        return MMA_FRAGMENT[index]
+    if op is Prim.LDMATRIX:
+        return 2 * int(args[2].value) if index == 0 else 8  # type: ignore[attr-defined]
+    if op is Prim.COPY16:
+        return 16 // args[index].dtype.nbytes
+    if op is Prim.CP_ASYNC:
+        return int(args[2].value) // args[index].dtype.nbytes  # type: ignore[attr-defined]
+    return 1
+
+
+def alignment(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
+    """The byte alignment reference ``index`` must have (the GPU faults on misaligned ones)."""
+    if op in (Prim.COPY16, Prim.LDMATRIX) and (op is Prim.COPY16 or index == 1):
+        return 16
+    if op is Prim.CP_ASYNC:
+        return int(args[2].value)  # type: ignore[attr-defined]
+    if op is Prim.MMA_M16N8K16 or op is Prim.LDMATRIX:
+        return 4
+    return args[index].dtype.nbytes

@@ -1,0 +1,80 @@
+"""Operand layouts of the tensor-core primitives, as task mappings over the 32 lanes of a warp.
+
+``mma_sync_m16n8k16(c, a, b)`` computes ``C[16, 8] += A[16, 16] @ B[16, 8]`` with one warp; each
+lane holds a *fragment* of every operand: 8 elements of A, 4 of B, 4 of C (PTX ISA, "Matrix
+fragments for mma.m16n8k16").  With ``groupID = lane >> 2`` and ``threadID_in_group = lane % 4``,
+register ``i`` of a lane holds
+
+* A: row ``groupID + 8 * (i // 2 % 2)``, column ``2 * threadID_in_group + i % 2 + 8 * (i // 4)``;
+* B (K x N): row ``2 * threadID_in_group + i % 2 + 8 * (i // 2)``, column ``groupID``;
+* C (and D): row ``groupID + 8 * (i // 2)``, column ``2 * threadID_in_group + i % 2``.
+
+Each layout below is that table written as a task mapping whose workers are lanes and whose
+tasks, in order, are the fragment's elements: ``mma_a_layout.worker2task(lane)[i]`` is the
+``(row, col)`` of register ``i``.  So a kernel fills and drains fragments with mapping loops::
+
+    for q, (i, k) in enumerate(mma_a_layout.on(lane_id())):
+        a_regs[q] = smem_a[i, k]
+    ...
+    for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+        c[row0 + i, col0 + j] = acc[q]
+
+The ``ldmatrix_*_rows`` mappings give, for each lane, the first element of the 8-element shared
+memory row whose address it passes to ``ldmatrix_x4/x2/x1``: one task per lane, so
+``for i, k in ldmatrix_x4_rows.on(lane_id()): ldmatrix_x4(a_regs, smem_a[i, k])`` loads the
+A fragment of a 16x16 tile (row-major in shared memory).  With ``trans=True`` the same rows of a
+16x16 (K x N) tile of B stored row-major give the B fragments of two adjacent 8-column tiles
+(the 8 registers: 4 for columns 0-7, then 4 for columns 8-15).
+"""
+from __future__ import annotations
+
+from ..ir.mapping import TaskMapping, custom_mapping, repeat, spatial
+
+#: Shape of one ``mma_sync_m16n8k16``.
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+WARP_LANES = 32
+
+#: A[16, 16] fragments: register pairs along k, then the row half (+8), then the column half (+8).
+mma_a_layout: TaskMapping = repeat(2, 2, ranks=[1, 0]) * spatial(8, 4) * repeat(1, 2)
+#: B[16, 8] (K x N) fragments: register pairs along k, then the k half (+8); lanes are column-major.
+mma_b_layout: TaskMapping = repeat(2, 1) * spatial(4, 8, ranks=[1, 0]) * repeat(2, 1)
+#: C[16, 8] (and D) fragments: register pairs along n, then the row half (+8).
+mma_c_layout: TaskMapping = repeat(2, 1) * spatial(8, 4) * repeat(1, 2)
+
+
+def _x4_row(lane, k):  # lanes 0-15 address rows 0-15 at column 0, lanes 16-31 at column 8
+    return lane % 16, lane // 16 * 8
+
+
+def _x2_row(lane, k):  # lanes 0-15 address the rows; lanes 16-31 repeat them (their addresses are unused)
+    return lane % 16, 0
+
+
+def _x1_row(lane, k):  # lanes 0-7 address the rows; the others repeat them (unused)
+    return lane % 8, 0
+
+
+#: ``ldmatrix_x4``: a 16x16 tile as four 8x8 matrices (rows 0-7/8-15 x columns 0-7/8-15).
+ldmatrix_x4_rows: TaskMapping = custom_mapping((16, 16), WARP_LANES, 1, _x4_row)
+#: ``ldmatrix_x2``: a 16x8 tile as two 8x8 matrices (rows 0-7, 8-15).
+ldmatrix_x2_rows: TaskMapping = custom_mapping((16, 8), WARP_LANES, 1, _x2_row)
+#: ``ldmatrix_x1``: one 8x8 matrix.
+ldmatrix_x1_rows: TaskMapping = custom_mapping((8, 8), WARP_LANES, 1, _x1_row)
+
+
+def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
+    """The ``(row, col)`` of each register of ``operand`` ("a", "b" or "c") held by ``lane``,
+    straight from the PTX ISA's formulas (the reference the mappings are tested against)."""
+    group, tig = lane >> 2, lane % 4
+    if operand == "a":
+        return [(group + (0 if i < 2 or 4 <= i < 6 else 8), tig * 2 + (i & 1) + (0 if i < 4 else 8))
+                for i in range(8)]
+    if operand == "b":
+        return [(tig * 2 + (i & 1) + (0 if i < 2 else 8), group) for i in range(4)]
+    if operand == "c":
+        return [(group + (0 if i < 2 else 8), tig * 2 + (i & 1)) for i in range(4)]
+    raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
+
+
+__all__ = ["MMA_K", "MMA_M", "MMA_N", "ldmatrix_x1_rows", "ldmatrix_x2_rows", "ldmatrix_x4_rows", "mma_a_layout",
+           "mma_b_layout", "mma_c_layout", "ptx_fragment"]

@@ -1,0 +1,49 @@
+"""Shared checks for the GPU-primitive kernel tests: every kernel is built for CUDA (sm_80, sm_90)
+and HIP (gfx90a) without a GPU, run on the CPU emulation, and — with the ``cuda`` marker — run on
+an NVIDIA GPU with torch CUDA tensors."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pytest
+
+EM_AMDGPU = 224  # ELF e_machine of AMD GPU code objects
+
+#: Run a kernel on numpy arrays (CPU emulation) or on torch CUDA tensors (an NVIDIA GPU).
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
+
+
+def built_for_cuda(kernel: Any, arch: str, expect: Sequence[str] = ()) -> Any:
+    """Build ``kernel`` for ``arch`` with NVRTC: a cubin, and each of ``expect`` in its PTX."""
+    built = kernel.build("cuda", arch=arch)
+    assert built.binary[:4] == b"\x7fELF", "NVRTC produced no cubin"
+    ptx = built.artifact.extra.ptx
+    assert f".target {arch}" in ptx
+    for text in expect:
+        assert text in ptx, f"{text!r} not in the PTX for {arch}"
+    return built
+
+
+def built_for_hip(kernel: Any, arch: str = "gfx90a", expect_source: Sequence[str] = ()) -> Any:
+    """Build ``kernel`` with hipRTC: an AMD code object, and each of ``expect_source`` in the source."""
+    built = kernel.build("hip", arch=arch)
+    data = built.binary
+    assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == EM_AMDGPU
+    for text in expect_source:
+        assert text in built.source, f"{text!r} not in the HIP source"
+    return built
+
+
+def run_on(device: str, kernel: Callable[..., Any], *arrays: Any) -> list[np.ndarray]:
+    """Run ``kernel`` on copies of ``arrays`` on ``device``; returns the arrays afterwards (numpy)."""
+    if device == "cpu":
+        copies = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in arrays]
+        kernel(*copies)
+        return [c for c in copies if isinstance(c, np.ndarray)]
+    import torch
+
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)).cuda() if isinstance(a, np.ndarray) else a for a in arrays]
+    kernel(*tensors)
+    torch.cuda.synchronize()
+    return [t.cpu().numpy() for t in tensors if isinstance(t, torch.Tensor)]

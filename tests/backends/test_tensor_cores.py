@@ -1,0 +1,212 @@
+"""Tensor cores: ``mma_sync_m16n8k16`` (f16 and bf16 in, f32 accumulate) and ``ldmatrix``, with
+fragments moved by the task-mapping layouts of ``taskmap.lang.mma``; and the tensor-core matmul
+example (cp.async pipeline, ldmatrix, mma, predicated edges) on sizes that are not multiples of
+its tiles — on the CPU emulation against numpy, built for sm_80 / sm_90, refused for HIP, and
+launched on an NVIDIA GPU under the ``cuda`` marker."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prim_checks import DEVICES, built_for_cuda, run_on
+
+import taskmap
+from taskmap.errors import TaskmapError, UnsupportedError
+from taskmap.lang import (attrs, bf16, f16, f32, lane_id, ldmatrix_x1, ldmatrix_x1_rows, ldmatrix_x2,
+                          ldmatrix_x2_rows, ldmatrix_x4, ldmatrix_x4_rows, mma_a_layout, mma_b_layout, mma_c_layout,
+                          mma_sync_m16n8k16, register_tensor, shared_tensor, syncthreads, threadIdx)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+FEW = settings(max_examples=8, deadline=None)
+RNG = np.random.default_rng(17)
+F16_TOL = dict(rtol=1e-3, atol=1e-3)  # f16 inputs, exact products, f32 sums: only summation order differs
+
+
+def _example(name):
+    spec = importlib.util.spec_from_file_location(f"taskmap_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TC = _example("matmul_tensorcore")
+
+
+# ----------------------------------------------------------------------------- one mma, fragments by mapping
+
+
+def mma_kernel(dtype):
+    @taskmap.kernel
+    def mma_tile(a: dtype[16, 16], b: dtype[16, 8], c: f32[16, 8]):
+        attrs.block_dim = 32
+        ra = register_tensor(dtype, [8])
+        rb = register_tensor(dtype, [4])
+        rc = register_tensor(f32, [4])
+        for q, (i, k) in enumerate(mma_a_layout.on(lane_id())):
+            ra[q] = a[i, k]
+        for q, (k, j) in enumerate(mma_b_layout.on(lane_id())):
+            rb[q] = b[k, j]
+        for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+            rc[q] = c[i, j]
+        mma_sync_m16n8k16(rc, ra, rb)
+        for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+            c[i, j] = rc[q]
+    return mma_tile
+
+
+MMA_F16, MMA_BF16 = mma_kernel(f16), mma_kernel(bf16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_mma_f16(device):
+    a = RNG.uniform(-1, 1, (16, 16)).astype(np.float16)
+    b = RNG.uniform(-1, 1, (16, 8)).astype(np.float16)
+    c = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
+    out = run_on(device, MMA_F16, a, b, c)[2]
+    np.testing.assert_allclose(out, c + a.astype(np.float32) @ b.astype(np.float32), **F16_TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_mma_bf16(device):
+    torch = pytest.importorskip("torch")
+    a = torch.empty(16, 16).uniform_(-1, 1).to(torch.bfloat16)
+    b = torch.empty(16, 8).uniform_(-1, 1).to(torch.bfloat16)
+    c = torch.empty(16, 8).uniform_(-1, 1)
+    want = c + a.float() @ b.float()
+    if device == "cuda":
+        a, b, c = a.cuda(), b.cuda(), c.cuda()
+    MMA_BF16(a, b, c)
+    np.testing.assert_allclose(c.cpu().numpy(), want.numpy(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_mma_builds_for_sm_80_and_sm_90(arch):
+    built_for_cuda(MMA_F16, arch, ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"])
+    built_for_cuda(MMA_BF16, arch, ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"])
+
+
+def test_mma_is_refused_before_sm_80_and_on_hip():
+    with pytest.raises(UnsupportedError, match=r"mma_sync_m16n8k16\(\) needs sm_80 or newer, not cuda:sm_75"):
+        MMA_F16.build("cuda", arch="sm_75")
+    with pytest.raises(UnsupportedError, match=r"NVIDIA tensor-core instruction with no HIP equivalent"):
+        MMA_F16.build("hip", arch="gfx90a")
+
+
+@taskmap.kernel
+def half_warp_mma(c: f32[16, 8]):
+    attrs.block_dim = 16                  # a warp of 16 lanes cannot execute mma.sync
+    ra = register_tensor(f16, [8])
+    rb = register_tensor(f16, [4])
+    rc = register_tensor(f32, [4])
+    mma_sync_m16n8k16(rc, ra, rb)
+
+
+def test_mma_by_part_of_a_warp_is_reported():
+    with pytest.raises(TaskmapError, match="executed by only some lanes of a warp"):
+        half_warp_mma(np.zeros((16, 8), np.float32))
+
+
+# ----------------------------------------------------------------------------- ldmatrix
+
+
+@taskmap.kernel
+def ldmatrix_all(tile: f16[16, 16], out: f16[6, 32, 8]):
+    """Every ldmatrix form on one 16x16 tile in shared memory; lane l's registers go to out[form, l]."""
+    attrs.block_dim = 32
+    s = shared_tensor(f16, [16, 16])
+    regs = register_tensor(f16, [8])
+    for e in range(8):
+        s[threadIdx.x // 2, threadIdx.x % 2 * 8 + e] = tile[threadIdx.x // 2, threadIdx.x % 2 * 8 + e]
+    syncthreads()
+    for i, k in ldmatrix_x4_rows.on(lane_id()):
+        ldmatrix_x4(regs, s[i, k])
+    for q in range(8):
+        out[0, threadIdx.x, q] = regs[q]
+    for i, k in ldmatrix_x4_rows.on(lane_id()):
+        ldmatrix_x4(regs, s[i, k], trans=True)
+    for q in range(8):
+        out[1, threadIdx.x, q] = regs[q]
+    for i, k in ldmatrix_x2_rows.on(lane_id()):
+        ldmatrix_x2(regs, s[i, k])
+        ldmatrix_x2(regs[4], s[i, k + 8], True)
+    for q in range(8):
+        out[2 + q // 4, threadIdx.x, q % 4] = regs[q]
+    for i, k in ldmatrix_x1_rows.on(lane_id()):
+        ldmatrix_x1(regs, s[i, k])
+        ldmatrix_x1(regs[2], s[i, k], trans=True)
+    for q in range(4):
+        out[4 + q // 2, threadIdx.x, q % 2] = regs[q]
+
+
+def ldmatrix_model(tile):
+    """What each lane should hold, from the mma fragment layouts (PTX's tables)."""
+    want = np.zeros((6, 32, 8), np.float16)
+    for lane in range(32):
+        want[0, lane] = [tile[i, k] for i, k in mma_a_layout.worker2task(lane)]        # A fragment
+        b = mma_b_layout.worker2task(lane)
+        want[1, lane] = [tile[k, j] for k, j in b] + [tile[k, j + 8] for k, j in b]   # 2 B fragments
+        want[2, lane, :4] = [tile[i, j] for i, j in mma_c_layout.worker2task(lane)]    # 16x8, C-like
+        want[3, lane, :4] = [tile[k, j + 8] for k, j in b]                            # B fragment
+        g, t = lane // 4, lane % 4
+        want[4, lane, :2] = tile[g, 2 * t:2 * t + 2]
+        want[5, lane, :2] = tile[2 * t:2 * t + 2, g]
+    return want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ldmatrix_forms_match_the_fragment_layouts(device):
+    tile = RNG.standard_normal((16, 16)).astype(np.float16)
+    out = run_on(device, ldmatrix_all, tile, np.zeros((6, 32, 8), np.float16))[1]
+    want = ldmatrix_model(tile)
+    for form in range(6):
+        width = 8 if form < 2 else 4 if form < 4 else 2
+        assert np.array_equal(out[form, :, :width], want[form, :, :width]), form
+
+
+def test_ldmatrix_builds():
+    ptx = built_for_cuda(ldmatrix_all, "sm_80").artifact.extra.ptx
+    for form in ("x4.shared.b16", "x4.trans.shared.b16", "x2.shared.b16", "x2.trans.shared.b16",
+                 "x1.shared.b16", "x1.trans.shared.b16"):
+        assert f"ldmatrix.sync.aligned.m8n8.{form}" in ptx, form
+    with pytest.raises(UnsupportedError, match="ldmatrix"):
+        ldmatrix_all.build("hip", arch="gfx90a")
+
+
+# ----------------------------------------------------------------------------- the matmul example
+
+
+def check_matmul(device, m, n, k):
+    a = RNG.uniform(-1, 1, (m, k)).astype(np.float16)
+    b = RNG.uniform(-1, 1, (k, n)).astype(np.float16)
+    c = run_on(device, TC.matmul_tc, a, b, np.full((m, n), np.nan, np.float32))[2]
+    np.testing.assert_allclose(c, TC.reference(a, b), **F16_TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (17, 33, 40), (100, 72, 130), (64, 64, 64), (100, 72, 136),
+                                     (65, 136, 96)])
+def test_tensor_core_matmul(device, m, n, k):
+    check_matmul(device, m, n, k)
+
+
+@given(m=st.integers(1, 80), n=st.integers(1, 80), k=st.integers(1, 80), aligned=st.booleans())
+@FEW
+def test_tensor_core_matmul_random_shapes(m, n, k, aligned):
+    if aligned:                       # the cp.async path needs rows of A and B 16-byte aligned
+        n, k = -(-n // 8) * 8, -(-k // 8) * 8
+    check_matmul("cpu", m, n, k)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_core_matmul_builds(arch):
+    built_for_cuda(TC.matmul_tc, arch, ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                                        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                                        "cp.async.cg.shared.global", "cp.async.wait_group 1"])
+
+
+def test_ldmatrix_is_refused_before_sm_75():
+    with pytest.raises(UnsupportedError, match=r"ldmatrix\(\) needs sm_75 or newer, not cuda:sm_70"):
+        ldmatrix_all.build("cuda", arch="sm_70")
