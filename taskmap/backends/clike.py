@@ -389,5 +389,16 @@ def smem_layout(func: Function) -> tuple[dict[int, int], int]:
 
 
 def written_tensors(module: Module) -> set[int]:
-    """Ids of the tensor variables some function of ``module`` stores to."""
-    return {id(t) for f in module.functions for t in _written_under(f.body)}
+    """Ids of the tensor variables some function of ``module`` writes: stores, primitives' write
+    operands, and tensors passed to a helper function that writes the parameter."""
+    written = {id(t) for f in module.functions for t in _written_under(f.body)}
+    calls = [c for f in module.functions for c in collect(f.body, E.CallFunc)]
+    changed = True
+    while changed:
+        changed = False
+        for c in calls:
+            for p, a in zip(module.lookup(c.name).params, c.args):
+                if id(p) in written and isinstance(a, Var) and a.is_tensor and id(a) not in written:
+                    written.add(id(a))
+                    changed = True
+    return written

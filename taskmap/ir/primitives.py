@@ -129,6 +129,10 @@ def needs_gpu(op: Prim) -> bool:
 # ----------------------------------------------------------------------------- checks
 
 
+#: A problem found in a primitive: the argument position (None: the call) and a message; or None.
+Problem = tuple[int | None, str] | None
+
+
 def _scope(ref: Load) -> MemScope:
     return ref.tensor.type.scope
 
@@ -137,7 +141,7 @@ def _int_const(e: Expr) -> int | None:
     return int(e.value) if isinstance(e, Const) and (e.dtype.is_integer or e.dtype.is_bool) else None
 
 
-def problem(call: PrimCall) -> tuple[int | None, str] | None:
+def problem(call: PrimCall) -> Problem:
     """What is wrong with ``call`` (the argument position, or None, and a message), or None.
 
     The rules every backend relies on: reference positions hold ``Load`` nodes of tensors in
@@ -157,37 +161,46 @@ def problem(call: PrimCall) -> tuple[int | None, str] | None:
             return i, f"argument {i + 1} of {name}() must be a compile-time integer"
     if spec.value != (call.type is not None):
         return None, f"{name}() {'has' if spec.value else 'has no'} result, but the node's type is {call.type!r}"
-    kind = spec.kind
-    if kind is PrimKind.WARP:
-        if not args[0].dtype.is_integer:
-            return 0, f"the mask of {name}() must be an integer, got {args[0].dtype!r}"
-        if op in (Prim.SHFL_IDX, Prim.SHFL_XOR, Prim.SHFL_DOWN, Prim.SHFL_UP):
-            if not args[2].dtype.is_integer:
-                return 2, f"the lane argument of {name}() must be an integer, got {args[2].dtype!r}"
-            if call.type is not args[1].dtype:
-                return 1, f"{name}() returns the type of its value ({args[1].dtype!r}), node says {call.type!r}"
-        if op in (Prim.VOTE_ALL, Prim.VOTE_ANY, Prim.VOTE_BALLOT) and not args[1].dtype.is_bool:
-            return 1, f"the predicate of {name}() must be a bool, got {args[1].dtype!r}"
-        if op in (Prim.VOTE_ALL, Prim.VOTE_ANY) and call.type is not bool_:
-            return None, f"{name}() returns a bool"
-        if op is Prim.VOTE_BALLOT and call.type not in (u32, u64):
-            return None, f"{name}() returns u32 or u64, not {call.type!r}"
-        return None
-    if kind is PrimKind.ATOMIC:
-        ref = args[0]
-        if _scope(ref) is MemScope.REGISTER:
-            return 0, (f"{name}() needs an element of a global or shared tensor; '{ref.tensor.name}' is a "
-                       "register tensor")
-        t = ref.dtype
-        if t not in ATOMIC_TYPES[op]:
-            ok = ", ".join(x.short for x in ATOMIC_TYPES[op])
-            return 0, f"{name}() on {t!r} elements is not supported (supported: {ok})"
-        for i in range(1, spec.arity):
-            if args[i].dtype is not t:
-                return i, f"argument {i + 1} of {name}() must have the element type {t!r}, got {args[i].dtype!r}"
-        if call.type is not t:
-            return None, f"{name}() returns the old element ({t!r}), node says {call.type!r}"
-        return None
+    check = {PrimKind.WARP: _warp_problem, PrimKind.ATOMIC: _atomic_problem, PrimKind.MEMORY: _memory_problem,
+             PrimKind.MMA: _mma_problem}[spec.kind]
+    return check(call, op, name, args)
+
+
+def _warp_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) -> Problem:
+    if not args[0].dtype.is_integer:
+        return 0, f"the mask of {name}() must be an integer, got {args[0].dtype!r}"
+    if op in (Prim.SHFL_IDX, Prim.SHFL_XOR, Prim.SHFL_DOWN, Prim.SHFL_UP):
+        if not args[2].dtype.is_integer:
+            return 2, f"the lane argument of {name}() must be an integer, got {args[2].dtype!r}"
+        if call.type is not args[1].dtype:
+            return 1, f"{name}() returns the type of its value ({args[1].dtype!r}), node says {call.type!r}"
+    if op in (Prim.VOTE_ALL, Prim.VOTE_ANY, Prim.VOTE_BALLOT) and not args[1].dtype.is_bool:
+        return 1, f"the predicate of {name}() must be a bool, got {args[1].dtype!r}"
+    if op in (Prim.VOTE_ALL, Prim.VOTE_ANY) and call.type is not bool_:
+        return None, f"{name}() returns a bool"
+    if op is Prim.VOTE_BALLOT and call.type not in (u32, u64):
+        return None, f"{name}() returns u32 or u64, not {call.type!r}"
+    return None
+
+
+def _atomic_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) -> Problem:
+    ref = args[0]
+    if _scope(ref) is MemScope.REGISTER:
+        return 0, (f"{name}() needs an element of a global or shared tensor; '{ref.tensor.name}' is a "
+                   "register tensor")
+    t = ref.dtype
+    if t not in ATOMIC_TYPES[op]:
+        ok = ", ".join(x.short for x in ATOMIC_TYPES[op])
+        return 0, f"{name}() on {t!r} elements is not supported (supported: {ok})"
+    for i in range(1, len(args)):
+        if args[i].dtype is not t:
+            return i, f"argument {i + 1} of {name}() must have the element type {t!r}, got {args[i].dtype!r}"
+    if call.type is not t:
+        return None, f"{name}() returns the old element ({t!r}), node says {call.type!r}"
+    return None
+
+
+def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) -> Problem:
     if op is Prim.COPY16:
         dst, src = args
         if dst.dtype is not src.dtype:
@@ -213,6 +226,10 @@ def problem(call: PrimCall) -> tuple[int | None, str] | None:
     if op is Prim.CP_ASYNC_WAIT:
         n = _int_const(args[0])
         return None if n is not None and n >= 0 else (0, f"cp_async_wait() needs a group count >= 0, got {n}")
+    return None
+
+
+def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) -> Problem:
     if op is Prim.MMA_M16N8K16:
         c, a, b = args
         for i, ref in enumerate(args):

@@ -545,7 +545,7 @@ class Simplifier(IRRewriter):
         body = self.visit(s.body)
         if worker is s.worker and body is s.body:
             return s
-        return S.MappingFor(s.vars, s.mapping, worker, s.kind, body)
+        return S.MappingFor(s.vars, s.mapping, worker, s.kind, body, s.ordinal)
 
     def visit_If(self, s: S.If) -> S.Stmt:
         cond = self.visit(s.cond)

@@ -170,7 +170,7 @@ def _vote(op: Prim) -> Builtin:
             (mask_v, pred_v), dtype = args, bool_
         ctx.mark_gpu(node, f"{name}()")
         mask = mask_arg(ctx, node, 0, mask_v, name)
-        pred = ctx.to_bool(pred_v, node.args[1])
+        pred = ctx.to_bool(pred_v, arg_node(node, 1, "pred"))
         return finish(ctx, node, PrimCall(op, (mask, E.as_expr(pred)), dtype))
 
     return Builtin(name, impl, f"``{name}(mask, pred)``: a warp vote.")

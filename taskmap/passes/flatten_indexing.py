@@ -1,6 +1,8 @@
 """Flatten multi-dimensional tensor indexing to one element offset through each tensor's layout.
 
-Expects: no ``MappingFor``.  Produces: every ``Load``/``Store`` has exactly one index.
+Expects: no ``MappingFor``.  Produces: every ``Load``/``Store`` has exactly one index — the
+element references of GPU primitives (``atomic_add(t[i, j], v)``) included: they are ``Load``
+children of the ``PrimCall``, flattened here like any load.
 """
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ import threading
 from typing import Any
 
 from ..backends import Binary, Launcher, Target, TargetKind, get_backend, resolve_target
-from ..backends.clike import smem_layout
+from ..backends.clike import smem_layout, written_tensors
 from ..errors import LaunchError, TaskmapError, UnsupportedError
 from ..ir import expr as E
 from ..ir.func import FuncKind, Function, Module
-from ..ir.functor import substitute, written_tensors
+from ..ir.functor import substitute
 from ..ir.simplify import simplify_expr
 from ..passes import lower
 from .args import BoundArgs, array_info, bind_args
@@ -29,7 +29,9 @@ _STATUS = {1: "out of memory while setting up thread blocks on the CPU",
            3: "misaligned address: copy16() and ldmatrix() need 16-byte aligned addresses, cp_async() addresses "
               "aligned to its size (a GPU faults on them; the CPU emulation checks)",
            4: "mma_sync_m16n8k16() / ldmatrix() executed by only some lanes of a warp: all 32 lanes must execute "
-              "it together (the block size must be a multiple of 32)"}
+              "it together (the block size must be a multiple of 32)",
+           5: "divergent warp primitive: a lane's mask must name itself, and the lanes it names must execute the "
+              "same warp primitive with the same mask together (not syncthreads(), not another primitive)"}
 
 
 def launch_dims(func: Function, sizes: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -56,7 +58,8 @@ class CompiledKernel:
         self.func = module.entry_function
         self.smem_bytes = smem_layout(self.func)[1] if self.func.kind is FuncKind.GPU_KERNEL else 0
         self._launcher = launcher
-        self._written = {t.name for f in module.functions for t in written_tensors(f.body)}
+        written = written_tensors(module)
+        self._written = {p.name for p in self.func.params if id(p) in written}
 
     @property
     def source(self) -> str:

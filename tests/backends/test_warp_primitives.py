@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from prim_checks import DEVICES, built_for_cuda, built_for_hip, run_on
 
 import taskmap
-from taskmap.errors import UnsupportedError
+from taskmap.errors import TaskmapError, UnsupportedError
 from taskmap.lang import (FULL_MASK, all_sync, any_sync, attrs, ballot_sync, blockIdx, bool_, f16, f32, f64, func, i8,
                           i32, i64, lane_id, shared_tensor, shfl_down_sync, shfl_sync, shfl_up_sync, shfl_xor_sync,
                           syncthreads, syncwarp, threadIdx, u8, u32, u64, warp_id, warp_size)
@@ -211,6 +211,41 @@ def test_warp_rendezvous_and_block_barriers_interleave(device):
 
 
 @taskmap.kernel
+def divergent_warp_code(x: f32[64], out: f32[64], case: i32):
+    """Three ways to break CUDA's rule for *_sync primitives (each undefined on a GPU)."""
+    attrs.block_dim = 64
+    t = threadIdx.x
+    v = x[t]
+    if case == 0:
+        if t < 20:                                        # lanes 20-31 named by the mask skip it
+            v = shfl_down_sync(FULL_MASK, v, 1)
+        syncthreads()
+    elif case == 1:
+        if t % 2 == 0:                                    # two different primitives at once
+            v = shfl_xor_sync(FULL_MASK, v, 2)
+        else:
+            v = shfl_down_sync(FULL_MASK, v, 2)
+    elif case == 2:
+        v = shfl_xor_sync(0x0000FFFF, v, 1)               # lanes 16-31 are not in their own mask
+    else:
+        if t < 20:                                        # correct: the mask names the lanes that run
+            v = shfl_xor_sync(0x0000FFFF, v, 1) if t < 16 else v
+        syncthreads()
+    out[t] = v
+
+
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_divergent_warp_primitives_fail_the_launch(case):
+    x = RNG.standard_normal(64).astype(np.float32)
+    with pytest.raises(TaskmapError, match="divergent warp primitive"):
+        divergent_warp_code(x, np.zeros(64, np.float32), case)
+    out = np.zeros(64, np.float32)
+    divergent_warp_code(x, out, 3)
+    t = np.arange(64)
+    assert np.array_equal(out, np.where(t < 16, x[t ^ 1], x))
+
+
+@taskmap.kernel
 def typed_shuffles(a: f64[64], b: f16[64], c: i64[64], d: u8[64], e: bool_[64], f: i8[64]):
     attrs.block_dim = 64
     t = threadIdx.x
@@ -265,12 +300,14 @@ def vote_model(p, masks):
 @pytest.mark.parametrize("n", [64, 40])
 def test_ballot_any_all(n):
     p = (RNG.random(n) < 0.5).astype(np.int32)
-    p[:32][RNG.random(32) < 0.5] = 1           # make "all" true in some masks
-    masks = RNG.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
-    masks[::5] = 0xFFFFFFFF
-    masks[3] = 0x0F0F0F0F
+    p[:32][RNG.random(32) < 0.5] = 1           # make "all" true in some groups
+    # Each warp splits into two groups of lanes, each voting with its own mask (CUDA: lanes named
+    # in a mask execute the vote with that same mask); the second warp may be partial.
+    split = [int(RNG.integers(1, 2**32 - 1)), 0x0F0F0F0F]
+    group = np.array([split[t // 32] >> (t % 32) & 1 for t in range(n)], bool)
+    masks = np.where(group, [split[t // 32] for t in range(n)], [~split[t // 32] & 0xFFFFFFFF for t in range(n)])
+    masks = masks.astype(np.uint32)
     out, wide = np.zeros((3, n), np.uint32), np.zeros(n, np.uint64)
-    masks = np.where(np.arange(n) % 2 == 0, 0xFFFFFFFF, masks).astype(np.uint32)
     votes(p, masks, out, wide)
     assert np.array_equal(out, vote_model(p, masks))
     assert np.array_equal(wide, vote_model(p, np.full(n, 0xFFFFFFFF, np.uint32))[2].astype(np.uint64))

@@ -38,6 +38,7 @@ RUNTIME_C = r"""
 #define TM_ERR_LAUNCH 2
 #define TM_ERR_ALIGN 3
 #define TM_ERR_WARP 4
+#define TM_ERR_DIVERGED 5
 #define TM_FN static inline
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
 """ + HELPERS + r"""

@@ -14,7 +14,10 @@ rendezvous later, when every lane has finished reading it.
 Semantics (CUDA's, where CUDA defines them): ``shfl_sync`` reads lane ``src_lane % warp_size``;
 ``shfl_down/up`` out of range, ``shfl_xor`` out of range, and any source lane that did not take
 part or is not in the caller's mask give the caller its own value; votes and ballots count the
-lanes in the mask that took part.  ``mma_sync_m16n8k16`` and ``ldmatrix`` need all 32 lanes
+lanes in the mask that took part.  CUDA's rule is checked: the caller is in its mask, and every
+non-exited lane the mask names executes the same primitive with the same mask at the same time
+(a lane waiting at ``syncthreads()`` instead, or at another primitive, is a fault: divergent warp
+code, undefined on a GPU).  ``mma_sync_m16n8k16`` and ``ldmatrix`` need all 32 lanes
 (else the launch fails with a fault); ``mma`` accumulates the exact f16/bf16 products in f32,
 k = 0..15 in order.
 
@@ -38,8 +41,9 @@ WARP_TYPES_C = r"""
 #define TM_WARP_MAX 64
 typedef struct {
   uint32_t tag;          /* the warp generation + 1 at which the lane posted it */
-  int32_t arg;
+  int32_t op;            /* which primitive (the TM_OP_* codes) */
   uint64_t mask;
+  int32_t arg;
   union { uint64_t u; const void *p; unsigned char b[24]; } d;
 } tm_xslot;
 typedef struct { uint32_t gen; tm_xslot slot[2][TM_WARP_MAX]; } tm_warp;
@@ -53,7 +57,9 @@ WARP_PRIMS_C = r"""
 /* ---- warp primitives (one rendezvous each) ------------------------------------------------- */
 typedef struct { tm_sched *s; tm_warp *w; const tm_xslot *buf; uint32_t tag; int lane, W; } tm_xchg;
 
-static inline tm_xslot *tm_warp_post(tm_xchg *x, uint64_t mask, int32_t arg) {
+enum { TM_SHFL_IDX, TM_SHFL_XOR, TM_SHFL_DOWN, TM_SHFL_UP, TM_VOTE_ALL, TM_VOTE_ANY, TM_VOTE_BALLOT,
+       TM_OP_SYNCWARP, TM_OP_MMA, TM_OP_LDMATRIX = 16 };
+static inline tm_xslot *tm_warp_post(tm_xchg *x, int op, uint64_t mask, int32_t arg) {
   tm_sched *s = tm_cur_sched;
   x->s = s; x->W = s->warp_size; x->lane = s->cur % x->W;
   x->w = &s->warps[s->cur / x->W];
@@ -61,16 +67,29 @@ static inline tm_xslot *tm_warp_post(tm_xchg *x, uint64_t mask, int32_t arg) {
   x->tag = g + 1;
   x->buf = x->w->slot[g & 1];
   tm_xslot *me = &x->w->slot[g & 1][x->lane];
-  me->tag = x->tag; me->mask = mask; me->arg = arg;
+  me->tag = x->tag; me->op = op; me->mask = mask; me->arg = arg;
   return me;
 }
 static inline int tm_took_part(const tm_xchg *x, int lane) { return x->buf[lane].tag == x->tag; }
+/* CUDA's rule: the caller is in its mask, and every non-exited lane the mask names executes the
+   same primitive with the same mask — not another primitive, not a block barrier. */
+static void tm_warp_check(const tm_xchg *x, int op, uint64_t mask) {
+  const tm_sched *s = x->s;
+  const int base = s->cur - x->lane;
+  if (!((mask >> x->lane) & 1)) { tm_fault(TM_ERR_DIVERGED); return; }
+  for (int i = 0; i < x->W && base + i < s->n; ++i) {
+    if (!((mask >> i) & 1)) continue;
+    const int same = tm_took_part(x, i) ? x->buf[i].op == op && x->buf[i].mask == mask
+                                        : s->fibers[base + i].state != TM_AT_BLOCK;
+    if (!same) { tm_fault(TM_ERR_DIVERGED); return; }
+  }
+}
 
-enum { TM_SHFL_IDX, TM_SHFL_XOR, TM_SHFL_DOWN, TM_SHFL_UP };
 static uint64_t tm_warp_shfl(int op, uint64_t mask, uint64_t v, int32_t arg) {
   tm_xchg x;
-  tm_warp_post(&x, mask, arg)->d.u = v;
+  tm_warp_post(&x, op, mask, arg)->d.u = v;
   tm_warp_wait(x.s);
+  tm_warp_check(&x, op, mask);
   const long W = x.W, lane = x.lane;
   long src;
   switch (op) {
@@ -90,11 +109,11 @@ TM_SHFL_T(f32, float) TM_SHFL_T(f64, double) TM_SHFL_T(f16, _Float16) TM_SHFL_T(
 TM_SHFL_T(i8, int8_t) TM_SHFL_T(i16, int16_t) TM_SHFL_T(i32, int32_t) TM_SHFL_T(i64, int64_t)
 TM_SHFL_T(u8, uint8_t) TM_SHFL_T(u16, uint16_t) TM_SHFL_T(u32, uint32_t) TM_SHFL_T(u64, uint64_t)
 
-enum { TM_VOTE_ALL, TM_VOTE_ANY, TM_VOTE_BALLOT };
 static uint64_t tm_warp_vote(int op, uint64_t mask, int pred) {
   tm_xchg x;
-  tm_warp_post(&x, mask, 0)->d.u = pred != 0;
+  tm_warp_post(&x, op, mask, 0)->d.u = pred != 0;
   tm_warp_wait(x.s);
+  tm_warp_check(&x, op, mask);
   uint64_t yes = 0, members = 0;
   for (int i = 0; i < x.W; ++i)
     if (((mask >> i) & 1) && tm_took_part(&x, i)) {
@@ -103,11 +122,17 @@ static uint64_t tm_warp_vote(int op, uint64_t mask, int pred) {
     }
   return op == TM_VOTE_ALL ? yes == members : op == TM_VOTE_ANY ? yes != 0 : yes;
 }
-static inline void tm_syncwarp(uint64_t mask) { tm_xchg x; tm_warp_post(&x, mask, 0); tm_warp_wait(x.s); }
+static inline void tm_syncwarp(uint64_t mask) {
+  tm_xchg x;
+  tm_warp_post(&x, TM_OP_SYNCWARP, mask, 0);
+  tm_warp_wait(x.s);
+  tm_warp_check(&x, TM_OP_SYNCWARP, mask);
+}
 
-static inline int tm_full_warp(const tm_xchg *x) {
+static inline int tm_full_warp(const tm_xchg *x, int op) {
   if (x->W != 32) return 0;
   for (int i = 0; i < 32; ++i) if (!tm_took_part(x, i)) return 0;
+  tm_warp_check(x, op, ~0ull);
   return 1;
 }
 static inline float tm_b16_to_f32(const unsigned char *p, int bf) {
@@ -118,11 +143,11 @@ static inline float tm_b16_to_f32(const unsigned char *p, int bf) {
 /* mma.sync.m16n8k16.row.col.f32.{f16,bf16}: c[4] += A[16x16] B[16x8], fragments as in PTX. */
 static void tm_mma_m16n8k16(float *c, const void *a, const void *b, int bf) {
   tm_xchg x;
-  tm_xslot *me = tm_warp_post(&x, ~0ull, 0);
+  tm_xslot *me = tm_warp_post(&x, TM_OP_MMA + bf, ~0ull, 0);
   memcpy(me->d.b, a, 16);
   memcpy(me->d.b + 16, b, 8);
   tm_warp_wait(x.s);
-  if (!tm_full_warp(&x)) { tm_fault(TM_ERR_WARP); return; }
+  if (!tm_full_warp(&x, TM_OP_MMA + bf)) { tm_fault(TM_ERR_WARP); return; }
   const int g = x.lane >> 2, t = x.lane & 3;
   for (int i = 0; i < 4; ++i) {
     const int row = g + (i >> 1) * 8, col = 2 * t + (i & 1);
@@ -139,10 +164,11 @@ static void tm_mma_m16n8k16(float *c, const void *a, const void *b, int bf) {
 /* ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16: lane 8j+r gives row r of matrix j. */
 static void tm_ldmatrix(void *dst, const void *row, int num, int trans) {
   tm_xchg x;
-  tm_warp_post(&x, ~0ull, 0)->d.p = row;
+  const int op = TM_OP_LDMATRIX + 2 * num + trans;
+  tm_warp_post(&x, op, ~0ull, 0)->d.p = row;
   if (x.lane < 8 * num && ((uintptr_t)row & 15)) tm_fault(TM_ERR_ALIGN);
   tm_warp_wait(x.s);
-  if (!tm_full_warp(&x)) { tm_fault(TM_ERR_WARP); return; }
+  if (!tm_full_warp(&x, op)) { tm_fault(TM_ERR_WARP); return; }
   unsigned char *out = (unsigned char *)dst;
   for (int j = 0; j < num; ++j)
     for (int e = 0; e < 2; ++e) {
