@@ -18,7 +18,9 @@ MR, NR = 6, 2       # a 6 x 32 register tile
 
 
 def build(M: int, N: int, K: int):
-    tiles = spatial((M + MR - 1) // MR, (N + NR * LANES - 1) // (NR * LANES))
+    # Workers are tiles of C, column strips outermost: a core walks down one strip of B (K x 32),
+    # which stays in its cache, while rows of A stream through.
+    tiles = spatial((M + MR - 1) // MR, (N + NR * LANES - 1) // (NR * LANES), ranks=[1, 0])
     lanes = repeat(MR, NR) * spatial(1, LANES)
 
     @taskmap.kernel

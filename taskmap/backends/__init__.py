@@ -38,5 +38,5 @@ def resolve_target(kind: str, arch: str | None = None) -> Target:
     raise UnsupportedError(f"unknown target {kind!r}: use 'cpu', 'cuda' or 'hip'")
 
 
-__all__ = ["Backend", "Binary", "Launcher", "Target", "TargetKind", "get_backend", "host_cpu_target",
+__all__ = ["Backend", "Binary", "Launcher", "Target", "TargetKind", "cuda_available", "get_backend", "hip_available", "host_cpu_target",
            "resolve_target", "CpuBackend", "CudaBackend", "HipBackend"]
