@@ -1,0 +1,67 @@
+"""What a template is: a hand-scheduled kernel family with a hardware-centric tuning space.
+
+A template declares its space in hardware terms (warps, lanes, register tiles, shared-memory
+stages — never the input size), prunes infeasible points with checks against the ``Target``,
+estimates each point's cost analytically (Roller-style: memory traffic, footprint, alignment,
+occupancy), and instantiates a point as a ``taskmap.Kernel`` that is correct for any input size
+(predicated accesses).  The tuner (``taskmap.schedule.tune``) picks a point: by the cost model
+alone, by measuring the model's top k, or exhaustively; results are cached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+from ..backends.base import Target
+from ..runtime.kernel import Kernel
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One point of a tuning space: named parameters (hashable, printable, cache-key material)."""
+
+    params: tuple[tuple[str, Any], ...]
+
+    @staticmethod
+    def of(**params: Any) -> "Schedule":
+        return Schedule(tuple(sorted(params.items())))
+
+    def __getitem__(self, name: str) -> Any:
+        for k, v in self.params:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params)
+
+
+class Template(Protocol):
+    """A template for one operator family.  ``problem`` is the operator instance: a frozen,
+    hashable dataclass of shapes and dtypes (e.g. ``MatmulProblem``)."""
+
+    name: str
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        """Whether this template handles ``problem`` on ``target`` at all."""
+
+    def space(self, problem: Any, target: Target) -> Sequence[Schedule]:
+        """The feasible points (checks already applied), in a stable order."""
+
+    def cost(self, problem: Any, target: Target, schedule: Schedule) -> float:
+        """Estimated run time in seconds (only the ranking matters)."""
+
+    def instantiate(self, problem: Any, target: Target, schedule: Schedule) -> Kernel:
+        """The kernel for ``schedule``; its arguments are the operator's inputs then outputs."""
+
+    def arguments(self, problem: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> Sequence[Any]:
+        """The kernel's launch arguments (inputs, outputs, workspace) in order."""
+
+
+def schedule_table(space: Sequence[Schedule], costs: Mapping[Schedule, float]) -> str:
+    """A small text table of schedules and their estimated costs (for progress and debugging)."""
+    rows = sorted(space, key=lambda s: costs.get(s, float("inf")))
+    return "\n".join(f"{costs.get(s, float('nan')) * 1e6:10.1f} us  {s}" for s in rows)
