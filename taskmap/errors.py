@@ -111,6 +111,15 @@ class BuildError(TaskmapError):
         return "\n".join(parts)
 
 
+class ComputeError(TaskmapError, ValueError):
+    """A malformed compute definition (bad shape, wrong number of indices, foreign tensors)."""
+
+
+class OpError(TaskmapError, ValueError):
+    """An operator of ``taskmap.ops`` got arguments it cannot accept: shapes that do not broadcast,
+    an axis out of range, bad pads, a wrong ``normalized_shape``, an unsupported dtype."""
+
+
 class UnsupportedError(TaskmapError):
     """A valid request that this version (or this target) does not handle."""
 

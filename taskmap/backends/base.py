@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import os
 import platform
 from dataclasses import dataclass, field
@@ -37,6 +38,21 @@ class Target:
     vector_bytes: int = 16            # widest vector load/store (CPU: SIMD register width)
     num_cores: int = 1                # CPU cores, or GPU multiprocessors
     features: tuple[str, ...] = field(default=())
+    # Performance numbers for the analytic cost model (taskmap.schedule.cost_model); 0 means
+    # unknown (the model falls back to rough defaults).  GPUs: the datasheet of the arch's
+    # flagship part; the host CPU: derived from its flags, core count and clock (see below).
+    peak_flops_f32: float = 0.0       # FLOP/s of the whole device, an FMA counting 2
+    peak_flops_f16: float = 0.0       # dense f16 matrix units (tensor cores, MFMA), f32 accumulate
+    mem_bandwidth: float = 0.0        # bytes/s of DRAM / HBM
+    cache_bandwidth: float = 0.0      # bytes/s of the shared level, all cores: GPU shared memory, CPU L2
+    register_bandwidth: float = 0.0   # bytes/s into registers from L1 (CPU); 0: never the bottleneck
+    l2_bytes: int = 0                 # L2 capacity of the whole device (CPU: per-core L2 x cores)
+    clock_hz: float = 0.0
+    transaction_bytes: int = 64       # smallest global-memory transaction (GPU sector, CPU cache line)
+    max_threads_per_core: int = 0     # occupancy limits per SM / CU (0: no such limit; CPU: 1 task)
+    max_blocks_per_core: int = 0
+    registers_per_core: int = 0       # 32-bit registers per SM / CU
+    shared_memory_per_core: int = 0   # bytes of shared memory per SM / CU
 
     @property
     def name(self) -> str:
@@ -54,14 +70,77 @@ def _cpu_flags() -> tuple[str, ...]:
     return ()
 
 
+#: DRAM bandwidth (bytes/s) assumed for the host: it cannot be read from the system without
+#: measuring, and the Target must not vary between runs (it keys the compile cache).  A typical
+#: share of a server's memory channels; the 2-core development VM copies at about 17 GB/s.
+HOST_MEM_BANDWIDTH = 20e9
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_clock_hz() -> float:
+    """The nominal clock: from the model name ("@ 2.60GHz"), else the TSC rate (x86 BogoMIPS / 2),
+    else 2.5 GHz.  Deterministic (the current MHz changes from second to second)."""
+    model = _cpuinfo_field("model name") or ""
+    if "@" in model and model.rstrip().endswith("GHz"):
+        try:
+            return float(model.rsplit("@", 1)[1].strip()[:-3]) * 1e9
+        except ValueError:
+            pass
+    try:
+        return float(_cpuinfo_field("bogomips") or "") / 2 * 1e6
+    except ValueError:
+        return 2.5e9
+
+
+def _cpu_l2_bytes() -> int:
+    """Per-core L2 data-cache size from sysfs (1 MiB when it cannot be read)."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(base)):
+            with open(f"{base}/{index}/level") as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(f"{base}/{index}/size") as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return 1 << 20
+
+
+@functools.cache
 def host_cpu_target() -> Target:
-    """The machine this process runs on (``-march=native``): its SIMD width and core count."""
+    """The machine this process runs on (``-march=native``): its SIMD width, core count, and the
+    cost model's peak numbers derived from them.  FLOP/s: two FMA pipes of at most 256 bits per
+    core (what AMD Zen 4 runs AVX-512 on; Intel parts with two 512-bit pipes get half their
+    peak here, close to what they sustain at AVX-512 clocks) at the nominal clock.  Memoized:
+    the host does not change while a process runs."""
     flags = _cpu_flags()
     simd = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
     keep = tuple(f for f in flags if f.startswith(("avx", "fma", "sse", "f16c", "amx")))
+    cores = os.cpu_count() or 1
+    clock = _cpu_clock_hz()
+    lanes = min(simd, 32) // 4
+    flops_per_cycle = 2 * 2 * lanes if "fma" in flags else 2 * lanes
     return Target(TargetKind.CPU, f"{platform.machine()}-native", warp_size=32,
                   max_threads_per_block=1024, max_shared_memory=1 << 20, max_shared_memory_optin=1 << 20,
-                  vector_bytes=simd, num_cores=os.cpu_count() or 1, features=keep)
+                  vector_bytes=simd, num_cores=cores, features=keep,
+                  peak_flops_f32=cores * flops_per_cycle * clock, mem_bandwidth=HOST_MEM_BANDWIDTH,
+                  cache_bandwidth=cores * 64 * clock, register_bandwidth=cores * 2 * min(simd, 32) * clock,
+                  l2_bytes=cores * _cpu_l2_bytes(), clock_hz=clock, transaction_bytes=64,
+                  max_blocks_per_core=1)
 
 
 @dataclass(frozen=True)

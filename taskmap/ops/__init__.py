@@ -1,0 +1,12 @@
+"""Operators, named and shaped like ``torch`` / ``torch.nn.functional``: numpy arrays, torch
+tensors or taskmap Tensors in, the same kind out (see :mod:`.arrays`).  Element-wise and
+transform operators are compute definitions scheduled by rules; reductions, softmax and the
+norms are templates (:mod:`taskmap.templates.reduce`).  ``emulate_gpu(arch)`` runs the GPU
+schedules on host arrays, with GPU semantics, for tests."""
+from ._dispatch import emulate_gpu
+from .elementwise import (abs, add, cast, cos, div, eq, erf, exp, ge, gelu, gt, hardswish, le, log, lt, maximum,
+                          minimum, mul, ne, neg, pow, relu, relu6, rsqrt, sigmoid, silu, sin, sqrt, sub, tanh, where)
+from .transform import (broadcast_to, cat, concat, expand, flatten, gather, narrow, pad, permute, reshape, slice,
+                        squeeze, transpose, unsqueeze)
+from .reduction import amax, amin, layer_norm, log_softmax, max, mean, min, prod, rms_norm, softmax, sum, var
+from .linalg import bmm, linear, matmul  # noqa: E402,F401

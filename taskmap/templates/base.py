@@ -6,11 +6,16 @@ estimates each point's cost analytically (Roller-style: memory traffic, footprin
 occupancy), and instantiates a point as a ``taskmap.Kernel`` that is correct for any input size
 (predicated accesses).  The tuner (``taskmap.schedule.tune``) picks a point: by the cost model
 alone, by measuring the model's top k, or exhaustively; results are cached.
+
+Measuring runs a template in worker processes, so a template and its problems must pickle
+(instances of module-level classes).  Its ``name`` (and optional ``version``) key the tuning
+cache: give differently configured instances different names, and bump ``version`` when the
+kernels change.  ``taskmap.schedule.cost_model`` helps write ``cost``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
 from ..backends.base import Target
 from ..runtime.kernel import Kernel
@@ -39,6 +44,13 @@ class Schedule:
         return ", ".join(f"{k}={v}" for k, v in self.params)
 
 
+class ExampleArgs(NamedTuple):
+    """Arrays to measure a kernel with: the operator's inputs (random, non-zero) and outputs."""
+
+    inputs: Sequence[Any]
+    outputs: Sequence[Any]
+
+
 class Template(Protocol):
     """A template for one operator family.  ``problem`` is the operator instance: a frozen,
     hashable dataclass of shapes and dtypes (e.g. ``MatmulProblem``)."""
@@ -59,6 +71,17 @@ class Template(Protocol):
 
     def arguments(self, problem: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> Sequence[Any]:
         """The kernel's launch arguments (inputs, outputs, workspace) in order."""
+
+    # Optional members (the tuner uses them when present):
+    #
+    # version: int | str
+    #     Mixed into the tuning-cache key; bump it when the template's kernels change.
+    #
+    # def example_inputs(self, problem, target) -> ExampleArgs:
+    #     Inputs and outputs on ``target``'s device to measure with.  Default
+    #     (``taskmap.schedule.measure.default_example_inputs``): from ``problem.input_specs()`` and
+    #     ``problem.output_specs()`` (specs with ``.shape`` and ``.dtype``, or (shape, dtype)
+    #     pairs), inputs random in +-[0.5, 1.5), outputs zeros.
 
 
 def schedule_table(space: Sequence[Schedule], costs: Mapping[Schedule, float]) -> str:

@@ -1,0 +1,130 @@
+"""Facts about compute DAGs that scheduling and fusion need.
+
+* :func:`inline` substitutes every injective ``compute`` node into its consumers: the result
+  reads only inputs and reductions.
+* :func:`has_reduction`, :func:`is_injective` (no reduction anywhere), :func:`is_bijective`
+  (injective, and each element of each input feeds exactly one output element: elementwise
+  operators, transpose, reshape — not broadcast, slice or concat).
+* :func:`index_map` (output index -> input index, when an injective node reads an input at one
+  index) and :func:`inverse_index_map` (input index -> output index, for bijective reads).
+
+Bijectivity of a read ``x[f(i)]`` is decided exactly for static shapes by :mod:`.indexmap`'s
+mixed-radix analysis (a transpose of a reshape of a transpose is recognised); with symbolic
+sizes only structural permutations of the axes are.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..ir import expr as E
+from ..ir.expr import Expr, Var
+from ..ir.functor import collect, substitute
+from ..ir.simplify import simplify_expr
+from .indexmap import IndexMap, invert_read
+from .nodes import ComputeNode, ReduceNode, TensorInput, TensorNode, walk
+
+
+def has_reduction(node: TensorNode) -> bool:
+    """Whether some node of the DAG is a reduction."""
+    return any(isinstance(n, ReduceNode) for n in walk(node))
+
+
+def is_injective(node: TensorNode) -> bool:
+    """No reduction anywhere: each output element is one expression of input elements."""
+    return not has_reduction(node)
+
+
+@dataclass(frozen=True)
+class Inlined:
+    """A node with its injective producers substituted in: ``value`` at ``axes`` reads inputs and
+    reductions only (``reduce_axes`` are set for a reduction node)."""
+
+    node: TensorNode
+    axes: tuple[Var, ...]
+    value: Expr
+    reduce_axes: tuple[Var, ...] = ()
+
+    def reads(self) -> list[E.Load]:
+        return collect(self.value, E.Load)
+
+
+def _simplify_indices(value: Expr) -> Expr:
+    """Index expressions simplified (so that equal reads look equal)."""
+    loads = collect(value, E.Load)
+    env: dict[Any, Any] = {}
+    for ld in loads:
+        new = tuple(simplify_expr(i) for i in ld.indices)
+        if any(a is not b for a, b in zip(new, ld.indices)):
+            env[ld] = E.Load(ld.tensor, new)
+    return substitute(value, env) if env else value
+
+
+def inline(node: TensorNode, keep: Sequence[TensorNode] = ()) -> Inlined:
+    """``node``'s value with every ``compute`` producer substituted (not those in ``keep``)."""
+    kept = {id(n) for n in keep}
+    memo: dict[int, Expr] = {}
+    by_var: dict[int, TensorNode] = {id(n.var): n for n in walk(node)}
+
+    def expand(value: Expr) -> Expr:
+        env: dict[Any, Any] = {}
+        for ld in collect(value, E.Load):
+            producer = by_var.get(id(ld.tensor))
+            if isinstance(producer, ComputeNode) and id(producer) not in kept and ld not in env:
+                body = memo.get(id(producer))
+                if body is None:
+                    body = memo[id(producer)] = expand(producer.value)
+                env[ld] = substitute(body, dict(zip(producer.axes, ld.indices)))
+        return substitute(value, env) if env else value
+
+    if isinstance(node, TensorInput):
+        axes = tuple(Var(f"i{k}", E.i32) for k in range(node.ndim))
+        return Inlined(node, axes, node[axes] if axes else E.Load(node.var, ()))
+    value = _simplify_indices(expand(node.value))  # type: ignore[attr-defined]
+    red = node.reduce_axes if isinstance(node, ReduceNode) else ()
+    return Inlined(node, node.axes, value, red)  # type: ignore[attr-defined]
+
+
+def _reads_of(node: TensorNode, inp: TensorNode) -> tuple[Inlined, list[E.Load]]:
+    if not is_injective(node):
+        raise ValueError(f"{node.name} has a reduction: index maps are defined for injective nodes only")
+    if inp not in [n for n in walk(node)]:
+        raise ValueError(f"{inp.name} is not part of the compute definition of {node.name}")
+    inl = inline(node, keep=[inp])
+    return inl, [ld for ld in inl.reads() if ld.tensor is inp.var]
+
+
+def index_map(node: TensorNode, inp: TensorNode) -> IndexMap | None:
+    """Output index of ``node`` -> the index of ``inp`` it reads, when every read of ``inp`` (after
+    inlining) uses the same index; None when ``inp`` is read at several indices or not at all."""
+    inl, loads = _reads_of(node, inp)
+    distinct = {ld.indices for ld in loads}
+    if len(distinct) != 1:
+        return None
+    return IndexMap(inl.axes, loads[0].indices)
+
+
+def inverse_index_map(node: TensorNode, inp: TensorNode) -> IndexMap | None:
+    """Index of ``inp`` -> the one output index of ``node`` that reads it, when that read is a
+    bijection between the two index spaces; else None."""
+    fwd = index_map(node, inp)
+    if fwd is None:
+        return None
+    return invert_read(fwd.vars, node.shape, fwd.indices, inp.shape)
+
+
+def is_bijective(node: TensorNode) -> bool:
+    """Injective, and every element of every input feeds exactly one output element."""
+    if not is_injective(node) or isinstance(node, TensorInput):
+        return isinstance(node, TensorInput)
+    inputs = [n for n in walk(node) if isinstance(n, TensorInput)]
+    return bool(inputs) and all(inverse_index_map(node, x) is not None for x in inputs)
+
+
+def numel(shape: Sequence[Any]) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+__all__ = ["IndexMap", "Inlined", "has_reduction", "index_map", "inline", "inverse_index_map", "is_bijective",
+           "is_injective"]

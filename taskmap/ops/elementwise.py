@@ -1,0 +1,314 @@
+"""Element-wise operators: unary math, binary arithmetic with numpy broadcasting, comparisons,
+``where`` and ``cast`` — each a compute definition run by the rule-based scheduler.
+
+The definitions are public too (``unary_compute``, ``binary_compute``, ...): graph-level fusion
+reuses them.  Results follow torch's types: float math on integers gives float32, 16-bit
+floats are computed in float32 and rounded once, a Python scalar does not widen an array's
+floating type (``add(x_f16, 2.0)`` stays f16), comparisons give bool.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..compute.nodes import ReduceOp, TensorInput, TensorNode, compute
+from ..errors import OpError
+from ..ir import expr as E
+from ..ir.dtypes import ScalarType, bf16, bool_, f16, f32, f64, i64, promote, scalar_type
+from ..ir.expr import Expr, Intrinsic
+from ._dispatch import SUPPORTED, dtype_name, prepare, run_compute
+
+Operand = Any  # an array, or a Python bool / int / float
+
+
+# ----------------------------------------------------------------------------- math on IR values
+
+
+def _call(fn: Intrinsic) -> Callable[[Expr], Expr]:
+    return lambda e: E.call(fn, e)
+
+
+def _relu(e: Expr) -> Expr:
+    return E.select(E.compare(E.CmpOp.LT, e, 0), E.as_expr(0, like=e), e)  # NaN stays NaN
+
+
+def _relu6(e: Expr) -> Expr:
+    return E.select(E.compare(E.CmpOp.GT, e, 6), E.as_expr(6, like=e), _relu(e))
+
+
+def _sigmoid(e: Expr) -> Expr:
+    return 1.0 / (1.0 + E.call(Intrinsic.EXP, -e))
+
+
+def _gelu(e: Expr) -> Expr:
+    return 0.5 * e * (1.0 + E.call(Intrinsic.ERF, e * (1.0 / math.sqrt(2.0))))
+
+
+def _gelu_tanh(e: Expr) -> Expr:
+    inner = math.sqrt(2.0 / math.pi) * (e + 0.044715 * e * e * e)
+    return 0.5 * e * (1.0 + E.call(Intrinsic.TANH, inner))
+
+
+#: name -> (IR function, needs a float input (ints are converted to float32 first)).
+UNARY: dict[str, tuple[Callable[[Expr], Expr], bool]] = {
+    "exp": (_call(Intrinsic.EXP), True), "log": (_call(Intrinsic.LOG), True),
+    "sqrt": (_call(Intrinsic.SQRT), True), "rsqrt": (_call(Intrinsic.RSQRT), True),
+    "tanh": (_call(Intrinsic.TANH), True), "erf": (_call(Intrinsic.ERF), True),
+    "sin": (_call(Intrinsic.SIN), True), "cos": (_call(Intrinsic.COS), True),
+    "sigmoid": (_sigmoid, True), "silu": (lambda e: e * _sigmoid(e), True),
+    "gelu": (_gelu, True), "gelu_tanh": (_gelu_tanh, True),
+    "hardswish": (lambda e: e * _relu6(e + 3.0) * (1.0 / 6.0), True),
+    "abs": (_call(Intrinsic.ABS), False), "neg": (lambda e: -e, False),
+    "relu": (_relu, False), "relu6": (_relu6, False),
+}
+
+
+def compute_type(t: ScalarType) -> ScalarType:
+    """16-bit floats are computed in f32."""
+    return f32 if t in (f16, bf16) else t
+
+
+def unary_compute(name: str, x: TensorNode) -> TensorNode:
+    """``y = name(x)`` element-wise (``name`` a key of :data:`UNARY`)."""
+    fn, needs_float = UNARY[name]
+    out_t = x.dtype if x.dtype.is_float or not needs_float else f32
+    ct = compute_type(out_t)
+    return compute(name, x.shape, lambda *i: E.cast(fn(E.cast(x[i], ct)), out_t))
+
+
+def _unary(name: str, x: Any) -> Any:
+    allowed = [d for d in SUPPORTED if d != "bool"]
+    args = prepare(name, x, allowed=allowed)
+    t = scalar_type(args.dtypes[0])
+    out_t = t if t.is_float or not UNARY[name][1] else f32
+    return run_compute(name, (), args, args.shapes[0], out_t.name, lambda xs: unary_compute(name, xs[0]))
+
+
+def exp(x: Any) -> Any: return _unary("exp", x)
+def log(x: Any) -> Any: return _unary("log", x)
+def sqrt(x: Any) -> Any: return _unary("sqrt", x)
+def rsqrt(x: Any) -> Any: return _unary("rsqrt", x)
+def tanh(x: Any) -> Any: return _unary("tanh", x)
+def erf(x: Any) -> Any: return _unary("erf", x)
+def sin(x: Any) -> Any: return _unary("sin", x)
+def cos(x: Any) -> Any: return _unary("cos", x)
+def abs(x: Any) -> Any: return _unary("abs", x)  # noqa: A001 - torch's name
+def neg(x: Any) -> Any: return _unary("neg", x)
+def relu(x: Any) -> Any: return _unary("relu", x)
+def relu6(x: Any) -> Any: return _unary("relu6", x)
+def sigmoid(x: Any) -> Any: return _unary("sigmoid", x)
+def silu(x: Any) -> Any: return _unary("silu", x)
+def hardswish(x: Any) -> Any: return _unary("hardswish", x)
+
+
+def gelu(x: Any, approximate: str = "none") -> Any:
+    """GELU: exact (``approximate="none"``, with erf) or the tanh approximation."""
+    if approximate not in ("none", "tanh"):
+        raise OpError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _unary("gelu" if approximate == "none" else "gelu_tanh", x)
+
+
+# ----------------------------------------------------------------------------- broadcasting
+
+
+def broadcast_shapes(op: str, *shapes: Sequence[int]) -> tuple[int, ...]:
+    """numpy's broadcasting of ``shapes`` (OpError when they do not broadcast)."""
+    n = max((len(s) for s in shapes), default=0)
+    out = []
+    for d in range(n):
+        dims = {s[len(s) - n + d] for s in shapes if len(s) - n + d >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise OpError(f"{op}(): shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                          f"(dimension {d} of the result: sizes {sorted(dims)})")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def broadcast_index(shape: Sequence[int], index: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The index of an operand of ``shape`` for the result index ``index`` (right-aligned)."""
+    shape = tuple(shape)
+    lead = len(index) - len(shape)
+    return tuple(E.const(0) if s == 1 else index[lead + d] for d, s in enumerate(shape))
+
+
+# ----------------------------------------------------------------------------- binary
+
+
+def result_type(types: Sequence[ScalarType | None], scalars: Sequence[Any]) -> ScalarType:
+    """torch's promotion: arrays among themselves; a Python scalar only changes the category."""
+    arrays = [t for t in types if t is not None]
+    t = arrays[0]
+    for u in arrays[1:]:
+        t = promote(t, u)
+    for s in scalars:
+        if isinstance(s, float) and not t.is_float:
+            t = f32
+        elif isinstance(s, int) and not isinstance(s, bool) and t.is_bool:
+            t = i64
+    return t
+
+
+def _scalar_expr(v: Any, t: ScalarType) -> Expr:
+    return E.const(v, t) if not (isinstance(v, float) and not t.is_float) else E.const(v, f32)
+
+
+def _maximum(a: Expr, b: Expr) -> Expr:
+    return ReduceOp.MAX.combine(a, b)
+
+
+def _minimum(a: Expr, b: Expr) -> Expr:
+    return ReduceOp.MIN.combine(a, b)
+
+
+def _pow(a: Expr, b: Expr) -> Expr:
+    return E.call(Intrinsic.POW, a, b)
+
+
+#: name -> (IR function of the (promoted) operands, result: "same" | "float" | "bool").
+BINARY: dict[str, tuple[Callable[[Expr, Expr], Expr], str]] = {
+    "add": (lambda a, b: a + b, "same"), "sub": (lambda a, b: a - b, "same"),
+    "mul": (lambda a, b: a * b, "same"), "div": (lambda a, b: a / b, "float"),
+    "pow": (_pow, "same"), "maximum": (_maximum, "same"), "minimum": (_minimum, "same"),
+    "eq": (lambda a, b: E.compare(E.CmpOp.EQ, a, b), "bool"), "ne": (lambda a, b: E.compare(E.CmpOp.NE, a, b), "bool"),
+    "lt": (lambda a, b: E.compare(E.CmpOp.LT, a, b), "bool"), "le": (lambda a, b: E.compare(E.CmpOp.LE, a, b), "bool"),
+    "gt": (lambda a, b: E.compare(E.CmpOp.GT, a, b), "bool"), "ge": (lambda a, b: E.compare(E.CmpOp.GE, a, b), "bool"),
+}
+
+
+def binary_types(name: str, t: ScalarType) -> tuple[ScalarType, ScalarType]:
+    """(compute type, result type) of ``name`` on operands promoted to ``t``."""
+    kind = BINARY[name][1]
+    if kind == "bool":
+        return compute_type(t), bool_
+    out = f32 if kind == "float" and not t.is_float else t
+    ct = compute_type(out)
+    if name == "pow" and not ct.is_float:
+        ct = f64  # integer powers through f64: exact while the result fits in 53 bits
+    return ct, out
+
+
+def binary_compute(name: str, a: TensorNode | Any, b: TensorNode | Any, shape: Sequence[int]) -> TensorNode:
+    """``y = a name b`` with broadcasting to ``shape``; ``a`` or ``b`` may be a Python scalar."""
+    types = [x.dtype if isinstance(x, TensorNode) else None for x in (a, b)]
+    t = result_type(types, [x for x in (a, b) if not isinstance(x, TensorNode)])
+    ct, out_t = binary_types(name, t)
+    fn = BINARY[name][0]
+
+    def operand(x: Any, idx: tuple[Expr, ...]) -> Expr:
+        if isinstance(x, TensorNode):
+            return E.cast(E.cast(x[broadcast_index(x.shape, idx)], t), ct)
+        return E.cast(_scalar_expr(x, t), ct)
+
+    return compute(name, shape, lambda *i: E.cast(fn(operand(a, i), operand(b, i)), out_t))
+
+
+def _scalars(*xs: Any) -> list[Any]:
+    """numpy scalars (``np.float32(2)``) become Python numbers, as in torch."""
+    return [x.item() if isinstance(x, np.generic) else x for x in xs]
+
+
+def _binary(name: str, a: Operand, b: Operand) -> Any:
+    a, b = _scalars(a, b)
+    arrays = [x for x in (a, b) if not isinstance(x, (bool, int, float))]
+    if not arrays:
+        raise OpError(f"{name}(): at least one operand must be an array")
+    args = prepare(name, *arrays)
+    shape = broadcast_shapes(name, *args.shapes)
+    types = [scalar_type(d) for d in args.dtypes]
+    scalars = [x for x in (a, b) if isinstance(x, (bool, int, float))]
+    t = result_type(types, scalars)
+    out_t = binary_types(name, t)[1]
+    kshape = shape or (1,)
+    key = tuple(("s", type(x).__name__, x) if isinstance(x, (bool, int, float)) else "a" for x in (a, b))
+
+    def define(xs: list[TensorInput]) -> TensorNode:
+        it = iter(xs)
+        ops = [x if isinstance(x, (bool, int, float)) else next(it) for x in (a, b)]
+        return binary_compute(name, ops[0], ops[1], kshape)
+
+    return run_compute(name, key, args, shape, out_t.name, define)
+
+
+def add(a: Operand, b: Operand) -> Any: return _binary("add", a, b)
+def sub(a: Operand, b: Operand) -> Any: return _binary("sub", a, b)
+def mul(a: Operand, b: Operand) -> Any: return _binary("mul", a, b)
+def div(a: Operand, b: Operand) -> Any: return _binary("div", a, b)
+def pow(a: Operand, b: Operand) -> Any: return _binary("pow", a, b)  # noqa: A001 - torch's name
+def maximum(a: Operand, b: Operand) -> Any: return _binary("maximum", a, b)
+def minimum(a: Operand, b: Operand) -> Any: return _binary("minimum", a, b)
+def eq(a: Operand, b: Operand) -> Any: return _binary("eq", a, b)
+def ne(a: Operand, b: Operand) -> Any: return _binary("ne", a, b)
+def lt(a: Operand, b: Operand) -> Any: return _binary("lt", a, b)
+def le(a: Operand, b: Operand) -> Any: return _binary("le", a, b)
+def gt(a: Operand, b: Operand) -> Any: return _binary("gt", a, b)
+def ge(a: Operand, b: Operand) -> Any: return _binary("ge", a, b)
+
+
+# ----------------------------------------------------------------------------- where, cast
+
+
+def where_compute(cond: TensorNode, a: TensorNode | Any, b: TensorNode | Any, shape: Sequence[int]) -> TensorNode:
+    """``y = a if cond else b`` with broadcasting (``a``/``b`` may be Python scalars)."""
+    types = [x.dtype if isinstance(x, TensorNode) else None for x in (a, b)]
+    if all(t is None for t in types):
+        t = result_type([f32 if isinstance(a, float) or isinstance(b, float) else i64], [])
+    else:
+        t = result_type(types, [x for x in (a, b) if not isinstance(x, TensorNode)])
+
+    def operand(x: Any, idx: tuple[Expr, ...]) -> Expr:
+        if isinstance(x, TensorNode):
+            return E.cast(x[broadcast_index(x.shape, idx)], t)
+        return _scalar_expr(x, t)
+
+    def fn(*i: Expr) -> Expr:
+        c = E.cast(cond[broadcast_index(cond.shape, i)], bool_)
+        return E.Select(c, operand(a, i), operand(b, i))
+    return compute("where", shape, fn)
+
+
+def where(cond: Any, a: Operand, b: Operand) -> Any:
+    """``a`` where ``cond`` is true, else ``b`` (broadcast together; non-bool conditions test != 0)."""
+    cond, a, b = _scalars(cond, a, b)
+    arrays = [x for x in (cond, a, b) if not isinstance(x, (bool, int, float))]
+    if isinstance(cond, (bool, int, float)):
+        raise OpError("where(): the condition must be an array")
+    args = prepare("where", *arrays)
+    shape = broadcast_shapes("where", *args.shapes)
+    types = [scalar_type(d) for d in args.dtypes[1:]]
+    scalars = [x for x in (a, b) if isinstance(x, (bool, int, float))]
+    out_t = result_type(types, scalars) if types else (f32 if any(isinstance(x, float) for x in scalars) else i64)
+    kshape = shape or (1,)
+    key = tuple(("s", type(x).__name__, x) if isinstance(x, (bool, int, float)) else "a" for x in (a, b))
+
+    def define(xs: list[TensorInput]) -> TensorNode:
+        it = iter(xs)
+        c = next(it)
+        ops = [x if isinstance(x, (bool, int, float)) else next(it) for x in (a, b)]
+        return where_compute(c, ops[0], ops[1], kshape)
+
+    return run_compute("where", key, args, shape, out_t.name, define)
+
+
+def cast_compute(x: TensorNode, dtype: ScalarType) -> TensorNode:
+    return compute("cast", x.shape, lambda *i: E.cast(x[i], dtype))
+
+
+def cast(x: Any, dtype: Any) -> Any:
+    """``x`` converted to ``dtype`` (a name, numpy / torch dtype or taskmap ScalarType)."""
+    name = dtype_name(dtype)
+    if name not in SUPPORTED:
+        raise OpError(f"cast(): unsupported target dtype {name}; supported: {', '.join(SUPPORTED)}")
+    args = prepare("cast", x)
+    if args.kind.library == "numpy" and name == "bfloat16":
+        raise OpError("cast(): numpy has no bfloat16; pass torch tensors")
+    t = scalar_type(name)
+    return run_compute("cast", (name,), args, args.shapes[0], name, lambda xs: cast_compute(xs[0], t))
+
+
+__all__ = ["BINARY", "UNARY", "abs", "add", "binary_compute", "broadcast_index", "broadcast_shapes", "cast",
+           "cast_compute", "compute_type", "cos", "div", "eq", "erf", "exp", "ge", "gelu", "gt", "hardswish", "le",
+           "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "relu", "relu6", "result_type", "rsqrt",
+           "sigmoid", "silu", "sin", "sqrt", "sub", "tanh", "unary_compute", "where", "where_compute"]

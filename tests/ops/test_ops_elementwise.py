@@ -1,0 +1,168 @@
+"""Element-wise operators against numpy / torch on drawn shapes, broadcasting pairs and dtypes."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskmap
+from taskmap import ops
+from taskmap.testing import assert_close, shapes
+
+FEW = settings(max_examples=12, deadline=None)
+RNG = np.random.default_rng(11)
+
+UNARY_REF = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh,
+    "erf": lambda x: torch.erf(torch.from_numpy(x)).numpy(), "abs": np.abs, "neg": np.negative,
+    "relu": lambda x: np.maximum(x, 0), "relu6": lambda x: np.clip(x, 0, 6), "sin": np.sin, "cos": np.cos,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "silu": lambda x: x / (1 + np.exp(-x)),
+    "gelu": lambda x: F.gelu(torch.from_numpy(x)).numpy(),
+    "hardswish": lambda x: F.hardswish(torch.from_numpy(x)).numpy(),
+}
+POSITIVE = {"log", "sqrt", "rsqrt"}
+
+
+def _data(shape, dtype, positive=False):
+    x = RNG.uniform(0.1, 3, shape) if positive else RNG.uniform(-4, 4, shape)
+    return np.asarray(x).astype(dtype)
+
+
+@given(name=st.sampled_from(sorted(UNARY_REF)), shape=shapes(min_dims=0, max_dims=4, max_side=33, max_elements=4096),
+       dtype=st.sampled_from(["float32", "float64", "float16"]))
+@FEW
+def test_unary(name, shape, dtype):
+    x = _data(shape, dtype, name in POSITIVE)
+    y = getattr(ops, name)(x)
+    assert isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype
+    assert_close(y, UNARY_REF[name](x.astype(np.float64)).astype(dtype))
+
+
+def test_gelu_tanh_and_bad_approximate():
+    x = _data((7, 9), np.float32)
+    assert_close(ops.gelu(x, approximate="tanh"), F.gelu(torch.from_numpy(x), approximate="tanh"))
+    with pytest.raises(taskmap.errors.OpError, match="approximate"):
+        ops.gelu(x, approximate="fast")
+
+
+def test_integer_inputs():
+    x = RNG.integers(-50, 50, (5, 6)).astype(np.int32)
+    assert ops.exp(x).dtype == np.float32  # float math on ints gives float32, as in torch
+    assert_close(ops.exp(x), np.exp(x.astype(np.float32)))
+    for name in ("abs", "neg", "relu", "relu6"):
+        y = getattr(ops, name)(x)
+        assert y.dtype == np.int32
+        assert_close(y, UNARY_REF[name](x))
+
+
+@st.composite
+def broadcast_pairs(draw):
+    """Two shapes that broadcast: the result shape, then each operand drops or squeezes dims."""
+    out = draw(shapes(min_dims=1, max_dims=4, max_side=17, max_elements=4096))
+
+    def operand():
+        keep = draw(st.integers(0, len(out)))
+        return tuple(1 if draw(st.booleans()) else s for s in out[len(out) - keep:])
+    return operand(), operand()
+
+
+BINARY_REF = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+              "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+              "gt": np.greater, "ge": np.greater_equal}
+
+
+@given(pair=broadcast_pairs(), name=st.sampled_from(sorted(BINARY_REF)))
+@FEW
+def test_binary_broadcasting(pair, name):
+    a, b = _data(pair[0], np.float32), _data(pair[1], np.float32)
+    if name in ("eq", "ne"):
+        b = np.where(RNG.random(b.shape) < 0.5, b, 1.0).astype(np.float32)
+        a = np.where(RNG.random(a.shape) < 0.5, a, 1.0).astype(np.float32)
+    y = getattr(ops, name)(a, b)
+    ref = BINARY_REF[name](a, b)
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    assert_close(y, ref)
+
+
+def test_pow_and_scalars():
+    a = _data((4, 5), np.float32, positive=True)
+    assert_close(ops.pow(a, 2.5), a ** np.float32(2.5))
+    assert_close(ops.pow(2.0, a), np.float32(2.0) ** a)
+    assert_close(ops.sub(1, a), 1 - a)
+    assert ops.add(a.astype(np.float16), 2.0).dtype == np.float16  # a scalar does not widen
+    assert ops.add(np.arange(4, dtype=np.int32), 2).dtype == np.int32
+    assert ops.mul(np.arange(4, dtype=np.int32), 0.5).dtype == np.float32
+    assert ops.div(np.arange(6, dtype=np.int64), 4).dtype == np.float32
+    i = np.array([2, 3, -4], np.int32)
+    assert np.array_equal(ops.pow(i, 3), i ** 3)
+    assert np.array_equal(ops.add(np.array([True, False]), np.array([True, True])), [True, True])
+    assert_close(ops.maximum(a, np.float32(1.5)), np.maximum(a, 1.5))
+
+
+def test_nan_propagates_through_maximum_and_relu():
+    a = np.array([np.nan, 1.0, -1.0], np.float32)
+    assert np.isnan(ops.maximum(a, 0.0)[0]) and np.isnan(ops.minimum(0.0, a)[0])
+    assert np.isnan(ops.relu(a)[0]) and np.isnan(ops.relu6(a)[0])
+
+
+def test_mixed_dtype_promotion():
+    a = _data((3, 4), np.float16)
+    b = _data((4,), np.float32)
+    y = ops.add(a, b)
+    assert y.dtype == np.float32
+    assert_close(y, a.astype(np.float32) + b)
+    assert ops.add(np.arange(3, dtype=np.int8), np.arange(3, dtype=np.int64)).dtype == np.int64
+
+
+@given(pair=broadcast_pairs())
+@FEW
+def test_where(pair):
+    c = np.asarray(RNG.random(pair[0]) < 0.5)
+    a, b = _data(pair[1], np.float32), _data(pair[0][-1:], np.float64)
+    y = ops.where(c, a, b)
+    ref = np.where(c, a, b)
+    assert y.dtype == ref.dtype and y.shape == ref.shape
+    assert_close(y, ref)
+    assert_close(ops.where(c, a, 0.0), np.where(c, a, np.float32(0)))
+    assert_close(ops.where(c.astype(np.int32), 1.0, a), np.where(c, np.float32(1), a))
+
+
+@pytest.mark.parametrize("src,dst", [("float32", "int32"), ("float32", "float16"), ("float64", "float32"),
+                                     ("int64", "float64"), ("float32", "bool"), ("bool", "float32"),
+                                     ("int32", "int8"), ("float16", "float64")])
+def test_cast(src, dst):
+    x = (RNG.uniform(-100, 100, (6, 7))).astype(src)
+    assert_close(ops.cast(x, dst), x.astype(dst))
+    assert ops.cast(x, np.dtype(dst)).dtype == np.dtype(dst)
+
+
+def test_torch_in_torch_out_with_bf16():
+    t = torch.randn(5, 33, dtype=torch.bfloat16)
+    u = torch.randn(33, dtype=torch.bfloat16)
+    y = ops.mul(ops.silu(t), u)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
+    assert_close(y, F.silu(t) * u)
+    assert ops.cast(t, torch.float32).dtype == torch.float32
+    assert_close(ops.gt(t, 0.0), t > 0)
+
+
+def test_taskmap_tensor_in_tensor_out_and_strided_inputs():
+    x = _data((4, 6), np.float32)
+    tt = taskmap.tensor(x, device="cpu")
+    y = ops.exp(tt)
+    assert isinstance(y, taskmap.Tensor)
+    assert_close(y.numpy(), np.exp(x))
+    strided = _data((6, 8), np.float32)[:, ::2]
+    assert_close(ops.neg(strided), -strided)
+    assert_close(ops.add(torch.from_numpy(x).t(), 1.0), torch.from_numpy(x).t() + 1)
+
+
+def test_zero_size_and_zero_d():
+    assert ops.exp(np.zeros((3, 0), np.float32)).shape == (3, 0)
+    assert ops.add(np.zeros((0, 4), np.float32), np.ones(4, np.float32)).shape == (0, 4)
+    z = ops.mul(np.array(3.0, np.float32), np.array(2.0, np.float32))
+    assert z.shape == () and float(z) == 6.0
+    assert math.isclose(float(ops.exp(np.array(1.0))), math.e)

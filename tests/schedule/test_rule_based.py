@@ -1,0 +1,190 @@
+"""The rule-based scheduler: compute DAGs -> kernels for the CPU and GPU-style kernels (run on the
+CPU with GPU semantics, and built for sm_90 and gfx90a), checked against numpy on drawn shapes."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taskmap.backends import cuda_target, hip_target, host_cpu_target
+from taskmap.compute import compute, reduce, tensor_input
+from taskmap.errors import UnsupportedError
+from taskmap.ir import bf16, f16, f32, f64, i32
+from taskmap.ir import expr as E
+from taskmap.ir.expr import Intrinsic
+from taskmap.ir.func import FuncKind
+from taskmap.ir.mapping import MappingLoopKind
+from taskmap.ir.stmt import MappingFor
+from taskmap.ir.functor import collect
+from taskmap.schedule.rule_based import build_module, plan, schedule
+from taskmap.testing import assert_close, shapes
+
+FEW = settings(max_examples=10, deadline=None)
+RNG = np.random.default_rng(7)
+TARGETS = [pytest.param(host_cpu_target(), id="cpu"), pytest.param(cuda_target("sm_90"), id="sm_90"),
+           pytest.param(hip_target("gfx90a"), id="gfx90a")]
+
+
+def _rand(shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@given(shape=shapes(min_dims=1, max_dims=4, max_side=40, max_elements=1 << 14))
+@FEW
+def test_elementwise_with_broadcast(target, shape):
+    x = tensor_input("x", f32, shape)
+    b = tensor_input("b", f32, shape[-1:])
+    y = compute("y", shape, lambda *i: E.call(Intrinsic.TANH, x[i]) * b[i[-1]] + 1.0)
+    xs, bs = _rand(shape), _rand(shape[-1:])
+    out = np.empty(shape, np.float32)
+    schedule(y, target)(xs, bs, out)
+    assert_close(out, np.tanh(xs) * bs + 1.0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@given(rows=st.integers(1, 40), cols=st.integers(1, 300), op=st.sampled_from(["sum", "max", "min"]))
+@FEW
+def test_inner_reduction(target, rows, cols, op):
+    x = tensor_input("x", f32, [rows, cols])
+    s = reduce("s", [rows], lambda i, k: x[i, k], [cols], op)
+    xs = _rand((rows, cols))
+    out = np.empty(rows, np.float32)
+    schedule(s, target)(xs, out)
+    assert_close(out, getattr(np, op)(xs.astype(np.float64), axis=1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@given(shape=shapes(min_dims=2, max_dims=3, max_side=30, max_elements=1 << 13))
+@FEW
+def test_outer_reduction_with_epilogue(target, shape):
+    """mean over axis 0 (the reduced axis is not the contiguous one), an epilogue dividing."""
+    n = shape[0]
+    x = tensor_input("x", f32, shape)
+    s = reduce("s", shape[1:], lambda *a: x[(a[-1], *a[:-1])], [n], "sum")
+    m = compute("m", shape[1:], lambda *i: s[i] / float(n))
+    xs = _rand(shape)
+    out = np.empty(shape[1:], np.float32)
+    schedule(m, target)(xs, out)
+    assert_close(out, xs.mean(axis=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_multi_axis_reduction_and_full_reduction(target):
+    x = tensor_input("x", f32, [3, 5, 7])
+    s = reduce("s", [5], lambda j, a, c: x[a, j, c] * x[a, j, c], [3, 7], "sum")
+    total = reduce("total", [], lambda a, b, c: x[a, b, c], [3, 5, 7], "sum")
+    xs = _rand((3, 5, 7))
+    out, tot = np.empty(5, np.float32), np.empty((), np.float32)
+    schedule(s, target)(xs, out)
+    schedule(total, target)(xs, tot)
+    assert_close(out, (xs.astype(np.float64) ** 2).sum(axis=(0, 2)), rtol=1e-5, atol=1e-4)
+    assert_close(tot, xs.astype(np.float64).sum(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int32])
+def test_dtypes(target, dtype):
+    t = {np.float16: f16, np.float64: f64, np.int32: i32}[dtype]
+    x = tensor_input("x", t, [9, 70])
+    s = reduce("s", [9], lambda i, k: x[i, k], [70], "max")
+    y = compute("y", [9, 70], lambda i, j: x[i, j] * 2)
+    xs = (RNG.standard_normal((9, 70)) * 100).astype(dtype)
+    out, yo = np.empty(9, dtype), np.empty((9, 70), dtype)
+    schedule(s, target)(xs, out)
+    schedule(y, target)(xs, yo)
+    assert_close(out, xs.max(axis=1))
+    assert_close(yo, xs * 2)
+
+
+def test_bf16_and_sum_accumulates_in_f32():
+    torch = pytest.importorskip("torch")
+    x = tensor_input("x", bf16, [5, 333])
+    s = reduce("s", [5], lambda i, k: x[i, k], [333], "sum")
+    xs = torch.randn(5, 333, dtype=torch.bfloat16)
+    out = torch.empty(5, dtype=torch.bfloat16)
+    schedule(s, "cpu")(xs, out)
+    assert_close(out, xs.float().sum(1), atol=0.1)
+
+
+def test_nan_propagates_through_max():
+    x = tensor_input("x", f32, [4, 40])
+    s = reduce("s", [4], lambda i, k: x[i, k], [40], "max")
+    xs = _rand((4, 40))
+    xs[1, 17] = np.nan
+    for target in ("cpu", cuda_target("sm_90")):
+        out = np.empty(4, np.float32)
+        schedule(s, target)(xs, out)
+        assert np.isnan(out[1]) and np.array_equal(out[[0, 2, 3]], xs.max(axis=1)[[0, 2, 3]])
+
+
+def test_cpu_schedule_uses_parallel_and_vector_mappings():
+    x = tensor_input("x", f32, [512, 1024])
+    y = compute("y", [512, 1024], lambda i, j: x[i, j] + 1.0)
+    m = build_module(y, "cpu")
+    loops = collect(m.entry_function.body, MappingFor)
+    assert [lp.kind for lp in loops] == [MappingLoopKind.PARALLEL, MappingLoopKind.VECTORIZE]
+    src = schedule(y, "cpu").build("cpu").source
+    assert "#pragma omp parallel for" in src and "#pragma omp simd" in src
+
+
+def test_gpu_schedules_build_for_cuda_and_hip():
+    x = tensor_input("x", f32, [33, 1500])
+    s = reduce("s", [33], lambda i, k: x[i, k], [1500], "sum")  # block per row: shared memory + shuffles
+    y = compute("y", [33, 1500], lambda i, j: x[i, j] * 3.0)
+    for node in (s, y):
+        k = schedule(node, cuda_target("sm_90"))
+        assert k.func.kind is FuncKind.GPU_KERNEL
+        built = k.build("cuda", arch="sm_90")
+        assert built.binary[:4] == b"\x7fELF"
+        hip = schedule(node, hip_target("gfx90a")).build("hip", arch="gfx90a")
+        assert hip.binary[:4] == b"\x7fELF"
+    assert "__shfl_xor_sync" in schedule(s, cuda_target("sm_90")).build("cuda", arch="sm_90").source
+
+
+def test_gpu_reduction_kernels_pick_lanes_by_extent():
+    for cols, lanes in ((5, None), (20, 16), (700, 32), (5000, 256)):
+        x = tensor_input("x", f32, [10, cols])
+        s = reduce("s", [10], lambda i, k: x[i, k], [cols])
+        body = build_module(s, cuda_target("sm_90")).entry_function
+        text = repr(body)
+        if lanes is None:
+            assert "shfl" not in text  # a thread per output
+        else:
+            assert f"spatial({256 // lanes}, {lanes})" in text if lanes < 256 else "partials" in text
+
+
+def test_unsupported_dags():
+    x = tensor_input("x", f32, [4, 6])
+    s = reduce("s", [4], lambda i, k: x[i, k], [6])
+    softmax_like = compute("p", [4, 6], lambda i, j: x[i, j] / s[i])  # reads the reduction at another index
+    with pytest.raises(UnsupportedError, match="template"):
+        plan(softmax_like)
+    mean = compute("mean", [4], lambda i: s[i] / 6.0)
+    var = reduce("v", [4], lambda i, k: (x[i, k] - mean[i]) * (x[i, k] - mean[i]), [6])
+    with pytest.raises(UnsupportedError, match="nested"):
+        plan(var)
+    sym = tensor_input("y", f32, ["n"])
+    with pytest.raises(UnsupportedError, match="static shapes"):
+        plan(compute("z", [E.SizeVar("n")], lambda i: sym[i]))
+    with pytest.raises(ValueError, match="exactly the DAG's inputs"):
+        plan(s, inputs=[])
+
+
+def test_constant_output_and_rank_zero_outputs():
+    c = compute("c", [3, 5], lambda i, j: E.cast(i * 5 + j, f32))
+    out = np.empty((3, 5), np.float32)
+    schedule(c, "cpu")(out)
+    assert_close(out, np.arange(15, dtype=np.float32).reshape(3, 5))
+    assert math.prod(plan(c).shape) == 15
+    x = tensor_input("x", f32, [5, 7])
+    s = reduce("s", [], lambda a, b: x[a, b], [5, 7], "sum")
+    mean = compute("mean", [], lambda: s[()] / 35.0)
+    pick = compute("pick", [], lambda: x[1, 2] * 2.0)
+    xs = _rand((5, 7))
+    for target in ("cpu", cuda_target("sm_90")):
+        for node, ref in ((mean, xs.mean()), (pick, xs[1, 2] * 2)):
+            out = np.empty((), np.float32)
+            schedule(node, target)(xs, out)
+            assert_close(out, np.float32(ref), rtol=1e-5, atol=1e-6)
