@@ -1,0 +1,179 @@
+"""CPU f32 matmul template (BLIS-style; the kernel is in :mod:`.matmul_cpu_kernel`).
+
+Tuning space, in hardware terms (never the input size):
+
+* ``mr, nr`` — the register tile ``MR x NR`` of C: ``NR`` a multiple of the vector width, and
+  ``MR * NR / V`` accumulators plus ``NR / V`` B vectors plus one broadcast within the vector
+  register file (32 with AVX-512: 6x64, 8x48, 12x32, 14x32; 16 with AVX2: 6x16, 4x24, 8x8);
+* ``kc`` — the K block (256, 384, 512: the A micro-panel ``MR x KC`` in L1); ``ncb`` — B panels
+  per block (the ``KC x NCB*NR`` block must fit half of L2);
+* ``split`` — cores take row panels ("m") or column panels ("n"); ``pack_a`` / ``pack_b`` — pack
+  the operand or read it in place (B only when its rows are less than a page apart; its last,
+  partial panel is always packed); ``cores`` — all of them, or one for tiny problems.
+
+The cost model (:meth:`MatmulCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel
+(padded tiles, its loads per FMA, the per-tile C traffic), load balance over cores in whole
+panels, packing traffic, and a fixed cost per parallel region.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..backends.base import Target, TargetKind, host_cpu_target
+from ..runtime.kernel import Kernel
+from .base import Schedule
+from .matmul_cpu_kernel import CpuConfig, build_kernel
+from .matmul_problem import WORKSPACE, MatmulProblem, operand_views
+
+#: Register tiles (MR, NR in vectors) by vector register count.
+TILES = {32: ((6, 4), (8, 3), (12, 2), (14, 2)), 16: ((6, 2), (4, 3), (8, 1))}
+KCS = (256, 384, 512)
+NCBS = (4, 8)
+#: B is only read in place when its rows are less than a page apart (else every K step misses the TLB).
+PAGE = 4096
+#: Seconds to start and join a parallel region, and to call a kernel from Python.
+FORK_COST = 4e-6
+CALL_COST = 3e-6
+#: Fraction of the FMA rate the micro-kernel sustains in L1 (measured: ~0.95 on Zen 4), and the
+#: bytes per second one core packs (reads + writes, from DRAM / L3).
+MICRO_EFFICIENCY = 0.95
+COPY_BANDWIDTH = 8e9
+#: Below this many FLOPs one core is considered too; above it, only all of them.
+SMALL_FLOPS, LARGE_FLOPS = 2e5, 2e7
+_ZERO = np.zeros(1, np.float32)
+
+
+def lanes_of(target: Target) -> int:
+    return max(4, target.vector_bytes // 4)
+
+
+def vector_registers(target: Target) -> int:
+    return 32 if target.vector_bytes >= 64 else 16
+
+
+class MatmulCpuTemplate:
+    """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
+
+    name = "matmul_cpu"
+    version = 1
+
+    def __init__(self) -> None:
+        self._kernels: dict[CpuConfig, Kernel] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "<MatmulCpuTemplate>"
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        return (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CPU
+                and problem.dtype == "float32" and problem.out_dtype == "float32")
+
+    # ------------------------------------------------------------------ space
+    def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
+        if not self.applies(problem, target):
+            return []
+        p, V = problem, lanes_of(target)
+        l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
+        cores = [target.num_cores] if p.flops > LARGE_FLOPS or target.num_cores == 1 else \
+            [1] if p.flops < SMALL_FLOPS else [1, target.num_cores]
+        kcs = [kc for kc in KCS if kc < p.k] + [next((kc for kc in KCS if kc >= p.k), KCS[-1])]
+        out = []
+        for mr, nv in TILES[vector_registers(target)]:
+            nr = nv * V
+            np_ = -(-p.n // nr)
+            for kc in sorted(set(kcs)):
+                for ncb in NCBS:
+                    if ncb > 4 and ncb // 2 >= np_:        # a block wider than B: same as a smaller one
+                        continue
+                    if kc * ncb * nr * 4 > l2 // 2:
+                        continue
+                    for split in ("m", "n"):
+                        for pack_a in (True, False):
+                            for pack_b in (True, False) if not p.trans_b and p.n * 4 < PAGE else (True,):
+                                for c in cores:
+                                    out.append(Schedule.of(mr=mr, nr=nr, kc=kc, ncb=ncb, split=split, pack_a=pack_a,
+                                                           pack_b=pack_b, cores=c))
+        return out
+
+    # ------------------------------------------------------------------ cost
+    def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
+        """Seconds: the busiest core's micro-kernel cycles (whole padded tiles, its FMA and load
+        rates, stalls for operands read in place, the C tile in and out per K block), plus
+        packing traffic, plus the parallel regions.  Only the ranking matters."""
+        p, s = problem, schedule.as_dict()
+        mr, nr, kc, ncb, split, pack_a, pack_b, cores = (s[x] for x in ("mr", "nr", "kc", "ncb", "split", "pack_a",
+                                                                         "pack_b", "cores"))
+        pack_b = pack_b or p.trans_b
+        V = lanes_of(target)
+        clock = target.clock_hz or 2.5e9
+        mp, np_ = -(-p.m // mr), -(-p.n // nr)
+        kb = -(-p.k // kc)
+        # One K step of the micro-kernel: MR*NR/V FMAs at the FMA rate (two 256-bit pipes), or
+        # its loads (MR broadcasts, NR/V vectors) at two per cycle, whichever is slower.
+        fmas = mr * nr // V
+        fma_rate = 2.0 * min(V, 8) / V
+        step = max(fmas / fma_rate, (mr + nr / V) / 2.0) / MICRO_EFFICIENCY
+        if not pack_a:            # rows of A in place: their addresses spill; rows one page apart alias
+            step *= 1.03 if (p.k * 4) % 4096 else 1.0 + 0.03 * mr
+        if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags
+            step *= 1.02
+        tile = p.k * step + kb * (5 * fmas + 40)
+        units = p.batch * (mp if split == "m" else np_)
+        other = np_ if split == "m" else mp
+        seconds = -(-units // cores) * other * tile / clock
+        # Packing: every element read and written once, at a per-core copy bandwidth.
+        a_elems = (p.batch if p.a_batched else 1) * p.m * p.k
+        b_elems = (p.batch if p.b_batched else 1) * p.k * p.n
+        packed = (a_elems if pack_a else 0) + (b_elems if pack_b else 0)
+        copy_bw = COPY_BANDWIDTH * cores * (0.5 if p.trans_b and pack_b else 1.0)
+        seconds += 8 * packed / copy_bw
+        regions = 1 + (split == "m" and (pack_b or p.n % nr != 0)) + (split == "n" and pack_a)
+        return seconds + FORK_COST * regions * (cores > 1) + CALL_COST
+
+    # ------------------------------------------------------------------ kernels
+    def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> CpuConfig:
+        s = schedule.as_dict()
+        l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
+        mcb = max(1, l2 // 2 // (s["mr"] * s["kc"] * 4))          # the A block: half of L2
+        return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], s["pack_b"] or problem.trans_b,
+                         mcb, lanes_of(target), s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
+                         problem.bias, problem.trans_c)
+
+    def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
+        cfg = self.config(problem, target, schedule)
+        with self._lock:
+            kernel = self._kernels.get(cfg)
+            if kernel is None:
+                kernel = self._kernels[cfg] = build_kernel(cfg)
+            return kernel
+
+    def workspace_sizes(self, problem: MatmulProblem, schedule: Schedule, target: Target) -> tuple[int, int]:
+        cfg = self.config(problem, target, schedule)
+        return cfg.workspace(problem.batch, problem.m, problem.n, problem.k)
+
+    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
+                  schedule: Schedule | None = None, target: Target | None = None) -> list[Any]:
+        """a, b, bias (a 1-element dummy without one), c, then the two workspace buffers.  Without
+        a schedule (the tuner's call) the workspace fits every point of the space."""
+        ops = operand_views(problem, inputs, outputs)
+        if not problem.bias:
+            ops.insert(2, _ZERO)
+        target = target or host_cpu_target()
+        points = self.space(problem, target) if schedule is None else [schedule]
+        sizes = [self.workspace_sizes(problem, s, target) for s in points] or [(1, 1)]
+        wa, wb = max(x[0] for x in sizes), max(x[1] for x in sizes)
+        return ops + [WORKSPACE.get("cpu_a", wa), WORKSPACE.get("cpu_b", wb)]
+
+
+MATMUL_CPU = MatmulCpuTemplate()
+
+__all__ = ["MATMUL_CPU", "MatmulCpuTemplate", "lanes_of"]

@@ -1,0 +1,232 @@
+"""The CPU f32 matmul kernel (BLIS-style), written in the DSL with task mappings.
+
+``build_kernel(cfg)`` makes one kernel per :class:`CpuConfig` (schedule + problem flags); sizes
+are symbolic, so it serves every shape.  Per batch, with ``MP = ceil(m / MR)`` row panels of A
+and ``NP = ceil(n / NR)`` column panels of B:
+
+* **register tile** ``MR x NR`` of C: ``repeat(MR, NR // V) * spatial(1, V)`` — the vector lanes
+  are the workers of ``spatial(1, V)``, a row of the tile is ``NR // V`` vectors, and the
+  ``MR * NR / V`` accumulators stay in vector registers (``.vectorize()`` puts the lane loop
+  innermost and unrolls the task loops; gcc turns each step of K into ``NR/V`` vector loads of the
+  packed B row, ``MR`` broadcasts of A and ``MR * NR / V`` FMAs).
+* **packing**: B's panels become ``[panel][k][NR]`` (zero padded past ``n``), A's panels
+  ``[panel][k][MR]`` (rows past ``m`` repeat the last row; those results are never stored), so the
+  micro-kernel streams both contiguously; K is cut into blocks of about ``KC`` (the B block of
+  ``NCB`` panels, ``KC x NCB*NR``, stays in L2; the A micro-panel ``MR x KC`` in L1).
+* **cores**: ``spatial(P).parallel()``; ``split="m"`` gives each core a contiguous range of the
+  ``batch * MP`` row panels (B packed once, in parallel, before; each core packs its own A
+  panels while it first uses them), ``split="n"`` a range of the ``batch * NP`` column panels
+  (A packed before — or read in place with ``pack_a=False`` — and each core packs the B block it
+  is about to use into its own part of the workspace).
+* **edges**: tiles inside C load and store whole vectors; the last row / column panels take a
+  predicated path (masked loads and stores), outside the K loop.
+"""
+from dataclasses import dataclass
+
+import taskmap
+from taskmap import repeat, spatial
+from taskmap.lang import bool_, f32, i32, parallel, register_tensor, symbol, unroll
+
+#: Rows of K packed by one parallel task of the up-front packing loops.
+PACK_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class CpuConfig:
+    """Everything a CPU matmul kernel's code depends on."""
+
+    mr: int
+    nr: int
+    kc: int
+    ncb: int            # B panels per block (the block kept in L2)
+    split: str          # "m" | "n"
+    pack_a: bool
+    pack_b: bool        # False: B is read in place (not with trans_b)
+    mcb: int            # A panels per block (split "m": the A block kept in L2 while B blocks pass)
+    lanes: int          # f32 lanes of a vector register
+    cores: int          # OpenMP workers
+    a_batched: bool
+    b_batched: bool
+    trans_b: bool
+    bias: bool
+    trans_c: bool = False   # C stored (n, m); the bias then runs along m
+
+    def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
+        """Elements of the two workspace buffers (packed A, packed B)."""
+        mp, np_ = -(-m // self.mr), -(-n // self.nr)
+        ba = batch if self.a_batched else 1
+        if self.split == "m":
+            wa = batch * mp * k * self.mr if self.pack_a else 1
+            panels = np_ if self.pack_b else np_ - n // self.nr
+            wb = (batch if self.b_batched else 1) * panels * k * self.nr
+        else:
+            wa = ba * mp * k * self.mr if self.pack_a else 1
+            wb = self.cores * self.ncb * self.kc * self.nr
+        return wa, max(wb, 1)
+
+
+def build_kernel(cfg: CpuConfig) -> taskmap.Kernel:
+    MR, NR, KC, NCB, V, P = cfg.mr, cfg.nr, cfg.kc, cfg.ncb, cfg.lanes, cfg.cores
+    PACK_A, PACK_B, SPLIT_M, TRANS_B, BIAS = cfg.pack_a, cfg.pack_b or cfg.trans_b, cfg.split == "m", cfg.trans_b, cfg.bias
+    MCB = cfg.mcb
+    PAR = parallel if P > 1 else range                 # one core: no parallel regions at all
+    CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
+    A_BATCHED, B_BATCHED = cfg.a_batched, cfg.b_batched
+    assert NR % V == 0
+    tile = repeat(MR, NR // V) * spatial(1, V)      # the register tile: lanes along a row
+    row = repeat(NR // V) * spatial(V)               # one k-row of a B panel
+    tile_t = repeat(NR, 1) * spatial(1, MR)          # the tile, lanes down its columns (C^T stores)
+    batch, m, n, k = symbol("batch"), symbol("m"), symbol("n"), symbol("k")
+    wsa, wsb, nbias = symbol("wsa"), symbol("wsb"), symbol("nbias")
+    A_T = f32[batch if A_BATCHED else 1, m, k]
+    B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
+    TRANS_C = cfg.trans_c
+    BIAS_T = (f32[m] if TRANS_C else f32[n]) if BIAS else f32[nbias]
+    C_T = f32[batch, n, m] if TRANS_C else f32[batch, m, n]
+
+    @taskmap.func
+    def pack_a(a: A_T, wa: f32[wsa], off: i32, ai: i32, i: i32, k0: i32, kc: i32):
+        """wa[off + kk*MR + r] = A[ai, i*MR + r, k0 + kk] (rows past m: the last row)."""
+        for kk in range(kc):
+            for r in unroll(MR):
+                wa[off + kk * MR + r] = a[ai, min(i * MR + r, m - 1), k0 + kk]
+
+    @taskmap.func
+    def pack_b(b: B_T, wb: f32[wsb], off: i32, bj: i32, j: i32, k0: i32, kc: i32):
+        """wb[off + kk*NR + s] = B[bj, k0 + kk, j*NR + s] (columns past n: zeros)."""
+        if TRANS_B:
+            for kk in range(kc):
+                for s in unroll(NR):
+                    wb[off + kk * NR + s] = b[bj, min(j * NR + s, n - 1), k0 + kk]
+        elif j < n // NR:
+            for kk in range(kc):
+                for s in row.vectorize():
+                    wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s]
+        else:
+            for kk in range(kc):
+                for s in row.vectorize():
+                    wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s] if j * NR + s < n else 0.0
+
+    @taskmap.func
+    def micro(a: A_T, b: B_T, wa: f32[wsa], wb: f32[wsb], bias: BIAS_T, c: C_T, aoff: i32, boff: i32,
+              ai: i32, bj: i32, ci: i32, i: i32, j: i32, k0: i32, kc: i32, first: bool_):
+        """C[ci] tile (i, j) (+)= A panel (at aoff, or A itself) x B panel (at boff, or B itself),
+        over k0..k0+kc."""
+        acc = register_tensor(f32, [MR, NR])
+        r0 = i * MR
+        c0 = j * NR
+        full = i < m // MR and j < n // NR
+        if first:
+            if BIAS and TRANS_C:
+                for r, s in tile.vectorize():
+                    acc[r, s] = bias[min(r0 + r, m - 1)]
+            elif BIAS:
+                for r, s in tile.vectorize():
+                    acc[r, s] = bias[c0 + s] if c0 + s < n else 0.0
+            else:
+                for r, s in tile.vectorize():
+                    acc[r, s] = 0.0
+        elif TRANS_C:
+            for r, s in tile.vectorize():
+                acc[r, s] = c[ci, c0 + s, r0 + r] if r0 + r < m and c0 + s < n else 0.0
+        elif full:
+            for r, s in tile.vectorize():
+                acc[r, s] = c[ci, r0 + r, c0 + s]
+        else:
+            for r, s in tile.vectorize():
+                acc[r, s] = c[ci, r0 + r, c0 + s] if r0 + r < m and c0 + s < n else 0.0
+        if PACK_B or j >= n // NR:            # B packed (the last, partial panel always is)
+            if PACK_A:
+                for kk in range(kc):
+                    for r, s in tile.vectorize():
+                        acc[r, s] += wa[aoff + kk * MR + r] * wb[boff + kk * NR + s]
+            elif i < m // MR:
+                for kk in range(kc):
+                    for r, s in tile.vectorize():
+                        acc[r, s] += a[ai, r0 + r, k0 + kk] * wb[boff + kk * NR + s]
+            else:
+                for kk in range(kc):
+                    for r, s in tile.vectorize():
+                        acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * wb[boff + kk * NR + s]
+        elif PACK_A:                          # B in place: whole vectors of its rows
+            for kk in range(kc):
+                for r, s in tile.vectorize():
+                    acc[r, s] += wa[aoff + kk * MR + r] * b[bj, k0 + kk, c0 + s]
+        else:
+            for kk in range(kc):
+                for r, s in tile.vectorize():
+                    acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * b[bj, k0 + kk, c0 + s]
+        if TRANS_C:                           # C^T: columns of the tile are rows of C in memory
+            if full:
+                for s, r in tile_t.vectorize():
+                    c[ci, c0 + s, r0 + r] = acc[r, s]
+            else:
+                for s, r in tile_t.vectorize():
+                    if r0 + r < m and c0 + s < n:
+                        c[ci, c0 + s, r0 + r] = acc[r, s]
+        elif full:
+            for r, s in tile.vectorize():
+                c[ci, r0 + r, c0 + s] = acc[r, s]
+        else:
+            for r, s in tile.vectorize():
+                if r0 + r < m and c0 + s < n:
+                    c[ci, r0 + r, c0 + s] = acc[r, s]
+
+    @taskmap.kernel
+    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, wa: f32[wsa], wb: f32[wsb]):
+        MP = (m + MR - 1) // MR
+        NP = (n + NR - 1) // NR
+        KB = (k + KC - 1) // KC               # K blocks of nearly equal size, at most KC
+        CH = (k + PACK_CHUNK - 1) // PACK_CHUNK
+        if SPLIT_M:           # B packed once, by all cores (without PACK_B: only its partial panel)
+            PJ = NP if PACK_B else NP - n // NR
+            for q in PAR((batch if B_BATCHED else 1) * PJ * CH):
+                bj = q // (PJ * CH)
+                j = q // CH % PJ + NP - PJ
+                k0 = q % CH * PACK_CHUNK
+                pack_b(b, wb, ((bj * PJ + j - NP + PJ) * k + k0) * NR, bj, j, k0, min(PACK_CHUNK, k - k0))
+        elif not SPLIT_M and PACK_A:
+            for q in PAR((batch if A_BATCHED else 1) * MP * CH):   # A, packed once, by all cores
+                ai = q // (MP * CH)
+                i = q // CH % MP
+                k0 = q % CH * PACK_CHUNK
+                pack_a(a, wa, ((ai * MP + i) * k + k0) * MR, ai, i, k0, min(PACK_CHUNK, k - k0))
+        for p in CORES:
+            units = MP if SPLIT_M else NP
+            u0 = p * (batch * units) // P
+            u1 = (p + 1) * (batch * units) // P
+            for bi in range(u0 // units, (u1 + units - 1) // units):
+                ai = bi if A_BATCHED else 0
+                bj = bi if B_BATCHED else 0
+                lo = max(u0 - bi * units, 0)
+                hi = min(u1 - bi * units, units)
+                if SPLIT_M:   # my row panels lo..hi, MCB at a time; B blocks of NCB panels pass by
+                    for ib in range(lo, hi, MCB):
+                        for jb in range(0, NP, NCB):
+                            for pb in range(KB):
+                                k0 = pb * k // KB
+                                kc = (pb + 1) * k // KB - k0
+                                for i in range(ib, min(ib + MCB, hi)):
+                                    aoff = ((bi * MP + i) * k + k0) * MR
+                                    if PACK_A and jb == 0:
+                                        pack_a(a, wa, aoff, ai, i, k0, kc)
+                                    for j in range(jb, min(jb + NCB, NP)):
+                                        micro(a, b, wa, wb, bias, c, aoff, ((bj * PJ + j - NP + PJ) * k + k0) * NR,
+                                              ai, bj, bi, i, j, k0, kc, pb == 0)
+                else:         # my column panels lo..hi, NCB at a time, each K block packed as used
+                    for jb in range(lo, hi, NCB):
+                        je = min(jb + NCB, hi)
+                        for pb in range(KB):
+                            k0 = pb * k // KB
+                            kc = (pb + 1) * k // KB - k0
+                            for j in range(jb if PACK_B else max(jb, n // NR), je):
+                                pack_b(b, wb, (p * NCB + j - jb) * KC * NR, bj, j, k0, kc)
+                            for i in range(MP):
+                                for j in range(jb, je):
+                                    micro(a, b, wa, wb, bias, c, ((ai * MP + i) * k + k0) * MR,
+                                          (p * NCB + j - jb) * KC * NR, ai, bj, bi, i, j, k0, kc, pb == 0)
+
+    return matmul_cpu
+
+
+__all__ = ["CpuConfig", "PACK_CHUNK", "build_kernel"]

@@ -1,0 +1,258 @@
+"""GPU f32 matmul on CUDA cores (SIMT): the Hidet paper's mapping family, as a template.
+
+A block computes a ``BM x BN`` tile of C with the task mapping
+``spatial(wm, wn) * repeat(rm, rn) * spatial(lm, ln) * repeat(tm, tn)`` — ``wm x wn`` warps, each
+repeating ``rm x rn`` times a ``lm x ln`` arrangement of its lanes (4 x 8 for 32-lane warps, 8 x 8
+for 64-lane wavefronts), each lane computing a ``tm x tn`` register tile; the paper's
+``spatial(4, 2) * repeat(2, 2) * spatial(4, 8) * repeat(4, 4)`` is one point.  Tiles of A
+(``BM x BK``, stored k-major in shared memory) and B (``BK x BN``) are loaded cooperatively
+(``auto_map``); shared memory is double-buffered: the next tiles are fetched into registers while
+the current ones are multiplied.  Every global access is predicated: any m, n, k works.
+With ``split > 1`` K is cut into ranges (see :mod:`.matmul_splitk`).
+
+Space: warps per block (1..8 in 2-D shapes), warp repeats (1x1, 1x2, 2x2), thread tiles (4x4, 8x4, 8x8),
+BK (8, 16), split-K factors; pruned by threads per block, shared memory, registers per thread.
+Cost: :func:`taskmap.schedule.cost_model.estimate` (FLOPs, global traffic of the tiles, shared
+memory traffic, occupancy) with a factor for the tile's padding and its FMAs per shared load.
+"""
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import taskmap
+from taskmap import auto_map, repeat, spatial
+from taskmap.lang import (attrs, blockIdx, f32, register_tensor, shared_tensor, symbol, syncthreads,
+                          threadIdx)
+
+from ..backends.base import Target, TargetKind
+from ..runtime.kernel import Kernel
+from ..schedule.cost_model import Workload, estimate_time
+from .base import Schedule
+from .matmul_problem import MatmulProblem, new_like, operand_views
+from .matmul_splitk import KernelChain, ReduceConfig, build_reduce, ceil_div, splits_for
+
+WARP_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (2, 4))
+THREAD_TILES = ((4, 4), (8, 4), (8, 8))
+REPEATS = ((1, 1), (1, 2), (2, 2))
+BKS = (8, 16)
+
+
+@dataclass(frozen=True)
+class SimtConfig:
+    wm: int
+    wn: int
+    rm: int
+    rn: int
+    lm: int
+    ln: int
+    tm: int
+    tn: int
+    bk: int
+    split: int
+    a_batched: bool
+    b_batched: bool
+    trans_b: bool
+    bias: bool
+
+    @property
+    def mapping(self) -> Any:
+        return spatial(self.wm, self.wn) * repeat(self.rm, self.rn) * spatial(self.lm, self.ln) * \
+            repeat(self.tm, self.tn)
+
+
+def build_kernel(cfg: SimtConfig) -> Kernel:
+    block_map = cfg.mapping
+    THREADS = block_map.num_workers
+    BM, BN = block_map.task_shape
+    BK, S = cfg.bk, cfg.split
+    TRANS_B, BIAS, A_BATCHED, B_BATCHED = cfg.trans_b, cfg.bias and cfg.split == 1, cfg.a_batched, cfg.b_batched
+    load_a = auto_map((BM, BK), THREADS)                     # (row, k) of the A tile
+    load_b = auto_map((BN, BK), THREADS) if TRANS_B else auto_map((BK, BN), THREADS)
+    batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
+    A_T = f32[batch if A_BATCHED else 1, m, k]
+    B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
+    BIAS_T = f32[n] if cfg.bias else f32[nbias]
+
+    @taskmap.kernel
+    def matmul_simt(a: A_T, b: B_T, bias: BIAS_T, c: f32[cz, m, n]):
+        attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
+        attrs.block_dim = THREADS
+        sa = shared_tensor(f32, [2, BK, BM])                 # A tiles, k-major
+        sb = shared_tensor(f32, [2, BK, BN])
+        acc = register_tensor(f32, [block_map.tasks_per_worker])
+        ra = register_tensor(f32, [load_a.tasks_per_worker])
+        rb = register_tensor(f32, [load_b.tasks_per_worker])
+        bi = blockIdx.z // S
+        ai = bi if A_BATCHED else 0
+        bj = bi if B_BATCHED else 0
+        row0 = blockIdx.y * BM
+        col0 = blockIdx.x * BN
+        kt = (k + BK - 1) // BK
+        per = (kt + S - 1) // S
+        t0 = blockIdx.z % S * per
+        t1 = min(t0 + per, kt)
+        for q, (i, j) in enumerate(block_map.on(threadIdx.x)):
+            acc[q] = 0.0
+        if t0 < t1:
+            for q, (i, kk) in enumerate(load_a.on(threadIdx.x)):
+                gk = t0 * BK + kk
+                sa[0, kk, i] = a[ai, row0 + i, gk] if row0 + i < m and gk < k else 0.0
+            if TRANS_B:
+                for q, (j, kk) in enumerate(load_b.on(threadIdx.x)):
+                    gk = t0 * BK + kk
+                    sb[0, kk, j] = b[bj, col0 + j, gk] if col0 + j < n and gk < k else 0.0
+            else:
+                for q, (kk, j) in enumerate(load_b.on(threadIdx.x)):
+                    gk = t0 * BK + kk
+                    sb[0, kk, j] = b[bj, gk, col0 + j] if gk < k and col0 + j < n else 0.0
+            syncthreads()
+            for t in range(t0, t1):
+                buf = (t - t0) % 2
+                if t + 1 < t1:                               # prefetch the next tiles into registers
+                    for q, (i, kk) in enumerate(load_a.on(threadIdx.x)):
+                        gk = (t + 1) * BK + kk
+                        ra[q] = a[ai, row0 + i, gk] if row0 + i < m and gk < k else 0.0
+                    if TRANS_B:
+                        for q, (j, kk) in enumerate(load_b.on(threadIdx.x)):
+                            gk = (t + 1) * BK + kk
+                            rb[q] = b[bj, col0 + j, gk] if col0 + j < n and gk < k else 0.0
+                    else:
+                        for q, (kk, j) in enumerate(load_b.on(threadIdx.x)):
+                            gk = (t + 1) * BK + kk
+                            rb[q] = b[bj, gk, col0 + j] if gk < k and col0 + j < n else 0.0
+                for kk in range(BK):                         # multiply the current tiles
+                    for q, (i, j) in enumerate(block_map.on(threadIdx.x)):
+                        acc[q] += sa[buf, kk, i] * sb[buf, kk, j]
+                if t + 1 < t1:                               # stage the prefetched tiles
+                    for q, (i, kk) in enumerate(load_a.on(threadIdx.x)):
+                        sa[1 - buf, kk, i] = ra[q]
+                    if TRANS_B:
+                        for q, (j, kk) in enumerate(load_b.on(threadIdx.x)):
+                            sb[1 - buf, kk, j] = rb[q]
+                    else:
+                        for q, (kk, j) in enumerate(load_b.on(threadIdx.x)):
+                            sb[1 - buf, kk, j] = rb[q]
+                syncthreads()
+        for q, (i, j) in enumerate(block_map.on(threadIdx.x)):
+            if row0 + i < m and col0 + j < n:
+                if BIAS:
+                    c[blockIdx.z, row0 + i, col0 + j] = acc[q] + bias[col0 + j]
+                else:
+                    c[blockIdx.z, row0 + i, col0 + j] = acc[q]
+
+    return matmul_simt
+
+
+def lane_shape(target: Target) -> tuple[int, int]:
+    return (8, 8) if target.warp_size == 64 else (4, 8)
+
+
+class MatmulSimtTemplate:
+    """f32 matmul on a GPU's CUDA cores (CUDA and HIP)."""
+
+    name = "matmul_simt"
+    version = 1
+
+    def __init__(self) -> None:
+        self._kernels: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "<MatmulSimtTemplate>"
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        return (isinstance(problem, MatmulProblem) and target.kind in (TargetKind.CUDA, TargetKind.HIP)
+                and problem.dtype == "float32" and problem.out_dtype == "float32" and target.warp_size in (32, 64))
+
+    def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
+        if not self.applies(problem, target):
+            return []
+        p = problem
+        lm, ln = lane_shape(target)
+        out = []
+        for wm, wn in WARP_SHAPES:
+            for rm, rn in REPEATS:
+                for tm, tn in THREAD_TILES:
+                    bm, bn = wm * rm * lm * tm, wn * rn * ln * tn
+                    threads = wm * wn * lm * ln
+                    if threads > target.max_threads_per_block or bm >= 2 * max(p.m, 16) or bn >= 2 * max(p.n, 32):
+                        continue
+                    if tm * tn * rm * rn > 64:                       # accumulators per thread
+                        continue
+                    for bk in BKS:
+                        if 2 * (bm + bn) * bk * 4 > target.max_shared_memory:
+                            continue
+                        tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
+                        for split in splits_for(target, tiles, p.k, bk):
+                            out.append(Schedule.of(wm=wm, wn=wn, rm=rm, rn=rn, tm=tm, tn=tn, bk=bk, split=split))
+        return out
+
+    def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
+        p, s = problem, schedule.as_dict()
+        lm, ln = lane_shape(target)
+        bm = s["wm"] * s["rm"] * lm * s["tm"]
+        bn = s["wn"] * s["rn"] * ln * s["tn"]
+        threads = s["wm"] * s["wn"] * lm * ln
+        split = s["split"]
+        tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
+        padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, s["bk"]) * s["bk"]
+        per_thread = s["tm"] * s["tn"] * s["rm"] * s["rn"]
+        fma_per_load = per_thread / (s["tm"] * s["rm"] + s["tn"] * s["rn"])
+        eff = min(1.0, fma_per_load / 4.0) * 0.85 * (p.batch * p.m * p.n * p.k) / padded
+        global_bytes = 4 * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
+        global_bytes += 4 * p.batch * p.m * p.n * (3 * split if split > 1 else 1)
+        w = Workload(flops=p.flops, global_bytes=global_bytes,
+                     cache_bytes=4 * p.flops / 2 * (1 / bm + 1 / bn) * 2, work_items=tiles, threads_per_item=threads,
+                     registers_per_thread=min(255, per_thread + 2 * s["bk"] + 32),
+                     shared_per_item=2 * (bm + bn) * s["bk"] * 4, inner_bytes=4 * s["bk"], compute_efficiency=eff)
+        return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
+
+    def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> SimtConfig:
+        s = schedule.as_dict()
+        lm, ln = lane_shape(target)
+        return SimtConfig(s["wm"], s["wn"], s["rm"], s["rn"], lm, ln, s["tm"], s["tn"], s["bk"], s["split"],
+                          problem.a_batched, problem.b_batched, problem.trans_b, problem.bias)
+
+    def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
+        cfg = self.config(problem, target, schedule)
+        with self._lock:
+            kernel = self._kernels.get(cfg)
+            if kernel is None:
+                kernel = self._kernels[cfg] = chain(build_kernel(cfg), cfg.split, problem.out_dtype, cfg.bias)
+            return kernel
+
+    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
+                  schedule: Schedule | None = None) -> list[Any]:
+        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results."""
+        return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
+
+
+def chain(main: Kernel, split: int, out_dtype: str, bias: bool) -> KernelChain:
+    """The main kernel alone (arguments a, b, bias, c), or with split-K's reduction epilogue
+    (arguments a, b, bias, c, partial results)."""
+    if split == 1:
+        return KernelChain([main], [(0, 1, 2, 3)])
+    return KernelChain([main, build_reduce(ReduceConfig(split, out_dtype, bias))], [(0, 1, 2, 4), (4, 2, 3)])
+
+
+def gpu_arguments(problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any], split: int | None) -> list[Any]:
+    """The GPU templates' launch arguments: a, b, bias (or a dummy), c, and the split-K workspace
+    ``(batch * split, m, n)`` (f32) when ``split > 1`` (the largest when the split is unknown)."""
+    ops = operand_views(problem, inputs, outputs)
+    c = outputs[0]
+    if not problem.bias:
+        ops.insert(2, new_like(c, (1,), problem.out_dtype))
+    if split != 1:
+        ops.append(new_like(c, (problem.batch * (split or 16), problem.m, problem.n), "float32"))
+    return ops
+
+
+MATMUL_SIMT = MatmulSimtTemplate()
+
+__all__ = ["MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "build_kernel", "chain", "gpu_arguments", "lane_shape"]

@@ -1,0 +1,285 @@
+"""Tensor-core matmul (f16 / bf16 in, f32 accumulation, result in the input dtype) for sm_80+:
+``mma.sync.m16n8k16`` + ``ldmatrix`` + a multi-stage ``cp.async`` pipeline, as a template.
+
+A block of ``wm x wn`` warps computes a ``BM x BN`` tile of C; warp ``(i, j)`` owns a
+``WM x WN`` sub-tile (``WM = BM / wm``, ``WN = BN / wn``) as ``WM/16 x WN/8`` mma tiles whose f32
+accumulators stay in registers.  Tiles of A (``BM x BK``) and B stream through shared memory in a
+``stages``-deep ``cp_async`` ring: tile t is loaded while tile ``t - (stages - 1)`` is multiplied.
+``ldmatrix_x4`` moves 16x16 sub-tiles into fragments: A row-major; B stored ``K x N`` with
+``.trans``; a ``linear`` weight (``trans_b``, stored ``N x K``) row-major with the lanes'
+row addresses of :data:`B_NK_ROWS`.  The result fragments are written through ``mma_c_layout``.
+
+Every access is predicated, so any m, n, k works: out-of-range 16-byte chunks are zero-filled
+(``src_bytes=0``); when rows are not 16-byte aligned (k or n not a multiple of 8) the tiles are
+copied element by element instead (same pipeline, same layout).  With ``split > 1`` K is cut
+into ranges whose f32 partial results an epilogue kernel sums (:mod:`.matmul_splitk`).
+
+Space: block tiles 32..128 x 32..128, BK 32 / 64, warp grids of 1..8 warps with warp tiles of at
+least 16 x 16, 2..4 stages, split-K; pruned by shared memory and registers per thread.
+"""
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import taskmap
+from taskmap import auto_map, custom_mapping
+from taskmap.lang import (MMA_K, MMA_M, MMA_N, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32,
+                          lane_id, ldmatrix_x4, ldmatrix_x4_rows, mma_c_layout, mma_sync_m16n8k16, register_tensor,
+                          shared_tensor, symbol, syncthreads, threadIdx, unroll, warp_id)
+
+from ..backends.base import Target, TargetKind
+from ..ir.dtypes import scalar_type
+from ..runtime.kernel import Kernel
+from ..schedule.cost_model import Workload, estimate_time
+from .base import Schedule
+from .matmul_problem import MatmulProblem
+from .matmul_simt import chain, gpu_arguments
+from .matmul_splitk import ceil_div, splits_for
+
+PAD = 8                          # halves of padding per shared row (rows stay 16-byte aligned)
+VEC = 8                          # halves per 16-byte chunk
+#: ``ldmatrix_x4`` row addresses for B stored N x K: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
+#: (n 8-15, k 0-7), (n 8-15, k 8-15) -> the fragments of two 8-column mma tiles, in order.
+B_NK_ROWS = custom_mapping((16, 16), 32, 1, lambda lane, q: (lane // 16 * 8 + lane % 8, lane // 8 % 2 * 8))
+BLOCK_TILES = (32, 64, 128)
+BKS = (32, 64)
+WARP_GRIDS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (2, 4))
+STAGES = (2, 3, 4)             # 3-4 with BK 32, 2-3 with BK 64
+
+
+@dataclass(frozen=True)
+class TcConfig:
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int
+    split: int
+    dtype: str
+    out_dtype: str
+    a_batched: bool
+    b_batched: bool
+    trans_b: bool
+    bias: bool
+
+    def smem_bytes(self) -> int:
+        b_rows, b_cols = (self.bn, self.bk) if self.trans_b else (self.bk, self.bn)
+        return self.stages * (self.bm * (self.bk + PAD) + b_rows * (b_cols + PAD)) * 2
+
+
+def build_kernel(cfg: TcConfig) -> Kernel:
+    BM, BN, BK, WGM, WGN, STG, S = cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn, cfg.stages, cfg.split
+    WM, WN = BM // WGM, BN // WGN
+    MI, NI = WM // MMA_M, WN // MMA_N
+    THREADS = 32 * WGM * WGN
+    T, OUT = scalar_type(cfg.dtype), scalar_type(cfg.out_dtype)
+    TRANS_B, A_BATCHED, B_BATCHED = cfg.trans_b, cfg.a_batched, cfg.b_batched
+    BIAS = cfg.bias and S == 1
+    a_chunks = auto_map((BM, BK // VEC), THREADS)
+    b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN // VEC), THREADS)
+    SB_SHAPE = [STG, BN, BK + PAD] if TRANS_B else [STG, BK, BN + PAD]
+    batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
+    A_T = T[batch if A_BATCHED else 1, m, k]
+    B_T = T[batch if B_BATCHED else 1, n, k] if TRANS_B else T[batch if B_BATCHED else 1, k, n]
+    BIAS_T = OUT[n] if cfg.bias else OUT[nbias]
+    C_T = OUT[cz, m, n] if S == 1 else f32[cz, m, n]
+
+    @taskmap.kernel
+    def matmul_tc(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
+        attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
+        attrs.block_dim = THREADS
+        sa = shared_tensor(T, [STG, BM, BK + PAD])
+        sb = shared_tensor(T, SB_SHAPE)
+        acc = register_tensor(f32, [MI, NI, 4])
+        af = register_tensor(T, [MI, 8])
+        bf = register_tensor(T, [NI, 4])
+        for i in unroll(MI):
+            for j in unroll(NI):
+                for q in unroll(4):
+                    acc[i, j, q] = 0.0
+        wy = warp_id() // WGN
+        wx = warp_id() % WGN
+        bi = blockIdx.z // S
+        ai = bi if A_BATCHED else 0
+        bj = bi if B_BATCHED else 0
+        row0 = blockIdx.y * BM
+        col0 = blockIdx.x * BN
+        aligned = k % VEC == 0 and (TRANS_B or n % VEC == 0)   # rows of A and B start 16-byte aligned
+        kt = (k + BK - 1) // BK
+        per = (kt + S - 1) // S
+        t0 = blockIdx.z % S * per
+        tiles = max(min(t0 + per, kt) - t0, 0)
+        for t in range(tiles + STG - 1):              # load tile t, multiply tile t - (STG - 1)
+            ct = t - (STG - 1)
+            if ct >= 0:
+                cp_async_wait(STG - 2)                # tile ct has landed ...
+                syncthreads()                         # ... for every thread; tile ct-1 is consumed
+            if t < tiles:
+                st = t % STG
+                kb = (t0 + t) * BK
+                for r, ch in a_chunks.on(threadIdx.x):
+                    gr = row0 + r
+                    gk = kb + ch * VEC
+                    if aligned:
+                        ok = gr < m and gk < k
+                        cp_async(sa[st, r, ch * VEC], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                    else:
+                        for e in unroll(VEC):
+                            sa[st, r, ch * VEC + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                if TRANS_B:
+                    for r, ch in b_chunks.on(threadIdx.x):
+                        gn = col0 + r
+                        gk = kb + ch * VEC
+                        if aligned:
+                            ok = gn < n and gk < k
+                            cp_async(sb[st, r, ch * VEC], b[bj, gn if ok else 0, gk if ok else 0], 16,
+                                     16 if ok else 0)
+                        else:
+                            for e in unroll(VEC):
+                                sb[st, r, ch * VEC + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                else:
+                    for r, ch in b_chunks.on(threadIdx.x):
+                        gk = kb + r
+                        gc = col0 + ch * VEC
+                        if aligned:
+                            ok = gk < k and gc < n
+                            cp_async(sb[st, r, ch * VEC], b[bj, gk if ok else 0, gc if ok else 0], 16,
+                                     16 if ok else 0)
+                        else:
+                            for e in unroll(VEC):
+                                sb[st, r, ch * VEC + e] = b[bj, gk, gc + e] if gk < k and gc + e < n else 0.0
+            cp_async_commit()                         # one group per iteration, empty ones included
+            if ct >= 0:
+                st = ct % STG
+                for kk in unroll(BK // MMA_K):
+                    for mi in unroll(MI):
+                        for i, j in ldmatrix_x4_rows.on(lane_id()):
+                            ldmatrix_x4(af[mi, 0], sa[st, wy * WM + mi * MMA_M + i, kk * MMA_K + j])
+                    for nj in unroll(NI // 2):        # one x4 load: the fragments of 2 column tiles
+                        if TRANS_B:
+                            for i, j in B_NK_ROWS.on(lane_id()):
+                                ldmatrix_x4(bf[nj * 2, 0], sb[st, wx * WN + nj * 2 * MMA_N + i, kk * MMA_K + j])
+                        else:
+                            for i, j in ldmatrix_x4_rows.on(lane_id()):
+                                ldmatrix_x4(bf[nj * 2, 0], sb[st, kk * MMA_K + i, wx * WN + nj * 2 * MMA_N + j],
+                                            trans=True)
+                    for mi in unroll(MI):
+                        for ni in unroll(NI):
+                            mma_sync_m16n8k16(acc[mi, ni, 0], af[mi, 0], bf[ni, 0])
+        for mi in unroll(MI):
+            for ni in unroll(NI):
+                for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+                    gr = row0 + wy * WM + mi * MMA_M + i
+                    gc = col0 + wx * WN + ni * MMA_N + j
+                    if gr < m and gc < n:
+                        if BIAS:
+                            c[blockIdx.z, gr, gc] = acc[mi, ni, q] + f32(bias[gc])
+                        else:
+                            c[blockIdx.z, gr, gc] = acc[mi, ni, q]
+
+    return matmul_tc
+
+
+class MatmulTcTemplate:
+    """f16 / bf16 matmul on NVIDIA tensor cores (sm_80 and later)."""
+
+    name = "matmul_tc"
+    version = 1
+
+    def __init__(self) -> None:
+        self._kernels: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "<MatmulTcTemplate>"
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        if not (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA
+                and "mma_m16n8k16" in target.features and target.warp_size == 32):
+            return False
+        return problem.dtype in ("float16", "bfloat16") and problem.out_dtype in (problem.dtype, "float32")
+
+    def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
+        if not self.applies(problem, target):
+            return []
+        p = problem
+        out = []
+        for bm in BLOCK_TILES:
+            for bn in BLOCK_TILES:
+                if bm >= 2 * max(p.m, 32) or bn >= 2 * max(p.n, 32):    # a block mostly outside C
+                    continue
+                for wm, wn in WARP_GRIDS:
+                    wtm, wtn = bm // wm, bn // wn
+                    if bm % wm or bn % wn or wtm % MMA_M or wtn % (2 * MMA_N) or wtm * wtn > 64 * 64:
+                        continue
+                    if wtm * wtn < 32 * 32 and bm * bn > 32 * 32:   # small warp tiles only in small blocks
+                        continue
+                    for bk in BKS:
+                        for stages in STAGES[1:] if bk == BKS[0] else STAGES[:-1]:
+                            cfg = self._cfg(p, bm, bn, bk, wm, wn, stages, 1)
+                            if cfg.smem_bytes() > target.max_shared_memory_optin:
+                                continue
+                            tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
+                            for split in splits_for(target, tiles, p.k, bk):
+                                out.append(Schedule.of(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=stages, split=split))
+        return out
+
+    def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
+        p, s = problem, schedule.as_dict()
+        bm, bn, bk, split = s["bm"], s["bn"], s["bk"], s["split"]
+        threads = 32 * s["wm"] * s["wn"]
+        tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
+        padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, bk) * bk
+        wtm, wtn = bm // s["wm"], bn // s["wn"]
+        intensity = wtm * wtn / (wtm + wtn) / 16.0                       # mma per ldmatrix, per warp
+        eff = min(1.0, intensity) * min(1.0, 0.6 + 0.15 * s["stages"]) * (p.batch * p.m * p.n * p.k) / padded
+        aligned = p.k % VEC == 0 and (p.trans_b or p.n % VEC == 0)
+        eff *= 1.0 if aligned else 0.35
+        out_b = 2 if p.out_dtype != "float32" else 4
+        global_bytes = 2 * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
+        global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
+        cfg = self._cfg(p, bm, bn, bk, s["wm"], s["wn"], s["stages"], split)
+        w = Workload(flops=p.flops, global_bytes=global_bytes, cache_bytes=p.flops * (1 / bm + 1 / bn),
+                     work_items=tiles, threads_per_item=threads,
+                     registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64), shared_per_item=cfg.smem_bytes(),
+                     inner_bytes=2 * bk, matrix_units=True, compute_efficiency=eff)
+        return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
+
+    @staticmethod
+    def _cfg(p: MatmulProblem, bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split: int) -> TcConfig:
+        return TcConfig(bm, bn, bk, wm, wn, stages, split, p.dtype, p.out_dtype, p.a_batched, p.b_batched, p.trans_b,
+                        p.bias)
+
+    def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
+        s = schedule.as_dict()
+        cfg = self._cfg(problem, s["bm"], s["bn"], s["bk"], s["wm"], s["wn"], s["stages"], s["split"])
+        with self._lock:
+            kernel = self._kernels.get(cfg)
+            if kernel is None:
+                kernel = self._kernels[cfg] = chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias)
+            return kernel
+
+    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
+                  schedule: Schedule | None = None) -> list[Any]:
+        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results.
+        Operands must start 16-byte aligned (``cp_async``): misaligned views are copied."""
+        inputs = [_aligned(x) for x in inputs]
+        return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
+
+
+def _aligned(x: Any) -> Any:
+    if x.data_ptr() % 16 == 0 if hasattr(x, "data_ptr") else x.ctypes.data % 16 == 0:
+        return x
+    return x.clone() if hasattr(x, "clone") else x.copy()
+
+
+MATMUL_TC = MatmulTcTemplate()
+
+__all__ = ["B_NK_ROWS", "MATMUL_TC", "MatmulTcTemplate", "TcConfig", "build_kernel"]

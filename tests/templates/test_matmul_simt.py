@@ -1,0 +1,138 @@
+"""The GPU matmul templates (SIMT f32, tensor-core f16/bf16, split-K): spaces, costs, the model's
+choice, numerics with GPU semantics on the CPU (small odd shapes), builds for sm_80 / sm_90
+(NVRTC) and gfx90a (hipRTC), and — with a GPU — runs against torch."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taskmap.backends import cuda_target, hip_target
+from taskmap.backends.hip import hiprtc_available
+from taskmap.schedule.tune import choose
+from taskmap.templates.base import Schedule
+from taskmap.templates.matmul_problem import MatmulProblem
+from taskmap.templates.matmul_simt import MATMUL_SIMT
+from taskmap.templates.matmul_splitk import KernelChain
+from taskmap.templates.matmul_tc import MATMUL_TC
+from taskmap.testing import assert_close
+
+SM80, SM90, GFX = cuda_target("sm_80"), cuda_target("sm_90"), hip_target("gfx90a")
+FEW = settings(max_examples=4, deadline=None)
+
+
+def operands(p: MatmulProblem, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, p.a_shape).astype(dtype)
+    b = rng.uniform(-1, 1, p.b_shape).astype(dtype)
+    bias = rng.uniform(-1, 1, p.n).astype(dtype) if p.bias else None
+    return a, b, bias
+
+
+def run(template, p: MatmulProblem, schedule: Schedule, target, dtype=np.float32):
+    """The kernel on the CPU with GPU semantics, and the f64 reference of its rounded inputs."""
+    a, b, bias = operands(p, dtype)
+    c = np.zeros(p.c_shape, dtype)
+    kernel = template.instantiate(p, target, schedule)
+    ins = [a, b] + ([bias] if bias is not None else [])
+    kernel(*template.arguments(p, ins, [c], schedule))
+    bm = np.swapaxes(b, 1, 2) if p.trans_b else b
+    ref = a.astype(np.float64) @ bm.astype(np.float64)
+    return c, ref + bias.astype(np.float64) if bias is not None else ref
+
+
+def simt(wm=1, wn=1, rm=1, rn=1, tm=4, tn=4, bk=8, split=1):
+    return Schedule.of(wm=wm, wn=wn, rm=rm, rn=rn, tm=tm, tn=tn, bk=bk, split=split)
+
+
+def tc(bm=32, bn=32, bk=32, wm=2, wn=1, stages=3, split=1):
+    return Schedule.of(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=stages, split=split)
+
+
+# ----------------------------------------------------------------------------- SIMT
+
+
+@pytest.mark.parametrize("schedule", [simt(), simt(wm=2, rn=2, tm=8, bk=16), simt(split=3), simt(wn=2, tn=8, split=2)],
+                         ids=str)
+@given(m=st.integers(1, 45), n=st.integers(1, 45), k=st.integers(1, 70), trans_b=st.booleans(), bias=st.booleans())
+@FEW
+def test_simt_matches_numpy(schedule, m, n, k, trans_b, bias):
+    p = MatmulProblem(1, m, n, k, trans_b=trans_b, bias=bias)
+    c, ref = run(MATMUL_SIMT, p, schedule, SM80)
+    assert_close(c, ref, rtol=1e-5, atol=2e-6 * k + 1e-5)
+
+
+def test_simt_batches_and_the_papers_mapping():
+    p = MatmulProblem(3, 37, 29, 50, a_batched=False)
+    c, ref = run(MATMUL_SIMT, p, simt(wn=2, rm=2), SM80)
+    assert_close(c, ref, rtol=1e-5, atol=1e-4)
+    paper = simt(wm=4, wn=2, rm=2, rn=2, tm=4, tn=4, bk=8)  # spatial(4,2)*repeat(2,2)*spatial(4,8)*repeat(4,4)
+    cfg = MATMUL_SIMT.config(MatmulProblem(1, 256, 256, 64), SM80, paper)
+    assert repr(cfg.mapping) == "spatial(4, 2)*repeat(2, 2)*spatial(4, 8)*repeat(4, 4)"
+    assert paper in MATMUL_SIMT.space(MatmulProblem(1, 1024, 1024, 1024), SM80)
+
+
+def test_simt_on_64_lane_wavefronts():
+    p = MatmulProblem(1, 70, 33, 40, bias=True)
+    s = choose(MATMUL_SIMT, p, GFX, mode="model")
+    assert MATMUL_SIMT.config(p, GFX, s).mapping.factors[2].shape == (8, 8)
+    c, ref = run(MATMUL_SIMT, p, s, GFX)
+    assert_close(c, ref, rtol=1e-5, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- spaces, builds
+
+
+def test_spaces_costs_and_split_k():
+    big, skinny = MatmulProblem(1, 2048, 2048, 2048), MatmulProblem(1, 64, 64, 8192)
+    for t, tpl, dt in ((SM90, MATMUL_SIMT, "float32"), (SM80, MATMUL_TC, "float16")):
+        for p in (big, skinny):
+            q = MatmulProblem(1, p.m, p.n, p.k, dt, dt)
+            space = tpl.space(q, t)
+            assert 0 < len(space) <= 300
+            assert all(np.isfinite(tpl.cost(q, t, s)) for s in space)
+        assert choose(tpl, MatmulProblem(1, 64, 64, 8192, dt, dt), t)["split"] > 1   # few tiles, long K
+        assert choose(tpl, MatmulProblem(1, 4096, 4096, 4096, dt, dt), t)["split"] == 1
+    assert not MATMUL_TC.space(MatmulProblem(1, 8, 8, 8, "float16", "float16"), GFX)
+    assert not MATMUL_SIMT.space(MatmulProblem(1, 8, 8, 8, "float16", "float16"), SM80)
+    for s in MATMUL_TC.space(MatmulProblem(1, 2048, 2048, 2048, "float16", "float16"), SM80):
+        assert (s["bm"] // s["wm"]) % 16 == 0 and (s["bn"] // s["wn"]) % 16 == 0
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_builds_with_nvrtc(arch):
+    target = cuda_target(arch)
+    for tpl, dt, s in ((MATMUL_SIMT, "float32", simt(split=2)), (MATMUL_TC, "float16", tc(split=2)),
+                       (MATMUL_TC, "bfloat16", tc())):
+        p = MatmulProblem(1, 64, 64, 256, dt, dt, trans_b=True, bias=True)
+        chain = tpl.instantiate(p, target, s)
+        assert isinstance(chain, KernelChain)
+        built = chain.build("cuda", arch=arch)
+        ptx = built.compiled[0].artifact.extra.ptx
+        if tpl is MATMUL_TC:
+            for op in ("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async"):
+                assert op in ptx
+        assert len(built.compiled) == (2 if s["split"] > 1 else 1)
+
+
+@pytest.mark.skipif(not hiprtc_available(), reason="hipRTC (libamdhip64) not installed")
+def test_simt_builds_for_gfx90a():
+    p = MatmulProblem(1, 100, 100, 100, trans_b=True)
+    MATMUL_SIMT.instantiate(p, GFX, choose(MATMUL_SIMT, p, GFX)).build("hip", arch="gfx90a")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_on_the_gpu(dtype):
+    torch = pytest.importorskip("torch")
+    from taskmap import ops
+    dt = getattr(torch, dtype)
+    for shape in [(1, 1, 1), (37, 29, 45), (128, 768, 3072), (512, 1024, 256)]:
+        m, n, k = shape
+        a = torch.randn(m, k, device="cuda", dtype=dt)
+        b = torch.randn(k, n, device="cuda", dtype=dt)
+        w = torch.randn(n, k, device="cuda", dtype=dt)
+        bias = torch.randn(n, device="cuda", dtype=dt)
+        tol = 1e-3 * k if dtype == "float32" else 2e-2 * np.sqrt(k)
+        torch.testing.assert_close(ops.matmul(a, b).float(), (a.float() @ b.float()), rtol=1e-2, atol=tol)
+        ref = torch.nn.functional.linear(a.float(), w.float(), bias.float())
+        torch.testing.assert_close(ops.linear(a, w, bias).float(), ref, rtol=1e-2, atol=tol)
