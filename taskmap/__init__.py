@@ -2,9 +2,10 @@
 
 Public names only; see DESIGN.md §1.  ``taskmap.lang`` holds the kernel DSL (dtypes, ``attrs``,
 ``threadIdx``, ``syncthreads``, shared/register tensors, math builtins); ``taskmap.testing``
-holds hypothesis strategies and tolerance-aware comparisons for users' own kernels.
+holds hypothesis strategies and tolerance-aware comparisons for users' own kernels;
+``taskmap.ops`` the operators (``matmul``, ``softmax``, ``layer_norm``, element-wise, ...).
 """
-from . import errors, ir, lang
+from . import errors, ir, lang, ops
 from .ir.mapping import TaskMapping, auto_map, custom_mapping, repeat, spatial
 from .lang import func, kernel, symbol
 from .runtime.kernel import CompiledKernel, Kernel
@@ -12,4 +13,4 @@ from .runtime.tensor import Tensor, empty, from_dlpack, tensor
 from .version import __version__
 
 __all__ = ["CompiledKernel", "Kernel", "TaskMapping", "Tensor", "__version__", "auto_map", "custom_mapping", "empty",
-           "errors", "from_dlpack", "func", "ir", "kernel", "lang", "repeat", "spatial", "symbol", "tensor"]
+           "errors", "from_dlpack", "func", "ir", "kernel", "lang", "ops", "repeat", "spatial", "symbol", "tensor"]

@@ -23,9 +23,11 @@ and ``NP = ceil(n / NR)`` column panels of B:
 """
 from dataclasses import dataclass
 
-import taskmap
-from taskmap import repeat, spatial
-from taskmap.lang import bool_, f32, i32, parallel, register_tensor, symbol, unroll
+from ..lang.kernel import kernel
+from ..lang import func
+from ..runtime.kernel import Kernel
+from ..ir.mapping import repeat, spatial
+from ..lang import bool_, f32, i32, parallel, register_tensor, symbol, unroll
 
 #: Rows of K packed by one parallel task of the up-front packing loops.
 PACK_CHUNK = 256
@@ -65,7 +67,7 @@ class CpuConfig:
         return wa, max(wb, 1)
 
 
-def build_kernel(cfg: CpuConfig) -> taskmap.Kernel:
+def build_kernel(cfg: CpuConfig) -> Kernel:
     MR, NR, KC, NCB, V, P = cfg.mr, cfg.nr, cfg.kc, cfg.ncb, cfg.lanes, cfg.cores
     PACK_A, PACK_B, SPLIT_M, TRANS_B, BIAS = cfg.pack_a, cfg.pack_b or cfg.trans_b, cfg.split == "m", cfg.trans_b, cfg.bias
     MCB = cfg.mcb
@@ -84,14 +86,14 @@ def build_kernel(cfg: CpuConfig) -> taskmap.Kernel:
     BIAS_T = (f32[m] if TRANS_C else f32[n]) if BIAS else f32[nbias]
     C_T = f32[batch, n, m] if TRANS_C else f32[batch, m, n]
 
-    @taskmap.func
+    @func
     def pack_a(a: A_T, wa: f32[wsa], off: i32, ai: i32, i: i32, k0: i32, kc: i32):
         """wa[off + kk*MR + r] = A[ai, i*MR + r, k0 + kk] (rows past m: the last row)."""
         for kk in range(kc):
             for r in unroll(MR):
                 wa[off + kk * MR + r] = a[ai, min(i * MR + r, m - 1), k0 + kk]
 
-    @taskmap.func
+    @func
     def pack_b(b: B_T, wb: f32[wsb], off: i32, bj: i32, j: i32, k0: i32, kc: i32):
         """wb[off + kk*NR + s] = B[bj, k0 + kk, j*NR + s] (columns past n: zeros)."""
         if TRANS_B:
@@ -107,7 +109,7 @@ def build_kernel(cfg: CpuConfig) -> taskmap.Kernel:
                 for s in row.vectorize():
                     wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s] if j * NR + s < n else 0.0
 
-    @taskmap.func
+    @func
     def micro(a: A_T, b: B_T, wa: f32[wsa], wb: f32[wsb], bias: BIAS_T, c: C_T, aoff: i32, boff: i32,
               ai: i32, bj: i32, ci: i32, i: i32, j: i32, k0: i32, kc: i32, first: bool_):
         """C[ci] tile (i, j) (+)= A panel (at aoff, or A itself) x B panel (at boff, or B itself),
@@ -172,7 +174,7 @@ def build_kernel(cfg: CpuConfig) -> taskmap.Kernel:
                 if r0 + r < m and c0 + s < n:
                     c[ci, r0 + r, c0 + s] = acc[r, s]
 
-    @taskmap.kernel
+    @kernel
     def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, wa: f32[wsa], wb: f32[wsb]):
         MP = (m + MR - 1) // MR
         NP = (n + NR - 1) // NR

@@ -19,9 +19,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import taskmap
-from taskmap import auto_map, repeat, spatial
-from taskmap.lang import (attrs, blockIdx, f32, register_tensor, shared_tensor, symbol, syncthreads,
+from ..lang.kernel import kernel
+from ..ir.mapping import auto_map, repeat, spatial
+from ..lang import (attrs, blockIdx, f32, register_tensor, shared_tensor, symbol, syncthreads,
                           threadIdx)
 
 from ..backends.base import Target, TargetKind
@@ -73,7 +73,7 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
     B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
     BIAS_T = f32[n] if cfg.bias else f32[nbias]
 
-    @taskmap.kernel
+    @kernel
     def matmul_simt(a: A_T, b: B_T, bias: BIAS_T, c: f32[cz, m, n]):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS

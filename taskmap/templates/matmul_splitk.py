@@ -13,9 +13,9 @@ arguments, each kernel taking its own subset; ``chain.build(target, arch)`` buil
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import taskmap
-from taskmap import repeat, spatial
-from taskmap.lang import attrs, blockIdx, f32, symbol, threadIdx
+from ..lang.kernel import kernel
+from ..ir.mapping import repeat, spatial
+from ..lang import attrs, blockIdx, f32, symbol, threadIdx
 
 from ..backends.base import Target
 from ..ir.dtypes import scalar_type
@@ -40,7 +40,7 @@ def build_reduce(cfg: ReduceConfig) -> Kernel:
     threads = spatial(REDUCE_THREADS) * repeat(PER_THREAD)
     BIAS_T = OUT[n] if BIAS else OUT[nbias]
 
-    @taskmap.kernel
+    @kernel
     def splitk_reduce(part: f32[pz, m, n], bias: BIAS_T, c: OUT[batch, m, n]):
         attrs.grid_dim = ((m * n + per_block - 1) // per_block, batch)
         attrs.block_dim = REDUCE_THREADS

@@ -21,9 +21,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import taskmap
-from taskmap import auto_map, custom_mapping
-from taskmap.lang import (MMA_K, MMA_M, MMA_N, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32,
+from ..lang.kernel import kernel
+from ..ir.mapping import auto_map, custom_mapping
+from ..lang import (MMA_K, MMA_M, MMA_N, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32,
                           lane_id, ldmatrix_x4, ldmatrix_x4_rows, mma_c_layout, mma_sync_m16n8k16, register_tensor,
                           shared_tensor, symbol, syncthreads, threadIdx, unroll, warp_id)
 
@@ -85,7 +85,7 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     BIAS_T = OUT[n] if cfg.bias else OUT[nbias]
     C_T = OUT[cz, m, n] if S == 1 else f32[cz, m, n]
 
-    @taskmap.kernel
+    @kernel
     def matmul_tc(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS
