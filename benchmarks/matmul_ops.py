@@ -8,7 +8,10 @@ torch eager and torch.compile, f32, side by side in one process.
 A case is ``n`` (square), ``MxNxK`` (matmul of (M, K) by (K, N)) or ``linear:MxNxK`` (x of
 (M, K), weight of (N, K), bias of (N,): ``x @ w.T + b``).  Each peer is timed as the median of
 repeated runs after warm-up; peers take turns, several rounds, with a pause between them (idle
-OpenMP / OpenBLAS threads spin for a while after a call and would slow the next peer down).
+OpenMP / OpenBLAS threads spin for a while after a call and would slow the next peer down), and
+the reported time is the median over rounds.  On a shared machine each sample first waits (up
+to ``--wait`` seconds) until the other processes leave the cores idle (``/proc/stat``): the
+table says how many samples had to start on a busy machine anyway.
 Ratios are peer time / taskmap time (above 1: taskmap is faster).
 """
 from __future__ import annotations
@@ -37,6 +40,30 @@ def parse(case: str) -> tuple[str, int, int, int]:
     sides = [int(x) for x in dims.split("x")]
     m, n, k = sides * 3 if len(sides) == 1 else sides
     return kind or "matmul", m, n, k
+
+
+def _cpu_busy(interval: float = 0.2) -> float:
+    """Fraction of the machine's CPU time spent busy over ``interval`` seconds (Linux; else 0)."""
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+    try:
+        t0, i0 = read()
+        time.sleep(interval)
+        t1, i1 = read()
+    except OSError:
+        return 0.0
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(limit: float, threshold: float = 0.08) -> bool:
+    """Wait until other processes leave the cores idle (at most ``limit`` seconds)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if _cpu_busy() < threshold:
+            return True
+    return False
 
 
 def timed(fn, seconds: float) -> float:
@@ -95,8 +122,9 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=0.5, help="per peer per round")
+    parser.add_argument("--wait", type=float, default=30.0, help="seconds to wait for an idle machine per sample")
     args = parser.parse_args()
-    rows, compile_times = [], []
+    rows, compile_times, busy = [], [], 0
     names = ["taskmap", "numpy", "torch", "torch.compile"]
     for case in args.cases:
         kind, m, n, k = parse(case)
@@ -106,8 +134,9 @@ def main() -> None:
         samples: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.rounds):
             for name, fn in fns.items():
-                samples[name].append(timed(fn, args.seconds))
                 time.sleep(0.3)
+                busy += not wait_quiet(args.wait)
+                samples[name].append(timed(fn, args.seconds))
         t = {name: statistics.median(v) for name, v in samples.items()}
         flop = 2.0 * m * n * k
         label = f"linear {m}x{k} . ({n}x{k})^T" if kind == "linear" else (f"{m}" if m == n == k else f"{m}x{n}x{k}")
@@ -119,7 +148,8 @@ def main() -> None:
         rows.append(row)
         print(f"  {case}: " + ", ".join(f"{name} {flop / v / 1e9:.1f} GFLOP/s" for name, v in t.items()), flush=True)
     headers = ["case"] + [f"{x} GFLOP/s" for x in names] + [f"{x}/taskmap" for x in names[1:]]
-    print(f"\n{machine_description()}, {datetime.date.today()}; median of {args.rounds} rounds")
+    print(f"\n{machine_description()}, {datetime.date.today()}; median of {args.rounds} rounds; "
+          f"{busy} sample(s) started on a busy machine")
     if compile_times:
         print(f"torch.compile: first call {min(compile_times):.1f}-{max(compile_times):.1f} s per case")
     print_table(headers, rows)

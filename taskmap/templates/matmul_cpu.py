@@ -1,6 +1,6 @@
 """CPU f32 matmul template (BLIS-style; the kernel is in :mod:`.matmul_cpu_kernel`).
 
-Tuning space, in hardware terms (never the input size):
+Tuning space, in hardware terms (the problem only prunes it):
 
 * ``mr, nr`` — the register tile ``MR x NR`` of C: ``NR`` a multiple of the vector width, and
   ``MR * NR / V`` accumulators plus ``NR / V`` B vectors plus one broadcast within the vector
@@ -58,7 +58,7 @@ class MatmulCpuTemplate:
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 1
+    version = 2  # keys the tuning cache: bump when the kernels change
 
     def __init__(self) -> None:
         self._kernels: dict[CpuConfig, Kernel] = {}
@@ -121,7 +121,8 @@ class MatmulCpuTemplate:
         # its loads (MR broadcasts, NR/V vectors) at two per cycle, whichever is slower.
         fmas = mr * nr // V
         fma_rate = 2.0 * min(V, 8) / V
-        step = max(fmas / fma_rate, (mr + nr / V) / 2.0) / MICRO_EFFICIENCY
+        loads = mr + nr / V
+        step = (max(fmas / fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
         if not pack_a:            # rows of A in place: their addresses spill; rows one page apart alias
             step *= 1.03 if (p.k * 4) % 4096 else 1.0 + 0.03 * mr
         if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags
