@@ -5,8 +5,9 @@ Tuning space, in hardware terms (the problem only prunes it):
 * ``mr, nr`` — the register tile ``MR x NR`` of C: ``NR`` a multiple of the vector width, and
   ``MR * NR / V`` accumulators plus ``NR / V`` B vectors plus one broadcast within the vector
   register file (32 with AVX-512: 6x64, 8x48, 12x32, 14x32; 16 with AVX2: 6x16, 4x24, 8x8);
-* ``kc`` — the K block (256, 384, 512: the A micro-panel ``MR x KC`` in L1); ``ncb`` — B panels
-  per block (the ``KC x NCB*NR`` block must fit half of L2);
+* ``kc`` — the K block (256 to 768, at most three per problem; the A micro-panel ``MR x KC``
+  must fit L1); ``ncb`` — B panels per block (with ``split="n"`` the ``KC x NCB*NR`` block of B
+  stays in L2 and must fit half of it; with ``split="m"`` the A block does, by construction);
 * ``split`` — cores take row panels ("m") or column panels ("n"); ``pack_a`` / ``pack_b`` — pack
   the operand or read it in place (B only when its rows are less than a page apart; its last,
   partial panel is always packed); ``cores`` — all of them, or one for tiny problems.
@@ -30,7 +31,9 @@ from .matmul_problem import WORKSPACE, MatmulProblem, operand_views
 
 #: Register tiles (MR, NR in vectors) by vector register count.
 TILES = {32: ((6, 4), (8, 3), (12, 2), (14, 2)), 16: ((6, 2), (4, 3), (8, 1))}
-KCS = (256, 384, 512)
+KCS = (256, 384, 512, 768)
+#: The A micro-panel (MR x KC floats) stays in L1 (32 KiB on current x86 cores).
+L1_BYTES = 32 * 1024
 NCBS = (4, 8)
 #: B is only read in place when its rows are less than a page apart (else every K step misses the TLB).
 PAGE = 4096
@@ -85,18 +88,20 @@ class MatmulCpuTemplate:
         l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
         cores = [target.num_cores] if p.flops > LARGE_FLOPS or target.num_cores == 1 else \
             [1] if p.flops < SMALL_FLOPS else [1, target.num_cores]
-        kcs = [kc for kc in KCS if kc < p.k] + [next((kc for kc in KCS if kc >= p.k), KCS[-1])]
+        kcs = sorted(set([kc for kc in KCS if kc < p.k] + [next((kc for kc in KCS if kc >= p.k), KCS[-1])]))[-3:]
         out = []
         for mr, nv in TILES[vector_registers(target)]:
             nr = nv * V
             np_ = -(-p.n // nr)
-            for kc in sorted(set(kcs)):
+            for kc in kcs:
+                if mr * kc * 4 > L1_BYTES:
+                    continue
                 for ncb in NCBS:
                     if ncb > 4 and ncb // 2 >= np_:        # a block wider than B: same as a smaller one
                         continue
-                    if kc * ncb * nr * 4 > l2 // 2:
-                        continue
                     for split in ("m", "n"):
+                        if split == "n" and kc * ncb * nr * 4 > l2 // 2:   # its B block stays in L2
+                            continue
                         for pack_a in (True, False):
                             for pack_b in (True, False) if not p.trans_b and p.n * 4 < PAGE else (True,):
                                 for c in cores:

@@ -117,7 +117,9 @@ def test_space_is_small_pruned_and_hardware_centric():
         regs = 32 if CPU.vector_bytes >= 64 else 16
         for s in space:
             assert s["nr"] % V == 0 and s["mr"] * s["nr"] // V + s["nr"] // V + 1 <= regs
-            assert s["kc"] * s["ncb"] * s["nr"] * 4 <= (CPU.l2_bytes or 2 << 20) // CPU.num_cores // 2
+            assert s["mr"] * s["kc"] * 4 <= 32 * 1024                       # the A micro-panel fits L1
+            if s["split"] == "n":                                           # the B block, half of L2
+                assert s["kc"] * s["ncb"] * s["nr"] * 4 <= (CPU.l2_bytes or 2 << 20) // CPU.num_cores // 2
     assert {s["nr"] // 8 * 8 for s in MATMUL_CPU.space(MatmulProblem(1, 64, 64, 64), AVX2)} <= {8, 16, 24}
     assert not MATMUL_CPU.space(MatmulProblem(1, 4, 4, 4, "float16", "float16"), CPU)
 

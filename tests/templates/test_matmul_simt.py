@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taskmap import ops
 from taskmap.backends import cuda_target, hip_target
 from taskmap.backends.hip import hiprtc_available
 from taskmap.schedule.tune import choose
@@ -124,7 +125,6 @@ def test_simt_builds_for_gfx90a():
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_on_the_gpu(dtype):
     torch = pytest.importorskip("torch")
-    from taskmap import ops
     dt = getattr(torch, dtype)
     for shape in [(1, 1, 1), (37, 29, 45), (128, 768, 3072), (512, 1024, 256)]:
         m, n, k = shape
