@@ -18,10 +18,11 @@ layout or device.  Nothing here reads the arrays' memory.
 """
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,9 +41,8 @@ INT32_MAX = 2**31 - 1
 _CAI_VERSIONS = range(4)
 
 
-@dataclass(frozen=True)
-class ArrayInfo:
-    """What the launcher needs to know about one array argument."""
+class ArrayInfo(NamedTuple):
+    """What the launcher needs to know about one array argument (a tuple: built on every launch)."""
 
     ptr: int
     shape: tuple[int, ...]
@@ -50,6 +50,17 @@ class ArrayInfo:
     contiguous: bool
     writeable: bool
     device: str  # "cpu", "cuda:N", "hip:N" (or torch's name of another device, e.g. "meta")
+
+
+_NP_NAMES: dict[np.dtype, str] = {}
+
+
+def _np_name(dtype: np.dtype) -> str:
+    """``dtype.name``, memoized (numpy computes it in Python on every access)."""
+    name = _NP_NAMES.get(dtype)
+    if name is None:
+        name = _NP_NAMES[dtype] = dtype.name
+    return name
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -60,8 +71,9 @@ def array_info(x: Any) -> ArrayInfo | None:
     """Describe ``x`` if it is an array we accept, else None.  Raises LaunchError for an array
     interface we recognise but cannot use (e.g. a masked ``__cuda_array_interface__``)."""
     if isinstance(x, np.ndarray):
-        return ArrayInfo(x.ctypes.data, tuple(x.shape), x.dtype.name, bool(x.flags.c_contiguous),
-                         bool(x.flags.writeable), "cpu")
+        flags = x.flags
+        return ArrayInfo(x.__array_interface__["data"][0], x.shape, _np_name(x.dtype), flags.c_contiguous,
+                         flags.writeable, "cpu")
     if isinstance(x, Tensor):
         return ArrayInfo(x.data_ptr(), x.shape, x.dtype, True, x.writeable, x.device)
     if is_torch_tensor(x):
@@ -245,7 +257,7 @@ def _bind_tensor(fname: str, p: E.Var, a: Any, sizes: dict[str, int], written: b
         elif want != got:
             label = f"size '{dim.name}' = {want} bound by an earlier argument" if isinstance(dim, E.SizeVar) else want
             raise LaunchError(f"{where}: dimension {d} must be {label}, got shape {info.shape}")
-    if int(np.prod(info.shape, dtype=np.int64)) > INT32_MAX:
+    if math.prod(info.shape) > INT32_MAX:
         raise LaunchError(f"{where} has more than 2**31-1 elements, which 32-bit indexing cannot address")
     if not info.contiguous:
         raise LaunchError(f"{where} must be C-contiguous (row-major); call .contiguous() / np.ascontiguousarray")
