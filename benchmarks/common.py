@@ -44,3 +44,41 @@ def print_table(headers: list[str], rows: list[list[str]]) -> str:
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def _cpu_busy(interval: float = 0.2) -> float:
+    """Fraction of the machine's CPU time spent busy over ``interval`` seconds (Linux; else 0)."""
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+    try:
+        t0, i0 = read()
+        time.sleep(interval)
+        t1, i1 = read()
+    except OSError:
+        return 0.0
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(limit: float, threshold: float = 0.08) -> bool:
+    """Wait until other processes leave the cores idle (at most ``limit`` seconds)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if _cpu_busy() < threshold:
+            return True
+    return False
+
+
+def timed(fn, seconds: float) -> float:
+    """Median seconds of ``fn()`` over at least 5 runs and about ``seconds`` of running."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = time.perf_counter() - t0
+    times = []
+    for _ in range(max(5, min(200, int(seconds / max(one, 1e-6))))):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
