@@ -93,8 +93,18 @@ def test_include_dir_has_fp16_and_bf16_headers():
 
 def test_missing_headers_wheel_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(nv.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(nv, "_toolkit_includes", lambda: [])
     with pytest.raises(BuildError, match="pip install nvidia-cuda-runtime-cu12"):
         nv.cuda_include_dir()
+
+
+def test_headers_of_a_cuda_toolkit_are_a_fallback(monkeypatch, tmp_path):
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "cuda_fp16.h").write_text("")
+    monkeypatch.setattr(nv.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert nv.cuda_include_dir() == tmp_path / "include"
+    assert str(tmp_path / "include") in nv._headers_version()
 
 
 def test_ptx_comes_from_a_second_program_when_the_first_gives_none(monkeypatch):

@@ -16,6 +16,7 @@ import argparse
 import functools
 import importlib.metadata
 import importlib.util
+import os
 import re
 import shlex
 import sys
@@ -112,28 +113,50 @@ class CudaBinary:
 # Toolchain discovery
 
 
-def cuda_include_dir() -> Path:
-    """The CUDA headers (cuda_fp16.h, cuda_bf16.h, ...) shipped by ``nvidia-cuda-runtime-cu12``."""
+#: Where CUDA's wheels put the runtime headers: ``nvidia-cuda-runtime-cu12`` (CUDA 12) and
+#: ``nvidia-cuda-runtime`` (CUDA 13, one ``nvidia/cu13`` tree for all its wheels).
+_HEADER_PACKAGES = (("nvidia.cuda_runtime", "nvidia-cuda-runtime-cu12"), ("nvidia.cu13", "nvidia-cuda-runtime"))
+
+
+def _package_dirs(module: str) -> list[Path]:
     try:
-        spec = importlib.util.find_spec("nvidia.cuda_runtime")
+        spec = importlib.util.find_spec(module)
     except ModuleNotFoundError:
-        spec = None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        include = Path(location) / "include"
+        return []
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+
+
+def _toolkit_includes() -> list[Path]:
+    roots = [os.environ[v] for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)] + ["/usr/local/cuda"]
+    return [Path(r) / "include" for r in roots]
+
+
+def cuda_include_dir() -> Path:
+    """The CUDA headers (cuda_fp16.h, cuda_bf16.h, ...): from the runtime wheel of CUDA 12
+    (``nvidia-cuda-runtime-cu12``) or 13 (``nvidia-cuda-runtime``), else from a CUDA toolkit
+    (``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda``)."""
+    candidates = [d / "include" for module, _ in _HEADER_PACKAGES for d in _package_dirs(module)]
+    for include in candidates + _toolkit_includes():
         if (include / "cuda_fp16.h").is_file():
             return include
     raise BuildError(
         "CUDA headers not found: the 'nvidia-cuda-runtime-cu12' wheel (which provides "
-        "nvidia/cuda_runtime/include/cuda_fp16.h) is not installed; run "
-        "`pip install nvidia-cuda-runtime-cu12`"
+        "nvidia/cuda_runtime/include/cuda_fp16.h) is not installed, and no CUDA toolkit was found "
+        "($CUDA_HOME, /usr/local/cuda); run `pip install nvidia-cuda-runtime-cu12`"
     )
 
 
 def _headers_version() -> str:
-    try:
-        return importlib.metadata.version("nvidia-cuda-runtime-cu12")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    """What the headers are, for cache keys: the wheel's version or the toolkit's path."""
+    include = cuda_include_dir()
+    for module, dist in _HEADER_PACKAGES:
+        if any(include == d / "include" for d in _package_dirs(module)):
+            try:
+                return f"{dist} {importlib.metadata.version(dist)}"
+            except importlib.metadata.PackageNotFoundError:
+                break
+    version = include.parent / "version.json"
+    return f"{include} {version.read_text()[:200] if version.is_file() else ''}"
 
 
 def _call(fn, *args):

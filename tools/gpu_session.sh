@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Everything a lent NVIDIA GPU machine should run, in one device call (see /work/.library/device):
+#
+#   run(command="bash tools/gpu_session.sh", timeout_s=600)
+#
+# The machine's image has torch (CUDA 13), cuda-bindings 13 and NVRTC 13 (taskmap finds their
+# headers under nvidia/cu13), hypothesis, pytest-xdist, networkx, tqdm and transformers, and no
+# internet: taskmap runs from the working tree (PYTHONPATH), nothing is installed.  Logs land in
+# $OUT (they come back); each stage is time-boxed so that later stages still run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/taskmap-gpu}"
+mkdir -p "$OUT"
+stage() {  # stage NAME SECONDS COMMAND...
+    local name=$1 limit=$2; shift 2
+    echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "=== $name: exit $?"; tail -n 25 "$OUT/$name.log"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$OUT/gpu.txt"
+stage cuda_tests 240 python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE tests/
+stage matmul_gpu 60 python3 benchmarks/matmul_gpu.py
+stage ops_f32 100 python3 benchmarks/ops_table.py --device cuda --no-compile --rounds 2 --only matmul,linear,conv,softmax,layernorm,attention
+stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 --no-compile --rounds 2 --only matmul,linear,attention
+stage models 120 python3 benchmarks/models.py --device cuda --rounds 2 --seconds 0.5 resnet50 bert
