@@ -10,3 +10,4 @@ from .transform import (broadcast_to, cat, concat, expand, flatten, gather, narr
                         squeeze, transpose, unsqueeze)
 from .reduction import amax, amin, layer_norm, log_softmax, max, mean, min, prod, rms_norm, softmax, sum, var
 from .linalg import bmm, linear, matmul  # noqa: E402,F401
+from .attention import scaled_dot_product_attention  # noqa: E402,F401

@@ -1,0 +1,293 @@
+"""``scaled_dot_product_attention`` with the semantics of ``torch.nn.functional``, as one fused
+kernel (the templates :mod:`taskmap.templates.attention_cpu` and :mod:`.attention_gpu`).
+
+``query (..., L, E)``, ``key (..., S, E)``, ``value (..., S, Ev)`` -> ``(..., L, Ev)``:
+``softmax(query @ key^T * scale + mask) @ value``, where
+
+* the batch dimensions ``...`` broadcast (key and value among themselves, then with query);
+  with ``enable_gqa=True`` the head dimension (``-3``) of key / value may divide the query's:
+  query head ``h`` reads key / value head ``h // (Hq / Hkv)`` (torch's ``repeat_interleave``);
+* ``attn_mask`` broadcasts to ``(..., L, S)``: boolean (True: take part) or float (added to
+  the scores; the query's dtype); ``is_causal=True`` keeps keys ``j <= i`` (top-left aligned)
+  and may not be combined with a mask (as torch);
+* ``scale`` defaults to ``1 / sqrt(E)``; rows whose keys are all masked give zeros (what torch
+  2.5+ gives); ``dropout_p`` must be 0 (inference only).
+
+Batch and head dimensions are folded into one flat batch of the kernel; operands broadcast
+along a contiguous run of batch dimensions (and grouped heads) are read in place through the
+index map ``(b // d) % m``, others are expanded first.  On the CPU the operands must be float32;
+on a GPU (or inside ``emulate_gpu``) float32 runs on CUDA cores, float16 and bfloat16 on
+tensor cores (``mma.sync``, sm_80 and later; f32 accumulation, the result in the input dtype).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..backends import Target, TargetKind
+from ..errors import OpError, TaskmapError
+from ..runtime.args import is_torch_tensor
+from ..schedule import tune
+from ..templates.attention_cpu import ATTENTION_CPU
+from ..templates.attention_gpu import ATTENTION_GPU
+from ..templates.attention_kernels import MaskKind
+from ..templates.attention_problem import AttentionProblem, scalars
+from ..templates.attention_tc import ATTENTION_TC
+from ..templates.matmul_problem import WORKSPACE, view
+from ._dispatch import _EMULATION, FLOATS, SUPPORTED, filled, new_output, prepare, run_template, target_for
+from .transform import broadcast_to
+
+OP = "scaled_dot_product_attention"
+INT32_LIMIT = 2**31 - 1
+
+
+def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Any:
+    """``torch.nn.functional.scaled_dot_product_attention`` (inference: ``dropout_p`` must be 0)."""
+    fast = _fast_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if fast is not None and _EMULATION.get() is None:
+        hit = _FAST.get(fast)
+        if hit is not None:                           # seen before: straight to the kernel
+            plan, out_shape = hit
+            out = np.empty(out_shape, np.float32) if type(query) is np.ndarray else query.new_empty(out_shape)
+            plan(query, key, value, attn_mask, out)
+            return out
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or dropout_p != 0.0:
+        raise OpError(f"{OP}(): dropout_p must be 0 (taskmap runs inference only), got {dropout_p!r}")
+    if is_causal and attn_mask is not None:
+        raise OpError(f"{OP}(): an explicit attn_mask cannot be combined with is_causal=True (as in torch)")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise OpError(f"{OP}(): scale must be a number or None, got {scale!r}")
+    arrays = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    args = prepare(OP, *arrays, allowed=SUPPORTED)
+    (sq, sk, sv), dts = args.shapes[:3], args.dtypes
+    for name, s in (("query", sq), ("key", sk), ("value", sv)):
+        if len(s) < 2:
+            raise OpError(f"{OP}(): {name} needs at least 2 dimensions (..., length, features), got shape {_fmt(s)}")
+    for name, d in (("query", dts[0]), ("key", dts[1]), ("value", dts[2])):
+        if d not in FLOATS:
+            raise OpError(f"{OP}(): {name} must be floating point, got {d}")
+    if len(set(dts[:3])) > 1:
+        raise OpError(f"{OP}(): query, key and value must have the same dtype, got {', '.join(dts[:3])}")
+    dt = dts[0]
+    L, E, S, Ev = sq[-2], sq[-1], sk[-2], sv[-1]
+    if sk[-1] != E:
+        raise OpError(f"{OP}(): query and key must have the same number of features, got shapes {_fmt(sq)} and "
+                      f"{_fmt(sk)} ({E} != {sk[-1]})")
+    if sv[-2] != S:
+        raise OpError(f"{OP}(): key and value must have the same length, got shapes {_fmt(sk)} and {_fmt(sv)} "
+                      f"({S} != {sv[-2]})")
+    q, k, v = args.arrays[:3]
+    kv_batch, k, v = _kv_batch(k, v, sk, sv)
+    full, group = _batch_shape(sq[:-2], kv_batch, enable_gqa)
+    out_shape = full + (L, Ev)
+    mask_kind, mask, mask_shape = MaskKind.NONE, None, None
+    if attn_mask is not None:
+        mask, mask_shape, mask_kind = _mask(args.arrays[3], args.shapes[3], dts[3], dt, full, L, S)
+    target = target_for(args.kind)
+    template = ATTENTION_CPU if target.kind is TargetKind.CPU else ATTENTION_GPU if dt == "float32" else ATTENTION_TC
+    kinds = ("float32",) if target.kind is TargetKind.CPU or "mma_m16n8k16" not in target.features else \
+        ("float32", "float16", "bfloat16")
+    if dt not in kinds:
+        raise OpError(f"{OP}() on {target.name} supports {', '.join(kinds)}; got {dt}")
+    bh = math.prod(full)
+    if bh * L * Ev == 0:
+        return new_output(args.kind, out_shape, dt)
+    if S == 0:
+        return filled(args.kind, out_shape, dt, 0)
+    if E == 0:
+        raise OpError(f"{OP}(): query and key have no features (E = 0)")
+    for size in (bh * L * max(E, Ev), math.prod(kv_batch) * S * max(E, Ev),
+                 math.prod(mask_shape) if mask is not None else 0):
+        if size > INT32_LIMIT:
+            raise OpError(f"{OP}(): operands of {bh} x {L} x {S} x {max(E, Ev)} are too large for 32-bit indexing")
+    if tuple(sq[:-2]) != full:                        # query broadcast along batch dimensions: expand it
+        q = broadcast_to(view(q, sq), full + (L, E))
+    kd, km = _index_map(full, kv_batch, group)
+    if kd is None:                                    # key / value broadcast in a way the kernel cannot read
+        heads = full[:-1] + (kv_batch[-1],) if group > 1 else full
+        k, v = broadcast_to(view(k, kv_batch + (S, E)), heads + (S, E)), broadcast_to(view(v, kv_batch + (S, Ev)),
+                                                                                      heads + (S, Ev))
+        kv_batch = heads
+        kd, km = _index_map(full, kv_batch, group)
+    md = mm = 1
+    if mask is not None:
+        md, mm = _index_map(full, mask_shape[:-2], 1)
+        if md is None:
+            mask = broadcast_to(view(mask, mask_shape), full + mask_shape[-2:])
+            mask_shape = full + mask_shape[-2:]
+            md, mm = _index_map(full, mask_shape[:-2], 1)
+    problem = AttentionProblem(bh, math.prod(kv_batch), L, S, E, Ev, dt, mask_kind,
+                               math.prod(mask_shape[:-2]) if mask is not None else 1,
+                               mask is None or mask_shape[-2] == L, bool(is_causal),
+                               float(1.0 / math.sqrt(E) if scale is None else scale), kd, km, md, mm)
+    if not template.applies(problem, target):
+        raise OpError(f"{OP}() on {target.name} supports {', '.join(kinds)}; got {dt}")
+    out = new_output(args.kind, out_shape, dt)
+    inputs = [q, k, v] + ([mask] if mask is not None else [])
+    if target.kind is TargetKind.CPU:
+        plan = _host_plan(problem, target)
+        plan(q, k, v, mask, out)
+        if fast is not None and all(x is y for x, y in zip(inputs, args.arrays)) and len(_FAST) < _FAST_LIMIT:
+            _FAST[fast] = (plan, out_shape)           # the operands went in as they came
+        return out
+    return run_template(template, problem, args, inputs, out)
+
+
+# ----------------------------------------------------------------------------- host launches
+
+
+class _HostPlan:
+    """A CPU kernel called straight through its C entry (the operator checked the shapes)."""
+
+    def __init__(self, problem: AttentionProblem, target: Target) -> None:
+        schedule = tune.choose(ATTENTION_CPU, problem, target)     # TASKMAP_TUNE picks the mode
+        compiled = ATTENTION_CPU.instantiate(problem, target, schedule).build("cpu")
+        self.ws = ATTENTION_CPU.workspace_size(problem, schedule, target)
+        sizes = dict(bh=problem.bh, bk=problem.bk, mb=problem.mb, ml=problem.ml, L=problem.L, S=problem.S,
+                     ws=self.ws, ms=1)
+        self.tail = scalars(problem) + [sizes[sv.name] for sv in compiled.func.size_vars]
+        self.fn, self.name = compiled.launcher.fn, compiled.func.name
+
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+        kt = WORKSPACE.get("attn_kt", self.ws)
+        status = self.fn(_ptr(q), _ptr(k), _ptr(v), _DUMMY_PTR if mask is None else _ptr(mask), _ptr(out),
+                         kt.ctypes.data, *self.tail)
+        if status:
+            raise TaskmapError(f"{self.name}(): the kernel failed with status {status}")
+
+
+_PLANS: dict[tuple[AttentionProblem, Target], _HostPlan] = {}
+_LOCK = threading.Lock()
+_DUMMY = np.zeros(1, np.float32)
+_DUMMY_PTR = _DUMMY.ctypes.data
+
+
+def _host_plan(problem: AttentionProblem, target: Target) -> _HostPlan:
+    plan = _PLANS.get((problem, target))
+    if plan is None:
+        plan = _HostPlan(problem, target)
+        with _LOCK:
+            plan = _PLANS.setdefault((problem, target), plan)
+    return plan
+
+
+#: (kind, shapes, dtypes, flags) of host calls whose operands go to the kernel as they are.
+_FAST: dict[tuple, tuple[_HostPlan, tuple[int, ...]]] = {}
+_FAST_LIMIT = 4096
+
+
+def _fast_key(q: Any, k: Any, v: Any, m: Any, dropout_p: Any, is_causal: Any, scale: Any, gqa: Any) -> tuple | None:
+    """A key for contiguous float32 host arrays (numpy, or torch on the CPU), else None."""
+    if dropout_p != 0 or type(dropout_p) not in (int, float) or type(scale) not in (float, int, type(None)):
+        return None
+    arrs = (q, k, v) if m is None else (q, k, v, m)
+    t = type(q)
+    if t is np.ndarray:
+        if not all(type(a) is t and a.flags.c_contiguous for a in arrs) or q.dtype != np.float32:
+            return None
+    elif is_torch_tensor(q):
+        if not all(type(a) is t and a.is_cpu and a.is_contiguous() and not a.requires_grad for a in arrs) or \
+                q.dtype is not _torch_f32(q):
+            return None
+    else:
+        return None
+    return (t, tuple(tuple(a.shape) for a in arrs), tuple(a.dtype for a in arrs), bool(is_causal), scale, bool(gqa))
+
+
+def _torch_f32(x: Any) -> Any:
+    return sys.modules["torch"].float32
+
+
+def _ptr(x: Any) -> int:
+    return x.ctypes.data if type(x) is np.ndarray else x.data_ptr()
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def _fmt(s: Sequence[int]) -> str:
+    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
+
+
+def _broadcast(op: str, *shapes: Sequence[int]) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ValueError:
+        raise OpError(f"{OP}(): the batch dimensions of {op} do not broadcast: "
+                      f"{' and '.join(_fmt(s) for s in shapes)}") from None
+
+
+def _kv_batch(k: Any, v: Any, sk: Sequence[int], sv: Sequence[int]) -> tuple[tuple[int, ...], Any, Any]:
+    """The common batch shape of key and value (each expanded to it when they differ)."""
+    kb = _broadcast("key and value", sk[:-2], sv[:-2])
+    if tuple(sk[:-2]) != kb:
+        k = broadcast_to(view(k, sk), kb + tuple(sk[-2:]))
+    if tuple(sv[:-2]) != kb:
+        v = broadcast_to(view(v, sv), kb + tuple(sv[-2:]))
+    return kb, k, v
+
+
+def _batch_shape(qb: Sequence[int], kb: Sequence[int], gqa: bool) -> tuple[tuple[int, ...], int]:
+    """The output's batch shape and the query heads per key / value head (grouped-query)."""
+    qb, kb = tuple(qb), tuple(kb)
+    if gqa and len(qb) >= 1 and len(kb) >= 1 and kb[-1] not in (1, qb[-1]):
+        hq, hk = qb[-1], kb[-1]
+        if hk == 0 or hq % hk:
+            raise OpError(f"{OP}(): with enable_gqa the query heads ({hq}) must be a multiple of the key / value "
+                          f"heads ({hk})")
+        full = _broadcast("query and key/value", qb[:-1], kb[:-1]) + (hq,)
+        return full, hq // hk
+    return _broadcast("query and key/value", qb, kb), 1
+
+
+def _index_map(full: Sequence[int], shape: Sequence[int], group: int) -> tuple[int | None, int | None]:
+    """(d, m) such that flat batch ``b`` of ``full`` reads flat batch ``(b // d) % m`` of an
+    operand of batch ``shape`` (left-padded with 1s; its dimensions are 1 or full, its last one
+    ``full[-1] // group`` under grouped-query heads), or (None, None) when no such map exists
+    (the dimensions it keeps are not contiguous)."""
+    full = tuple(full)
+    shape = (1,) * (len(full) - len(shape)) + tuple(shape)
+    kept = [i for i in range(len(full)) if shape[i] != 1]
+    if not kept:
+        return 1, 1
+    lo, hi = kept[0], kept[-1] + 1
+    if any(shape[i] == 1 and full[i] != 1 for i in range(lo, hi)):
+        return None, None
+    m = math.prod(shape[lo:hi])
+    d = math.prod(full[hi:])
+    if group > 1:
+        if hi != len(full):
+            return None, None
+        d = group
+    return d, m
+
+
+def _mask(mask: Any, shape: Sequence[int], dtype: str, qdtype: str, full: tuple[int, ...], L: int,
+          S: int) -> tuple[Any, tuple[int, ...], str]:
+    """The mask, its shape (batch dimensions, then L or 1, then S) and kind."""
+    if dtype == "bool":
+        kind = MaskKind.BOOL
+    elif dtype == qdtype:
+        kind = MaskKind.ADD
+    else:
+        raise OpError(f"{OP}(): attn_mask must be bool or have the query's dtype ({qdtype}), got {dtype}")
+    shape = tuple(shape)
+    target = full + (L, S)
+    padded = (1,) * (len(target) - len(shape)) + shape
+    if len(shape) > len(target) or any(s not in (1, t) for s, t in zip(padded, target)):
+        raise OpError(f"{OP}(): attn_mask of shape {_fmt(shape)} cannot be broadcast to {_fmt(target)}")
+    if padded[-1] != S:                               # one column for all keys: expand it
+        new = padded[:-1] + (S,)
+        mask = broadcast_to(view(mask, padded), new)
+        padded = new
+    return mask, padded, kind
+
+
+__all__ = ["scaled_dot_product_attention"]
