@@ -126,3 +126,24 @@ class UnsupportedError(TaskmapError):
 
 class CacheError(TaskmapError):
     """The on-disk compile cache cannot be used (e.g. it points at a directory it does not own)."""
+
+
+class FusionError(TaskmapError, ValueError):
+    """Post-scheduling fusion (``taskmap.fusion.fuse``) cannot splice a prologue or epilogue into
+    an anchor kernel; the message says why.  Callers fall back to separate kernels."""
+
+
+class UnsupportedOpsError(UnsupportedError):
+    """A model uses operators the frontend cannot convert.  ``ops`` lists them all (one
+    ``(op, where, reason)`` triple each); the message names every one and how to run the model
+    anyway (``fallback=True`` runs those parts in PyTorch)."""
+
+    def __init__(self, ops: Sequence[tuple[str, str, str]]):
+        super().__init__(list(ops))
+        self.ops = list(ops)
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.ops)} unsupported operator(s):"]
+        lines += [f"  {op} at {where}" + (f": {reason}" if reason else "") for op, where, reason in self.ops]
+        lines.append("Pass fallback=True to taskmap.compile (the default under torch.compile) to run them in PyTorch.")
+        return "\n".join(lines)

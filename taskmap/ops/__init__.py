@@ -10,4 +10,8 @@ from .transform import (broadcast_to, cat, concat, expand, flatten, gather, narr
                         squeeze, transpose, unsqueeze)
 from .reduction import amax, amin, layer_norm, log_softmax, max, mean, min, prod, rms_norm, softmax, sum, var
 from .linalg import bmm, linear, matmul  # noqa: E402,F401
+from .pool import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d  # noqa: E402,F401
+from .depthwise import depthwise_conv2d  # noqa: E402,F401
 from .attention import scaled_dot_product_attention  # noqa: E402,F401
+from .conv import conv2d  # noqa: E402,F401
+from .misc import batch_norm, embedding, masked_fill  # noqa: E402,F401

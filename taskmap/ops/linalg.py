@@ -309,7 +309,8 @@ class _HostPlan:
         if ws is None or ws[0] != WORKSPACE.generation():
             wa, wb = WORKSPACE.get("cpu_a", self.wa), WORKSPACE.get("cpu_b", self.wb)
             ws = self._workspace[tid] = (WORKSPACE.generation(), wa, wb, wa.ctypes.data, wb.ctypes.data)
-        status = self.fn(_ptr(a), _ptr(b), _ZERO_PTR if bias is None else _ptr(bias), _ptr(c), ws[3], ws[4],
+        pc = _ptr(c)          # c is also cw, the partial sums (write-once c: see matmul_cpu_kernel)
+        status = self.fn(_ptr(a), _ptr(b), _ZERO_PTR if bias is None else _ptr(bias), pc, pc, ws[3], ws[4],
                          *self.sizes)
         if status:
             raise TaskmapError(f"{self.name}(): the kernel failed with status {status}")

@@ -170,6 +170,14 @@ class Kernel:
         self._built: dict[tuple[str, str | None], CompiledKernel] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_lowered(cls, module: Module) -> "Kernel":
+        """A kernel whose module is already lowered (e.g. loaded from a compile cache): it is
+        built as it is, without running the lowering passes again."""
+        k = cls(module)
+        k._lowered = module
+        return k
+
     @property
     def func(self) -> Function:
         return self.module.entry_function

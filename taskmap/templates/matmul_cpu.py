@@ -61,7 +61,7 @@ class MatmulCpuTemplate:
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 2  # keys the tuning cache: bump when the kernels change
+    version = 3  # keys the tuning cache: bump when the kernels change
 
     def __init__(self) -> None:
         self._kernels: dict[CpuConfig, Kernel] = {}
@@ -168,11 +168,13 @@ class MatmulCpuTemplate:
 
     def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None, target: Target | None = None) -> list[Any]:
-        """a, b, bias (a 1-element dummy without one), c, then the two workspace buffers.  Without
-        a schedule (the tuner's call) the workspace fits every point of the space."""
+        """a, b, bias (a 1-element dummy without one), c, c again as ``cw`` (the partial sums: see
+        :mod:`.matmul_cpu_kernel`), then the two workspace buffers.  Without a schedule (the
+        tuner's call) the workspace fits every point of the space."""
         ops = operand_views(problem, inputs, outputs)
         if not problem.bias:
             ops.insert(2, _ZERO)
+        ops.append(ops[3])
         target = target or host_cpu_target()
         points = self.space(problem, target) if schedule is None else [schedule]
         sizes = [self.workspace_sizes(problem, s, target) for s in points] or [(1, 1)]

@@ -20,6 +20,14 @@ and ``NP = ceil(n / NR)`` column panels of B:
   is about to use into its own part of the workspace).
 * **edges**: tiles inside C load and store whole vectors; the last row / column panels take a
   predicated path (masked loads and stores), outside the K loop.
+* **write-once output** (for post-scheduling fusion, :mod:`taskmap.fusion`): the kernel takes
+  two C parameters, ``c`` and ``cw`` (same type).  The partial sums of every K block but the
+  last are stored to ``cw`` and read back from it by the next K block; the last K block
+  (``last``) stores the final tile to ``c``.  So ``c`` is written exactly once per element and
+  never read: an epilogue can be spliced into its stores.  Unfused callers pass the same array
+  as ``c`` and ``cw`` (no extra memory; each tile is read and written by the core that owns
+  it); fused kernels get a workspace of C's size as ``cw`` (only touched when K has more than
+  one block).
 """
 from dataclasses import dataclass
 
@@ -76,7 +84,9 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     A_BATCHED, B_BATCHED = cfg.a_batched, cfg.b_batched
     assert NR % V == 0
     tile = repeat(MR, NR // V) * spatial(1, V)      # the register tile: lanes along a row
-    row = repeat(NR // V) * spatial(V)               # one k-row of a B panel
+    row = spatial(NR)                                # one k-row of a B panel: one vector loop of NR lanes
+                                                     # (gcc vectorizes predicated / gathered prologue loads
+                                                     # in it; split into repeat x spatial it does not)
     tile_t = repeat(NR, 1) * spatial(1, MR)          # the tile, lanes down its columns (C^T stores)
     batch, m, n, k = symbol("batch"), symbol("m"), symbol("n"), symbol("k")
     wsa, wsb, nbias = symbol("wsa"), symbol("wsb"), symbol("nbias")
@@ -110,10 +120,10 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                     wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s] if j * NR + s < n else 0.0
 
     @func
-    def micro(a: A_T, b: B_T, wa: f32[wsa], wb: f32[wsb], bias: BIAS_T, c: C_T, aoff: i32, boff: i32,
-              ai: i32, bj: i32, ci: i32, i: i32, j: i32, k0: i32, kc: i32, first: bool_):
+    def micro(a: A_T, b: B_T, wa: f32[wsa], wb: f32[wsb], bias: BIAS_T, c: C_T, cw: C_T, aoff: i32, boff: i32,
+              ai: i32, bj: i32, ci: i32, i: i32, j: i32, k0: i32, kc: i32, first: bool_, last: bool_):
         """C[ci] tile (i, j) (+)= A panel (at aoff, or A itself) x B panel (at boff, or B itself),
-        over k0..k0+kc."""
+        over k0..k0+kc; partial sums come from / go to ``cw``, the last K block goes to ``c``."""
         acc = register_tensor(f32, [MR, NR])
         r0 = i * MR
         c0 = j * NR
@@ -130,13 +140,13 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                     acc[r, s] = 0.0
         elif TRANS_C:
             for r, s in tile.vectorize():
-                acc[r, s] = c[ci, c0 + s, r0 + r] if r0 + r < m and c0 + s < n else 0.0
+                acc[r, s] = cw[ci, c0 + s, r0 + r] if r0 + r < m and c0 + s < n else 0.0
         elif full:
             for r, s in tile.vectorize():
-                acc[r, s] = c[ci, r0 + r, c0 + s]
+                acc[r, s] = cw[ci, r0 + r, c0 + s]
         else:
             for r, s in tile.vectorize():
-                acc[r, s] = c[ci, r0 + r, c0 + s] if r0 + r < m and c0 + s < n else 0.0
+                acc[r, s] = cw[ci, r0 + r, c0 + s] if r0 + r < m and c0 + s < n else 0.0
         if PACK_B or j >= n // NR:            # B packed (the last, partial panel always is)
             if PACK_A:
                 for kk in range(kc):
@@ -158,24 +168,40 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
             for kk in range(kc):
                 for r, s in tile.vectorize():
                     acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * b[bj, k0 + kk, c0 + s]
-        if TRANS_C:                           # C^T: columns of the tile are rows of C in memory
+        if last:
+            if TRANS_C:                       # C^T: columns of the tile are rows of C in memory
+                if full:
+                    for s, r in tile_t.vectorize():
+                        c[ci, c0 + s, r0 + r] = acc[r, s]
+                else:
+                    for s, r in tile_t.vectorize():
+                        if r0 + r < m and c0 + s < n:
+                            c[ci, c0 + s, r0 + r] = acc[r, s]
+            elif full:
+                for r, s in tile.vectorize():
+                    c[ci, r0 + r, c0 + s] = acc[r, s]
+            else:
+                for r, s in tile.vectorize():
+                    if r0 + r < m and c0 + s < n:
+                        c[ci, r0 + r, c0 + s] = acc[r, s]
+        elif TRANS_C:                         # partial sums: the same stores, to cw
             if full:
                 for s, r in tile_t.vectorize():
-                    c[ci, c0 + s, r0 + r] = acc[r, s]
+                    cw[ci, c0 + s, r0 + r] = acc[r, s]
             else:
                 for s, r in tile_t.vectorize():
                     if r0 + r < m and c0 + s < n:
-                        c[ci, c0 + s, r0 + r] = acc[r, s]
+                        cw[ci, c0 + s, r0 + r] = acc[r, s]
         elif full:
             for r, s in tile.vectorize():
-                c[ci, r0 + r, c0 + s] = acc[r, s]
+                cw[ci, r0 + r, c0 + s] = acc[r, s]
         else:
             for r, s in tile.vectorize():
                 if r0 + r < m and c0 + s < n:
-                    c[ci, r0 + r, c0 + s] = acc[r, s]
+                    cw[ci, r0 + r, c0 + s] = acc[r, s]
 
     @kernel
-    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, wa: f32[wsa], wb: f32[wsb]):
+    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, cw: C_T, wa: f32[wsa], wb: f32[wsb]):
         MP = (m + MR - 1) // MR
         NP = (n + NR - 1) // NR
         KB = (k + KC - 1) // KC               # K blocks of nearly equal size, at most KC
@@ -213,8 +239,8 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                                     if PACK_A and jb == 0:
                                         pack_a(a, wa, aoff, ai, i, k0, kc)
                                     for j in range(jb, min(jb + NCB, NP)):
-                                        micro(a, b, wa, wb, bias, c, aoff, ((bj * PJ + j - NP + PJ) * k + k0) * NR,
-                                              ai, bj, bi, i, j, k0, kc, pb == 0)
+                                        micro(a, b, wa, wb, bias, c, cw, aoff, ((bj * PJ + j - NP + PJ) * k + k0) * NR,
+                                              ai, bj, bi, i, j, k0, kc, pb == 0, pb == KB - 1)
                 else:         # my column panels lo..hi, NCB at a time, each K block packed as used
                     for jb in range(lo, hi, NCB):
                         je = min(jb + NCB, hi)
@@ -225,8 +251,9 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                                 pack_b(b, wb, (p * NCB + j - jb) * KC * NR, bj, j, k0, kc)
                             for i in range(MP):
                                 for j in range(jb, je):
-                                    micro(a, b, wa, wb, bias, c, ((ai * MP + i) * k + k0) * MR,
-                                          (p * NCB + j - jb) * KC * NR, ai, bj, bi, i, j, k0, kc, pb == 0)
+                                    micro(a, b, wa, wb, bias, c, cw, ((ai * MP + i) * k + k0) * MR,
+                                          (p * NCB + j - jb) * KC * NR, ai, bj, bi, i, j, k0, kc, pb == 0,
+                                          pb == KB - 1)
 
     return matmul_cpu
 

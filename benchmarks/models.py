@@ -1,0 +1,170 @@
+"""Whole-model benchmark: ``taskmap.compile(model)`` against PyTorch eager, torch.compile (inductor)
+and onnxruntime, with taskmap's compile time cold (empty cache) and cached.
+
+    python benchmarks/models.py                         # every model, batch 1, on the CPU
+    python benchmarks/models.py resnet50 bert --batch 1 8
+    python benchmarks/models.py --device cuda           # GPU: eager and torch.compile as peers
+    python benchmarks/models.py --no-peers gpt2         # taskmap only
+
+Models: ResNet-50, MobileNetV2 and Inception-V3 (the hand-written definitions of the model tests,
+``tests/models/cnn_defs.py``: there is no torchvision here), BERT-base, GPT-2 and ViT-base
+(``transformers`` configurations with random weights; sequence 128, images 224x224 — 299 for
+Inception), f32.  Every compiled model's output is checked against eager first.  Latencies are
+medians of repeated runs after warm-up, the peers taking turns over ``--rounds`` rounds.  The
+compile times run in fresh processes: "cold" with an empty taskmap cache directory, "cached"
+with the cache the cold run filled (tracing, graph passes and loading the kernels remain).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from common import machine_description, print_table, timed  # noqa: E402
+
+import taskmap  # noqa: E402
+
+MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit")
+
+
+def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """The model (eval mode, random weights, seeded) and an example input of ``batch``."""
+    torch.manual_seed(0)
+    if name in ("resnet50", "mobilenet_v2", "inception_v3"):
+        from tests.models import cnn_defs
+        model = getattr(cnn_defs, name)()
+        side = 299 if name == "inception_v3" else 224
+        args: tuple[torch.Tensor, ...] = (torch.randn(batch, 3, side, side),)
+    else:
+        import transformers as tf
+        if name == "bert":
+            model = tf.BertModel(tf.BertConfig())
+        elif name == "gpt2":
+            model = tf.GPT2Model(tf.GPT2Config())
+        else:
+            model = tf.ViTModel(tf.ViTConfig())
+        if name == "vit":
+            args = (torch.randn(batch, 3, 224, 224),)
+        else:
+            args = (torch.randint(0, 1000, (batch, 128)),)
+    model = model.eval().to(device)
+    return model, tuple(a.to(device) for a in args)
+
+
+def first_tensor(out: Any) -> torch.Tensor:
+    """The main output (the tensor, ``last_hidden_state``, or the first of a tuple)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    if isinstance(out, dict):
+        return next(iter(out.values()))
+    return first_tensor(out[0])
+
+
+def onnx_runner(model: torch.nn.Module, args: tuple[torch.Tensor, ...], threads: int) -> Callable[[], Any]:
+    import onnxruntime as ort
+    path = Path(tempfile.mkdtemp()) / "model.onnx"
+    torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    feed = {i.name: a.cpu().numpy() for i, a in zip(sess.get_inputs(), args)}
+    return lambda: sess.run(None, feed)
+
+
+def compile_seconds(name: str, batch: int, device: str, cache: str) -> float:
+    """Seconds of ``taskmap.compile`` + first call in a fresh process using ``cache``."""
+    env = dict(os.environ, TASKMAP_CACHE_DIR=cache)
+    out = subprocess.run([sys.executable, __file__, "--compile-only", name, "--batch", str(batch),
+                          "--device", device], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def compile_only(name: str, batch: int, device: str) -> None:
+    model, args = make_model(name, batch, device)
+    t0 = time.perf_counter()
+    fast = taskmap.compile(model, args)
+    with torch.no_grad():
+        fast(*args)
+    print(time.perf_counter() - t0)
+
+
+def check(name: str, got: Any, want: Any) -> None:
+    g, w = first_tensor(got).float(), first_tensor(want).float()
+    err = float((g - w).abs().max() / max(1.0, float(w.abs().max())))
+    if not err < 1e-3:
+        raise AssertionError(f"{name}: taskmap's output is off by {err:.2e} (relative to the largest value)")
+
+
+def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers: bool) -> list[str]:
+    model, args = make_model(name, batch, device)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    with torch.no_grad():
+        want = model(*args)
+        fast = taskmap.compile(model, args)
+        check(name, fast(*args), want)
+        calls: dict[str, Callable[[], Any]] = {"taskmap": lambda: (fast(*args), sync())}
+        if peers:
+            calls["eager"] = lambda: (model(*args), sync())
+            compiled = torch.compile(model)
+            compiled(*args)
+            calls["torch.compile"] = lambda: (compiled(*args), sync())
+            if device == "cpu":
+                calls["onnxruntime"] = onnx_runner(model, args, torch.get_num_threads())
+        samples: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(rounds):
+            for k, fn in calls.items():
+                samples[k].append(timed(fn, seconds))
+    t = {k: statistics.median(v) for k, v in samples.items()}
+    with tempfile.TemporaryDirectory() as cache:
+        cold = compile_seconds(name, batch, device, cache)
+        cached = compile_seconds(name, batch, device, cache)
+    cols = ["taskmap", "eager", "torch.compile", "onnxruntime"]
+    row = [name, str(batch)] + [f"{t[c] * 1e3:.1f}" if c in t else "-" for c in cols]
+    row += [f"{t[c] / t['taskmap']:.2f}" if c in t else "-" for c in cols[1:]]
+    row += [f"{cold:.1f}", f"{cached:.2f}", str(len(fast.kernels()) if hasattr(fast, "kernels") else "-")]
+    print("  " + " | ".join(row), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", default=list(MODELS), help=f"of {MODELS}")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=1.0, help="per peer per round")
+    parser.add_argument("--no-peers", action="store_true", help="time taskmap only")
+    parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.compile_only:
+        compile_only(args.models[0], args.batch[0], args.device)
+        return
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {MODELS}")
+    rows = [bench(m, b, args.device, args.rounds, args.seconds, not args.no_peers)
+            for m in args.models for b in args.batch]
+    print(f"\n{machine_description()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"device {args.device}, {datetime.date.today()}; median of {args.rounds} rounds")
+    cols = ["taskmap", "eager", "torch.compile", "onnxruntime"]
+    print_table(["model", "batch"] + [f"{c} ms" for c in cols] + [f"{c}/taskmap" for c in cols[1:]]
+                + ["compile cold s", "compile cached s", "kernels"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Frontends: PyTorch (``taskmap.frontend.torch``; imported on demand, torch is optional)."""

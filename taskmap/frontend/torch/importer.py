@@ -1,0 +1,282 @@
+"""torch.fx GraphModule -> graph IR.
+
+The importer walks the fx graph once with concrete example inputs in mind:
+
+* placeholders become graph inputs (tensors) or stay Python values (baked in);
+* ``get_attr`` tensors (weights, buffers) become constants (shared by identity);
+* a call whose tensor arguments are all constants — ``torch.arange``, ``zeros``, masks built
+  from buffers, ``x.size(0) * 2`` — is **folded**: run by PyTorch now, its result a constant;
+* any other call goes to its registered handler (:mod:`.registry`); a call without one, or
+  whose handler raises :class:`NotConvertible`, is *unsupported*: all of them are collected,
+  then reported together (:class:`~taskmap.errors.UnsupportedOpsError`) — or, with
+  ``fallback=True``, each becomes an opaque ``TORCH`` op that PyTorch runs.
+
+Where fx recorded shapes (dynamo's ``example_value``, ShapeProp's ``tensor_meta``) every
+converted value is checked against them: a mismatch is a frontend bug, reported at once.
+"""
+from __future__ import annotations
+
+import operator
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from ...errors import IRError, UnsupportedOpsError
+from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
+from . import ops_elementwise, ops_layers, ops_nn, ops_tensor  # noqa: F401 - register the handlers
+from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch
+
+
+@dataclass
+class Imported:
+    """The graph, and how to rebuild the fx output structure from the graph's outputs:
+    ``leaves[k]`` is ``("out", i)`` (graph output ``i``) or ``("value", v)``."""
+
+    graph: Graph
+    input_kinds: list[str]  # per placeholder: "tensor" or "value"
+    out_spec: Any
+    leaves: list[tuple[str, Any]]
+    unsupported: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def outputs(self, values: Sequence[Any]) -> Any:
+        flat = [values[v] if k == "out" else v for k, v in self.leaves]
+        return pytree.tree_unflatten(flat, self.out_spec)
+
+
+def target_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if node.op == "call_method":
+        return f"Tensor.{t}"
+    if node.op == "call_module":
+        return f"{type(node.graph.owning_module.get_submodule(t)).__name__} ({t})" \
+            if node.graph.owning_module is not None else str(t)
+    mod = getattr(t, "__module__", None) or ""
+    name = getattr(t, "__name__", None) or str(t)
+    mod = {"torch._C._nn": "torch.nn.functional", "_operator": "operator", "torch._C._VariableFunctions": "torch"}.get(
+        mod, mod)
+    return f"{mod}.{name}" if mod else name
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def where(node: torch.fx.Node) -> str:
+    """``node NAME (File "model.py", line 12, in forward: the source line)``: the innermost frame
+    of the node's recorded stack outside torch itself."""
+    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+    frames = []
+    for k, ln in enumerate(lines):
+        m = re.match(r'\s*File "([^"]+)", line \d+', ln)
+        if m and not m.group(1).startswith(_TORCH_DIR):
+            code = lines[k + 1].strip() if k + 1 < len(lines) and not lines[k + 1].strip().startswith("File ") else ""
+            frames.append(ln.strip() + (f": {code}" if code else ""))
+    return f"node {node.name}" + (f" ({frames[-1]})" if frames else "")
+
+
+def _is_dynamic(v: Any) -> bool:
+    return isinstance(v, Tensor) and not v.is_constant
+
+
+def _has_dynamic(args: Any) -> bool:
+    return any(_is_dynamic(v) for v in pytree.tree_leaves(args))
+
+
+def _materialize(args: Any) -> Any:
+    return pytree.tree_map(lambda v: to_torch(v) if isinstance(v, Tensor) else v, args)
+
+
+class Importer:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], fallback: bool, name: str = "graph"):
+        self.gm = gm
+        self.examples = list(example_inputs)
+        self.fallback = fallback
+        dev = next((str(x.device) for x in self.examples if isinstance(x, torch.Tensor)), "cpu")
+        self.builder = GraphBuilder(dev if dev != "cuda" else "cuda:0", name)
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.consts: dict[int, tuple[Any, Tensor]] = {}
+        self.unsupported: list[tuple[str, str, str]] = []
+
+    def run(self) -> Imported:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(self.examples):
+            raise IRError(f"the fx graph has {len(placeholders)} inputs, {len(self.examples)} example inputs given")
+        kinds = []
+        out_node = None
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                ex = self.examples[placeholders.index(node)]
+                if isinstance(ex, torch.Tensor):
+                    self.env[node] = self.builder.input(tuple(ex.shape), from_torch_dtype(ex.dtype), node.name)
+                    kinds.append("tensor")
+                else:
+                    self.env[node] = ex
+                    kinds.append("value")
+            elif node.op == "get_attr":
+                self.env[node] = self._attr(node)
+            elif node.op == "output":
+                out_node = node
+            else:
+                self.env[node] = self._call(node)
+                self._check_meta(node)
+        if self.unsupported and not self.fallback:
+            raise UnsupportedOpsError(self.unsupported)
+        assert out_node is not None
+        result = _plain(torch.fx.node.map_arg(out_node.args[0], lambda n: self.env[n]))
+        flat, spec = pytree.tree_flatten(result)
+        outs: list[Tensor] = []
+        leaves: list[tuple[str, Any]] = []
+        for v in flat:
+            if isinstance(v, Tensor):
+                leaves.append(("out", len(outs)))
+                outs.append(v)
+            else:
+                leaves.append(("value", v))
+        return Imported(self.builder.build(outs), kinds, spec, leaves, self.unsupported)
+
+    # ------------------------------------------------------------------ nodes
+
+    def _const(self, t: torch.Tensor, name: str = "") -> Tensor:
+        return Converter(self.builder, cache=self.consts).const(t, name=name)
+
+    def _attr(self, node: torch.fx.Node) -> Any:
+        obj: Any = self.gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        return self._const(obj, str(node.target)) if isinstance(obj, torch.Tensor) else obj
+
+    def _call(self, node: torch.fx.Node) -> Any:
+        args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
+        target = self.gm.get_submodule(node.target) if node.op == "call_module" else node.target
+        if not _has_dynamic((args, kwargs)):
+            return self._fold(node, target, args, kwargs)
+        handler = lookup(node.op, target)
+        reason = ""
+        if handler is not None:
+            cv = Converter(self.builder, f"{where(node)}: {target_name(node)}",
+                           str(node.target) if node.op == "call_module" else "", self.consts)
+            try:
+                if node.op == "call_module":
+                    result = handler(cv, target, *args, **kwargs)
+                else:
+                    result = handler(cv, *args, **kwargs)
+                self._rebind_inplace(node, target, result)
+                return result
+            except NotConvertible as e:
+                reason = str(e)
+        self.unsupported.append((target_name(node), where(node), reason))
+        result = self._torch_op(node, target, args, kwargs)
+        self._rebind_inplace(node, target, result)
+        return result
+
+    def _rebind_inplace(self, node: torch.fx.Node, target: Any, result: Any) -> None:
+        """After an in-place op (``x.add_(y)``, ``x += y``, ``relu(x, inplace=True)``) later uses
+        of ``x`` read the result: graph ops are functional, the mutation becomes a rebinding."""
+        if not isinstance(result, Tensor) or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return
+        if node.op == "call_method":
+            inplace = str(target).endswith("_") and not str(target).startswith("_")
+        elif node.op == "call_module":
+            inplace = getattr(target, "inplace", False) is True
+        else:
+            inplace = target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True
+        if inplace and isinstance(self.env.get(node.args[0]), Tensor):
+            self.env[node.args[0]] = result
+
+    def _fold(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
+        a, kw = _materialize(args), _materialize(kwargs)
+        if node.op == "call_method":
+            out = getattr(a[0], target)(*a[1:], **kw)
+        else:
+            out = target(*a, **kw)
+        return pytree.tree_map(lambda v: self._const(v) if isinstance(v, torch.Tensor) else v, out)
+
+    def _torch_op(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
+        """An opaque op run by PyTorch, with the node's recorded output shapes."""
+        inputs: list[Tensor] = []
+
+        def ref(v: Any) -> Any:
+            if isinstance(v, Tensor):
+                inputs.append(v)
+                return InputRef(len(inputs) - 1)
+            return v
+        targs = pytree.tree_map(ref, tuple(args))
+        # run functionally: in-place variants mutate a copy (their input may be a weight or a reused buffer)
+        tkw = tuple((k, False if k == "inplace" else pytree.tree_map(ref, v)) for k, v in kwargs.items())
+        attrs = TorchAttrs(target, _freeze(targs), tkw, node.op == "call_method", target_name(node))
+        meta = _meta(node)
+        leaves = _meta_leaves(meta)
+        specs = [(tuple(m.shape), from_torch_dtype(m.dtype)) for m in leaves] if leaves else None
+        outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=specs)
+        if len(outs) > 1 or (leaves and not hasattr(meta, "shape")):
+            return tuple(outs)
+        return outs[0]
+
+    def _check_meta(self, node: torch.fx.Node) -> None:
+        meta, got = _meta(node), self.env[node]
+        if meta is None:
+            return
+        got_leaves = [got] if isinstance(got, Tensor) else [g for g in pytree.tree_leaves(got)]
+        for m, g in zip(_meta_leaves(meta), got_leaves):
+            if hasattr(m, "shape") and isinstance(g, Tensor) and tuple(m.shape) != g.shape:
+                raise IRError(f"frontend bug: {target_name(node)} at {where(node)} gives shape {g.shape}, PyTorch "
+                              f"{tuple(m.shape)}")
+
+
+def _meta(node: torch.fx.Node) -> Any:
+    v = node.meta.get("example_value")
+    if v is None:
+        v = node.meta.get("tensor_meta")
+    return v
+
+
+_INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,
+                      operator.ixor, torch.relu_)
+
+
+def _plain(v: Any) -> Any:
+    """fx's immutable containers as Python's own (the model returned dicts and lists)."""
+    if isinstance(v, dict) and type(v) is not dict and type(v).__module__.startswith("torch.fx"):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list) and type(v) is not list:
+        return [_plain(x) for x in v]
+    if type(v) is tuple:
+        return tuple(_plain(x) for x in v)
+    if type(v) is dict:
+        return {k: _plain(x) for k, x in v.items()}
+    if type(v) is list:
+        return [_plain(x) for x in v]
+    return v
+
+
+def _meta_leaves(m: Any) -> list[Any]:
+    """The tensor metadata of a node's value (one per output tensor)."""
+    if m is None:
+        return []
+    if hasattr(m, "shape") and hasattr(m, "dtype"):
+        return [m] if all(isinstance(d, int) for d in m.shape) else []  # symbolic sizes: unknown here
+    if isinstance(m, (tuple, list)):
+        return [x for v in m for x in _meta_leaves(v)]
+    return []
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, tuple):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, fallback: bool = False,
+              name: str = "graph") -> Imported:
+    """Convert ``gm`` (torch-level calls, as from ``symbolic_trace`` or dynamo) to a graph."""
+    return Importer(gm, example_inputs, fallback, name).run()
+
+
+__all__ = ["Imported", "import_fx", "target_name"]

@@ -1,0 +1,213 @@
+"""``taskmap.compile(model)``: a callable that runs ``model``'s computation as compiled graphs.
+
+Graphs are compiled per call signature (input shapes, dtypes, devices and the non-tensor
+arguments) and cached: a new input shape compiles a new graph — or raises ``LaunchError``
+with ``static_shapes=True``.  ``save(path)`` writes every compiled graph (constants included);
+``taskmap.load(path, model=None)`` brings them back (kernels come from the disk cache); a
+loaded module recompiles for new shapes only when given the model.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ...errors import LaunchError
+from ...graph import OpCategory, OpKind, serialize
+from ...runtime.graph import CompiledGraph
+from .capture import Capture, bind, capture, try_symbolic_trace
+from .importer import Imported
+
+
+def signature_key(arguments: dict[str, Any]) -> tuple[Any, ...]:
+    """What a compiled graph is specialised on: tensor shapes / dtypes / devices, other values."""
+    flat, spec = pytree.tree_flatten(arguments)
+    items = []
+    for v in flat:
+        if isinstance(v, torch.Tensor):
+            items.append(("tensor", tuple(v.shape), str(v.dtype), str(v.device)))
+        else:
+            items.append(("value", type(v).__name__, repr(v)))
+    return (str(spec), tuple(items))
+
+
+def _describe(key: tuple[Any, ...]) -> str:
+    return ", ".join(f"{dt.replace('torch.', '')}{list(shape)}" for kind, shape, dt, *_ in key[1] if kind == "tensor")
+
+
+@dataclass
+class Entry:
+    """One compiled graph and how calls reach it."""
+
+    imported: Imported
+    capture: Capture
+    compiled: CompiledGraph | None = None
+    compile_seconds: float = 0.0
+    calls: int = 0
+
+    def ready(self, progress: bool | None) -> CompiledGraph:
+        if self.compiled is None:
+            t = time.perf_counter()
+            g = self.imported.graph
+            device = next((x.device for x in g.inputs), "cpu")
+            self.compiled = CompiledGraph(g, device, "torch", progress)
+            self.compile_seconds = time.perf_counter() - t
+        return self.compiled
+
+    def run(self, arguments: dict[str, Any], progress: bool | None) -> Any:
+        cg = self.ready(progress)
+        flat = self.capture.flat_inputs(arguments)
+        tensors = [v for v, k in zip(flat, self.imported.input_kinds) if k == "tensor"]
+        self.calls += 1
+        return self.capture.finish(self.imported.outputs(cg(*tensors)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"imported": self.imported, "capture": self.capture, "compiled": None, "compile_seconds": 0.0,
+                "calls": 0}
+
+
+@dataclass
+class CompiledModule:
+    """What ``taskmap.compile`` returns: call it like the model."""
+
+    model: torch.nn.Module | None
+    static_shapes: bool = False
+    fallback: bool = False
+    progress: bool | None = None
+    entries: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
+    cache_hits: int = 0
+    _traced: Any = field(default=None, repr=False)
+    _traced_done: bool = field(default=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return type(self.model).__name__ if self.model is not None else "graph"
+
+    def _entry(self, arguments: dict[str, Any]) -> Entry:
+        key = signature_key(arguments)
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.cache_hits += 1
+            return hit
+        if self.static_shapes and self.entries:
+            have = "; ".join(_describe(k) for k in self.entries)
+            raise LaunchError(f"{self.name} was compiled with static_shapes=True for inputs ({have}); got "
+                              f"({_describe(key)}). Compile again, or drop static_shapes to recompile per shape.")
+        if self.model is None:
+            raise LaunchError(f"this loaded module has graphs for ({'; '.join(_describe(k) for k in self.entries)}) "
+                              f"only; got ({_describe(key)}). Pass model= to taskmap.load to compile new shapes.")
+        if not self._traced_done:
+            self._traced = try_symbolic_trace(self.model)
+            self._traced_done = True
+        imported, cap = capture(self.model, self._traced, arguments, fallback=self.fallback, name=self.name)
+        entry = self.entries[key] = Entry(imported, cap)
+        entry.ready(self.progress)
+        return entry
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        arguments = self._bind(args, kwargs)
+        return self._entry(arguments).run(arguments, self.progress)
+
+    def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.model is not None:
+            return bind(self.model, args, kwargs)
+        merged = {**self._defaults, **dict(zip(self._names, args)), **kwargs}
+        return {n: merged[n] for n in self._names if n in merged}
+
+    forward = __call__
+
+    def __repr__(self) -> str:
+        return f"CompiledModule({self.name}: {len(self.entries)} graph(s), cache hits {self.cache_hits})"
+
+    def compile_for(self, *args: Any, **kwargs: Any) -> "CompiledModule":
+        """Compile the graph for this call's signature now (without running it)."""
+        self._entry(self._bind(args, kwargs))
+        return self
+
+    # ------------------------------------------------------------------ reports, save / load
+
+    def summary(self) -> str:
+        lines = [f"taskmap compiled module {self.name}: {len(self.entries)} graph(s), cache hits {self.cache_hits}"]
+        for key, e in self.entries.items():
+            g = e.imported.graph
+            cats: dict[str, int] = {}
+            for op in g.ops:
+                c = op.definition.category
+                label = "fallback" if op.kind is OpKind.TORCH else \
+                    "injective" if c <= OpCategory.INJECTIVE else "anchor"
+                cats[label] = cats.get(label, 0) + 1
+            cg = e.compiled
+            kernels = len({id(k) for k in cg.kernels}) if cg else 0
+            const_mb = sum(t.nbytes for t in g.constants()) / 2**20
+            kinds = ", ".join(f"{v} {k}" for k, v in cats.items())
+            after = len(cg.graph.ops) if cg is not None else len(g.ops)
+            steps = len(cg.steps) if cg is not None else 0
+            calls = sum(1 for st in cg.steps if st.kernel is None) if cg is not None else 0
+            lines.append(f"  inputs ({_describe(key)}): {len(g.ops)} ops ({kinds}), {after} after graph passes, "
+                         f"{steps} fusion groups, {kernels} compiled kernels + {calls} "
+                         f"taskmap.ops / PyTorch calls, planned memory "
+                         f"{cg.planned_bytes / 2**20 if cg else 0:.1f} MiB in {len(cg.buffer_sizes) if cg else 0} "
+                         f"buffers, constants {const_mb:.1f} MiB, compiled in {e.compile_seconds:.1f} s, "
+                         f"{e.calls} call(s)")
+            if e.imported.unsupported:
+                lines.append("    run by PyTorch: " + ", ".join(sorted({u[0] for u in e.imported.unsupported})))
+        return "\n".join(lines)
+
+    @property
+    def graphs(self) -> list[Any]:
+        return [e.imported.graph for e in self.entries.values()]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the compiled graphs (constants included) to ``path``."""
+        names, defaults = _signature(self.model) if self.model is not None else (self._names, self._defaults)
+        serialize.save({"entries": self.entries, "names": names, "defaults": defaults,
+                        "static_shapes": self.static_shapes, "fallback": self.fallback}, path)
+
+    _names: tuple[str, ...] = ()
+    _defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def _signature(model: torch.nn.Module) -> tuple[tuple[str, ...], dict[str, Any]]:
+    sig = inspect.signature(model.forward)
+    names = tuple(n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
+    return names, defaults
+
+
+def compile(model: torch.nn.Module, example_inputs: Any = None, *, static_shapes: bool = False,  # noqa: A001
+            fallback: bool = False, progress: bool | None = None) -> CompiledModule:
+    """Compile ``model`` (an ``nn.Module`` in eval mode) into a callable with the same outputs.
+
+    ``example_inputs`` (a tensor, a tuple of positional arguments or a dict of keyword
+    arguments) compiles a graph now; otherwise the first call does.  ``static_shapes=True``:
+    other input shapes raise ``LaunchError`` instead of compiling a new graph.  ``fallback=True``:
+    operators the frontend does not support run in PyTorch instead of raising
+    ``UnsupportedOpsError``.  ``progress``: show a progress bar (default: on a terminal)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"taskmap.compile expects a torch.nn.Module, got {type(model).__name__}")
+    cm = CompiledModule(model, static_shapes, fallback, progress)
+    if example_inputs is not None:
+        if isinstance(example_inputs, dict):
+            cm.compile_for(**example_inputs)
+        elif isinstance(example_inputs, (tuple, list)):
+            cm.compile_for(*example_inputs)
+        else:
+            cm.compile_for(example_inputs)
+    return cm
+
+
+def load(path: str | os.PathLike[str], model: torch.nn.Module | None = None) -> CompiledModule:
+    """A module saved by ``CompiledModule.save``; with ``model``, new shapes compile new graphs."""
+    state = serialize.load(path)
+    cm = CompiledModule(model, state["static_shapes"], state["fallback"])
+    cm.entries = state["entries"]
+    cm._names, cm._defaults = state["names"], state["defaults"]
+    return cm
+
+
+__all__ = ["CompiledModule", "compile", "load", "signature_key"]

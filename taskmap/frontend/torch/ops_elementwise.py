@@ -1,0 +1,270 @@
+"""Registry: activations, arithmetic, comparisons, where / masked_fill, casts, dropout (eval),
+identities."""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...graph import AxisAttrs, BinaryFn, OpKind, Tensor, UnaryFn, WhereAttrs
+from .registry import Converter, NotConvertible, from_torch_dtype, register, to_torch
+
+nn = torch.nn
+
+
+def _unary(fn: UnaryFn, *targets: Any) -> None:
+    @register(*targets)
+    def handler(cv: Converter, x: Any, *rest: Any, **kwargs: Any) -> Tensor:
+        if isinstance(x, nn.Module):  # call_module: (module, input)
+            x = rest[0]
+        return cv.unary(fn, x)
+
+
+_unary(UnaryFn.RELU, torch.relu, F.relu, "relu", "relu_", nn.ReLU, torch.relu_)
+_unary(UnaryFn.SIGMOID, torch.sigmoid, F.sigmoid, "sigmoid", nn.Sigmoid)
+_unary(UnaryFn.TANH, torch.tanh, F.tanh, "tanh", nn.Tanh)
+_unary(UnaryFn.SILU, F.silu, "silu", nn.SiLU)
+_unary(UnaryFn.HARDSWISH, F.hardswish, nn.Hardswish)
+_unary(UnaryFn.RELU6, F.relu6, nn.ReLU6)
+_unary(UnaryFn.EXP, torch.exp, "exp")
+_unary(UnaryFn.LOG, torch.log, "log")
+_unary(UnaryFn.SQRT, torch.sqrt, "sqrt")
+_unary(UnaryFn.RSQRT, torch.rsqrt, "rsqrt")
+_unary(UnaryFn.ERF, torch.erf, torch.special.erf, "erf")
+_unary(UnaryFn.ABS, torch.abs, operator.abs, "abs")
+_unary(UnaryFn.NEG, torch.neg, operator.neg, "neg")
+_unary(UnaryFn.SIN, torch.sin, "sin")
+_unary(UnaryFn.COS, torch.cos, "cos")
+
+
+@register(F.gelu, "gelu", nn.GELU, torch._C._nn.gelu)
+def gelu(cv: Converter, x: Any, *rest: Any, approximate: str = "none") -> Tensor:
+    if isinstance(x, nn.Module):
+        approximate, x = x.approximate, rest[0]
+    elif rest:
+        approximate = rest[0]
+    if approximate not in ("none", "tanh"):
+        raise NotConvertible(f"gelu(approximate={approximate!r})")
+    return cv.unary(UnaryFn.GELU if approximate == "none" else UnaryFn.GELU_TANH, x)
+
+
+@register(F.hardtanh, nn.Hardtanh)
+def hardtanh(cv: Converter, x: Any, min_val: Any = -1.0, max_val: Any = 1.0, inplace: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        min_val, max_val, x = x.min_val, x.max_val, min_val
+    return _clamp(cv, x, min_val, max_val)
+
+
+@register("clamp", torch.clamp, torch.clip, "clip", "clamp_")
+def clamp(cv: Converter, x: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    return _clamp(cv, x, min, max)
+
+
+def _clamp(cv: Converter, x: Tensor, lo: Any, hi: Any) -> Tensor:
+    if isinstance(lo, Tensor) or isinstance(hi, Tensor):
+        raise NotConvertible("clamp with tensor bounds")
+    if lo == 0 and hi == 6:
+        return cv.unary(UnaryFn.RELU6, x)
+    y = x
+    if lo is not None:
+        y = cv.binary(BinaryFn.MAXIMUM, y, lo)
+    if hi is not None:
+        y = cv.binary(BinaryFn.MINIMUM, y, hi)
+    return y
+
+
+def _softmax(kind: OpKind, *targets: Any) -> None:
+    @register(*targets)
+    def handler(cv: Converter, x: Any, *rest: Any, dim: Any = None, dtype: Any = None, _stacklevel: int = 3) -> Tensor:
+        if isinstance(x, nn.Module):
+            dim, x = x.dim, rest[0]
+        elif rest:
+            dim = rest[0]
+            if len(rest) > 2:
+                dtype = rest[2]
+        if dim is None:
+            raise NotConvertible("softmax without dim")
+        if dtype is not None:
+            x = cv.cast(x, from_torch_dtype(dtype))
+        if not x.dtype.is_float:
+            raise NotConvertible("softmax of a non-float tensor")
+        return cv.op(kind, [x], AxisAttrs(int(dim) % max(x.ndim, 1)))
+
+
+_softmax(OpKind.SOFTMAX, torch.softmax, F.softmax, "softmax", nn.Softmax)
+_softmax(OpKind.LOG_SOFTMAX, torch.log_softmax, F.log_softmax, "log_softmax", nn.LogSoftmax)
+
+
+_BINARY = {
+    BinaryFn.ADD: (torch.add, operator.add, operator.iadd, "add", "add_", "__add__", "__radd__"),
+    BinaryFn.SUB: (torch.sub, torch.subtract, operator.sub, operator.isub, "sub", "sub_", "__sub__"),
+    BinaryFn.MUL: (torch.mul, torch.multiply, operator.mul, operator.imul, "mul", "mul_", "__mul__", "__rmul__"),
+    BinaryFn.DIV: (torch.div, torch.divide, torch.true_divide, operator.truediv, operator.itruediv, "div", "div_",
+                   "__truediv__"),
+    BinaryFn.POW: (torch.pow, operator.pow, "pow", "__pow__"),
+    BinaryFn.MAXIMUM: (torch.maximum, "maximum"),
+    BinaryFn.MINIMUM: (torch.minimum, "minimum"),
+    BinaryFn.EQ: (torch.eq, operator.eq, "eq", "__eq__"),
+    BinaryFn.NE: (torch.ne, operator.ne, "ne", "__ne__"),
+    BinaryFn.LT: (torch.lt, torch.less, operator.lt, "lt", "__lt__"),
+    BinaryFn.LE: (torch.le, operator.le, "le", "__le__"),
+    BinaryFn.GT: (torch.gt, torch.greater, operator.gt, "gt", "__gt__"),
+    BinaryFn.GE: (torch.ge, operator.ge, "ge", "__ge__"),
+}
+
+
+def _scalar(cv: Converter, v: Any) -> Any:
+    """0-d constants become Python numbers (attributes)."""
+    if isinstance(v, Tensor) and v.is_constant and v.ndim == 0:
+        return to_torch(v).item()
+    return v
+
+
+def _binary(fn: BinaryFn, targets: tuple[Any, ...]) -> None:
+    @register(*targets)
+    def handler(cv: Converter, a: Any, b: Any, *rest: Any, alpha: Any = 1, rounding_mode: Any = None,
+                out: Any = None) -> Tensor:
+        if rounding_mode is not None or out is not None:
+            raise NotConvertible(f"{fn.value} with rounding_mode/out")
+        if rest:
+            alpha = rest[0]
+        if alpha != 1:
+            b = cv.binary(BinaryFn.MUL, b, alpha) if isinstance(b, Tensor) else b * alpha
+        a, b = _scalar(cv, a), _scalar(cv, b)
+        return cv.binary(fn, a, b)
+
+
+for _fn, _targets in _BINARY.items():
+    _binary(_fn, _targets)
+
+
+@register("rsub", torch.rsub)
+def rsub(cv: Converter, a: Any, b: Any, alpha: Any = 1) -> Tensor:
+    return cv.binary(BinaryFn.SUB, b, a if alpha == 1 else cv.binary(BinaryFn.MUL, a, alpha))
+
+
+@register(torch.where, "where")
+def where(cv: Converter, cond: Any, a: Any = None, b: Any = None) -> Tensor:
+    if a is None or b is None:
+        raise NotConvertible("where(cond) with one argument (data-dependent shape)")
+    a, b = _scalar(cv, a), _scalar(cv, b)
+    ins = [cond] + [v for v in (a, b) if isinstance(v, Tensor)]
+    attrs = WhereAttrs(None if isinstance(a, Tensor) else a, None if isinstance(b, Tensor) else b)
+    if not isinstance(cond, Tensor) or (attrs.a_scalar is not None and attrs.b_scalar is not None):
+        raise NotConvertible("where with a scalar condition or two scalar operands")
+    return cv.op(OpKind.WHERE, ins, attrs)
+
+
+@register("masked_fill", "masked_fill_", torch.masked_fill)
+def masked_fill(cv: Converter, x: Tensor, mask: Tensor, value: Any) -> Tensor:
+    value = _scalar(cv, value)
+    if isinstance(value, Tensor):
+        return cv.cast(cv.op(OpKind.WHERE, [mask, value, x], WhereAttrs()), x.dtype)
+    if x.dtype.is_float:
+        value = float(value)
+    y = cv.op(OpKind.WHERE, [mask, x], WhereAttrs(a_scalar=value))
+    return cv.cast(y, x.dtype)
+
+
+# ----------------------------------------------------------------------------- logical (bool tensors)
+
+
+def _bool_operands(a: Any, b: Any, what: str) -> None:
+    for v in (a, b):
+        if isinstance(v, Tensor) and not v.dtype.is_bool or isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise NotConvertible(f"{what} of non-bool values (bitwise integer ops are not supported)")
+
+
+@register(operator.and_, operator.iand, torch.logical_and, torch.bitwise_and, "logical_and", "__and__",
+          "bitwise_and")
+def logical_and(cv: Converter, a: Any, b: Any) -> Tensor:
+    _bool_operands(a, b, "and")
+    if not isinstance(a, Tensor):
+        a, b = b, a
+    if not isinstance(b, Tensor):
+        return a if b else cv.binary(BinaryFn.NE, a, a)
+    return cv.op(OpKind.WHERE, [a, b], WhereAttrs(b_scalar=False))  # a ? b : false
+
+
+@register(operator.or_, operator.ior, torch.logical_or, torch.bitwise_or, "logical_or", "__or__", "bitwise_or")
+def logical_or(cv: Converter, a: Any, b: Any) -> Tensor:
+    _bool_operands(a, b, "or")
+    if not isinstance(a, Tensor):
+        a, b = b, a
+    if not isinstance(b, Tensor):
+        return cv.binary(BinaryFn.EQ, a, a) if b else a
+    return cv.op(OpKind.WHERE, [a, b], WhereAttrs(a_scalar=True))  # a ? true : b
+
+
+@register(operator.xor, torch.logical_xor, "logical_xor", "__xor__")
+def logical_xor(cv: Converter, a: Any, b: Any) -> Tensor:
+    _bool_operands(a, b, "xor")
+    return cv.binary(BinaryFn.NE, a, b)
+
+
+@register(operator.invert, torch.logical_not, torch.bitwise_not, "logical_not", "__invert__", "bitwise_not")
+def logical_not(cv: Converter, a: Tensor) -> Tensor:
+    if not a.dtype.is_bool:
+        raise NotConvertible("not / invert of a non-bool tensor")
+    return cv.binary(BinaryFn.EQ, a, False)
+
+
+# ----------------------------------------------------------------------------- casts, identities
+
+_DTYPE_METHODS = {"float": torch.float32, "half": torch.float16, "double": torch.float64, "long": torch.int64,
+                  "int": torch.int32, "bool": torch.bool, "bfloat16": torch.bfloat16}
+
+
+def _dtype_method(name: str, dtype: torch.dtype) -> None:
+    @register(name)
+    def handler(cv: Converter, x: Tensor, *rest: Any, **kwargs: Any) -> Tensor:
+        return cv.cast(x, from_torch_dtype(dtype))
+
+
+for _name, _dt in _DTYPE_METHODS.items():
+    _dtype_method(_name, _dt)
+
+
+@register("to", "type")
+def to(cv: Converter, x: Tensor, *args: Any, dtype: Any = None, device: Any = None, **kwargs: Any) -> Tensor:
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, Tensor):
+            dtype = a.dtype
+        elif isinstance(a, (str, torch.device)):
+            device = a
+    if device is not None and torch.device(device).type != torch.device(x.device).type:
+        raise NotConvertible(f"moving a tensor to {device} inside the model")
+    if dtype is None:
+        return x
+    return cv.cast(x, dtype if not isinstance(dtype, torch.dtype) else from_torch_dtype(dtype))
+
+
+@register("type_as")
+def type_as(cv: Converter, x: Tensor, other: Tensor) -> Tensor:
+    return cv.cast(x, other.dtype)
+
+
+@register(F.dropout, nn.Dropout, "dropout", torch.dropout, F.dropout1d, F.dropout2d, nn.Dropout2d, F.alpha_dropout)
+def dropout(cv: Converter, x: Any, *rest: Any, p: float = 0.5, training: bool = False, inplace: bool = False,
+            train: Any = None) -> Tensor:
+    if isinstance(x, nn.Module):
+        training, x = x.training, rest[0]
+    elif len(rest) >= 2:
+        training = rest[1]
+    if train is not None:
+        training = train
+    if training:
+        raise NotConvertible("dropout in training mode")
+    return x
+
+
+@register(nn.Identity, "contiguous", "clone", "detach", torch.clone, "requires_grad_", torch.detach)
+def identity(cv: Converter, x: Any, *rest: Any, **kwargs: Any) -> Tensor:
+    return rest[0] if isinstance(x, nn.Module) else x
+
+
+__all__: list[str] = []

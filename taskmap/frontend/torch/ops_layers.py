@@ -1,0 +1,122 @@
+"""Registry: composite ``nn`` layers that ``symbolic_trace`` keeps as leaves —
+``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` — decomposed into graph ops
+(linear projections, head split, ``softmax(q k^T * scale + mask) v``, head merge)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
+from .ops_nn import layer_norm, linear
+from .registry import Converter, NotConvertible, register
+
+nn = torch.nn
+
+
+def _mask_bias(cv: Converter, mask: Any, like: Tensor) -> Tensor | None:
+    """An additive float mask from a bool (True: masked out) or float mask."""
+    if mask is None:
+        return None
+    if mask.dtype.is_bool:
+        return cv.op(OpKind.WHERE, [mask], WhereAttrs(float("-inf"), 0.0))
+    return cv.cast(mask, like.dtype)
+
+
+def _split_heads(cv: Converter, x: Tensor, heads: int) -> Tensor:
+    n, length, e = x.shape  # batch-first
+    return cv.permute(cv.reshape(x, (n, length, heads, e // heads)), (0, 2, 1, 3))
+
+
+@register(nn.MultiheadAttention)
+def multihead_attention(cv: Converter, m: nn.MultiheadAttention, query: Tensor, key: Tensor, value: Tensor,
+                        key_padding_mask: Any = None, need_weights: bool = True, attn_mask: Any = None,
+                        average_attn_weights: bool = True, is_causal: bool = False) -> tuple[Any, Any]:
+    if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn or (m.training and m.dropout):
+        raise NotConvertible("MultiheadAttention with kdim/vdim, bias_k/v, add_zero_attn or training dropout")
+    if is_causal and attn_mask is None:
+        raise NotConvertible("MultiheadAttention(is_causal=True) without attn_mask")
+    if not m.batch_first:  # (L, N, E) -> (N, L, E)
+        query, key, value = (cv.permute(t, (1, 0, 2)) for t in (query, key, value))
+    e, h = m.embed_dim, m.num_heads
+    w = cv.param(m.in_proj_weight, "in_proj_weight")
+    b = cv.param(m.in_proj_bias, "in_proj_bias")
+    parts = []
+    for k, x in enumerate((query, key, value)):
+        wk = cv.slice(w, 0, k * e, (k + 1) * e)
+        bk = cv.slice(b, 0, k * e, (k + 1) * e) if b is not None else None
+        parts.append(_split_heads(cv, linear(cv, x, wk, bk), h))
+    q, kk, v = parts                                                   # (N, H, L, D)
+    scores = cv.op(OpKind.MATMUL, [q, cv.permute(kk, (0, 1, 3, 2))])   # (N, H, L, S)
+    scores = cv.binary(BinaryFn.MUL, scores, 1.0 / math.sqrt(e // h))
+    bias = _mask_bias(cv, attn_mask, scores)
+    if bias is not None:
+        if bias.ndim == 3:  # (N*H, L, S)
+            bias = cv.reshape(bias, (scores.shape[0], h, *bias.shape[1:]))
+        scores = cv.binary(BinaryFn.ADD, scores, bias)
+    pad = _mask_bias(cv, key_padding_mask, scores)
+    if pad is not None:
+        scores = cv.binary(BinaryFn.ADD, scores, cv.reshape(pad, (pad.shape[0], 1, 1, pad.shape[1])))
+    probs = cv.op(OpKind.SOFTMAX, [scores], AxisAttrs(3))
+    out = cv.op(OpKind.MATMUL, [probs, v])                              # (N, H, L, D)
+    n, _, length, _ = out.shape
+    out = cv.reshape(cv.permute(out, (0, 2, 1, 3)), (n, length, e))
+    out = linear(cv, out, cv.param(m.out_proj.weight, "out_proj.weight"), cv.param(m.out_proj.bias, "out_proj.bias"))
+    if not m.batch_first:
+        out = cv.permute(out, (1, 0, 2))
+    weights = None
+    if need_weights:
+        weights = cv.op(OpKind.REDUCE, [probs], ReduceAttrs(ReduceFn.MEAN, (1,))) if average_attn_weights else probs
+    return out, weights
+
+
+@register(nn.TransformerEncoderLayer)
+def transformer_encoder_layer(cv: Converter, m: nn.TransformerEncoderLayer, src: Tensor, src_mask: Any = None,
+                              src_key_padding_mask: Any = None, is_causal: bool = False) -> Tensor:
+    if m.training:
+        raise NotConvertible("TransformerEncoderLayer in training mode")
+    act = m.activation
+    if act is F.relu or isinstance(act, nn.ReLU):
+        fn = UnaryFn.RELU
+    elif act is F.gelu or isinstance(act, nn.GELU) and act.approximate == "none":
+        fn = UnaryFn.GELU
+    else:
+        raise NotConvertible(f"TransformerEncoderLayer activation {act!r}")
+    prefix = cv.prefix
+
+    def sub(name: str) -> Converter:
+        return Converter(cv.builder, cv.source, f"{prefix}.{name}", cv.cache)
+
+    def sa(x: Tensor) -> Tensor:
+        return multihead_attention(sub("self_attn"), m.self_attn, x, x, x, src_key_padding_mask, False, src_mask)[0]
+
+    def ff(x: Tensor) -> Tensor:
+        y = cv.unary(fn, linear(sub("linear1"), m.linear1, x))
+        return linear(sub("linear2"), m.linear2, y)
+
+    def norm(k: int, x: Tensor) -> Tensor:
+        return layer_norm(sub(f"norm{k}"), getattr(m, f"norm{k}"), x)
+
+    x = src
+    if m.norm_first:
+        x = cv.binary(BinaryFn.ADD, x, sa(norm(1, x)))
+        return cv.binary(BinaryFn.ADD, x, ff(norm(2, x)))
+    x = norm(1, cv.binary(BinaryFn.ADD, x, sa(x)))
+    return norm(2, cv.binary(BinaryFn.ADD, x, ff(x)))
+
+
+@register(nn.TransformerEncoder)
+def transformer_encoder(cv: Converter, m: nn.TransformerEncoder, src: Tensor, mask: Any = None,
+                        src_key_padding_mask: Any = None, is_causal: Any = None) -> Tensor:
+    x = src
+    for k, layer in enumerate(m.layers):
+        x = transformer_encoder_layer(Converter(cv.builder, cv.source, f"{cv.prefix}.layers.{k}", cv.cache), layer,
+                                      x, mask, src_key_padding_mask)
+    if m.norm is not None:
+        x = layer_norm(Converter(cv.builder, cv.source, f"{cv.prefix}.norm", cv.cache), m.norm, x)
+    return x
+
+
+__all__: list[str] = []

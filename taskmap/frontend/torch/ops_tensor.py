@@ -1,0 +1,337 @@
+"""Registry: shapes and layout — view / reshape / flatten / permute / transpose / squeeze /
+unsqueeze / expand, sizes, indexing and slicing, cat / split / chunk / stack, pad."""
+from __future__ import annotations
+
+import builtins
+import operator
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ...graph import AxisAttrs, BinaryFn, OpKind, PadAttrs, PadMode, Tensor
+from .registry import Converter, NotConvertible, norm_axis, register
+
+nn = torch.nn
+
+
+def _sizes(args: Sequence[Any]) -> tuple[int, ...]:
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        args = tuple(args[0])
+    if any(isinstance(a, Tensor) for a in args):
+        raise NotConvertible("sizes given as tensors")
+    return tuple(int(a) for a in args)
+
+
+@register("view", "reshape", torch.reshape)
+def reshape(cv: Converter, x: Tensor, *shape: Any) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise NotConvertible("view(dtype)")
+    return cv.reshape(x, _sizes(shape))
+
+
+@register("flatten", torch.flatten, nn.Flatten)
+def flatten(cv: Converter, x: Any, start_dim: Any = 0, end_dim: Any = -1) -> Tensor:
+    if isinstance(x, nn.Module):
+        x, start_dim, end_dim = start_dim, x.start_dim, x.end_dim
+    if x.ndim == 0:
+        return cv.reshape(x, (1,))
+    a, b = norm_axis(start_dim, x.ndim), norm_axis(end_dim, x.ndim)
+    n = 1
+    for s in x.shape[a:b + 1]:
+        n *= s
+    return cv.reshape(x, (*x.shape[:a], n, *x.shape[b + 1:]))
+
+
+@register("permute", torch.permute)
+def permute(cv: Converter, x: Tensor, *dims: Any, **kw: Any) -> Tensor:
+    dims = _sizes(dims or (kw["dims"],))
+    return cv.permute(x, dims)
+
+
+@register("transpose", torch.transpose, "swapaxes")
+def transpose(cv: Converter, x: Tensor, dim0: int, dim1: int) -> Tensor:
+    dims = list(range(x.ndim))
+    a, b = norm_axis(dim0, x.ndim), norm_axis(dim1, x.ndim)
+    dims[a], dims[b] = dims[b], dims[a]
+    return cv.permute(x, dims)
+
+
+@register("t", torch.t)
+def t(cv: Converter, x: Tensor) -> Tensor:
+    return x if x.ndim < 2 else cv.permute(x, (1, 0))
+
+
+@register("unsqueeze", torch.unsqueeze)
+def unsqueeze(cv: Converter, x: Tensor, dim: int) -> Tensor:
+    d = norm_axis(dim, x.ndim + 1)
+    return cv.reshape(x, (*x.shape[:d], 1, *x.shape[d:]))
+
+
+@register("squeeze", torch.squeeze)
+def squeeze(cv: Converter, x: Tensor, dim: Any = None) -> Tensor:
+    if dim is None:
+        drop = {d for d, s in enumerate(x.shape) if s == 1}
+    else:
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        drop = {norm_axis(d, x.ndim) for d in dims}
+        drop = {d for d in drop if x.shape[d] == 1}
+    return cv.reshape(x, tuple(s for d, s in enumerate(x.shape) if d not in drop))
+
+
+@register("expand")
+def expand(cv: Converter, x: Tensor, *sizes: Any) -> Tensor:
+    sizes = _sizes(sizes)
+    lead = len(sizes) - x.ndim
+    if lead < 0:
+        raise NotConvertible(f"expand to fewer dimensions {sizes}")
+    shape = tuple(x.shape[d - lead] if s == -1 else s for d, s in enumerate(sizes))
+    return cv.expand(x, shape)
+
+
+@register("expand_as")
+def expand_as(cv: Converter, x: Tensor, other: Tensor) -> Tensor:
+    return cv.expand(x, other.shape)
+
+
+@register("repeat")
+def repeat(cv: Converter, x: Tensor, *reps: Any) -> Tensor:
+    reps = _sizes(reps)
+    if builtins.all(r == 1 for r in reps) and len(reps) == x.ndim:
+        return x
+    lead = len(reps) - x.ndim
+    shape = (1,) * lead + x.shape
+    y = cv.reshape(x, tuple(v for s in shape for v in (1, s)))
+    y = cv.expand(y, tuple(v for s, r in zip(shape, reps) for v in (r, s)))
+    return cv.reshape(y, tuple(s * r for s, r in zip(shape, reps)))
+
+
+# ----------------------------------------------------------------------------- sizes
+
+
+@register("size")
+def size(cv: Converter, x: Tensor, dim: Any = None) -> Any:
+    return torch.Size(x.shape) if dim is None else x.shape[norm_axis(dim, x.ndim)]
+
+
+@register("dim")
+def dim(cv: Converter, x: Tensor) -> int:
+    return x.ndim
+
+
+@register("numel", torch.numel)
+def numel(cv: Converter, x: Tensor) -> int:
+    return x.numel
+
+
+@register(builtins.getattr)
+def getattr_(cv: Converter, x: Any, name: str) -> Any:
+    if isinstance(x, tuple) and not hasattr(x, name) and name in ("values", "indices"):
+        return x[("values", "indices").index(name)]  # a fallback op's (values, indices) result
+    if not isinstance(x, Tensor):
+        return getattr(x, name)
+    if name == "shape":
+        return torch.Size(x.shape)
+    if name == "dtype":
+        return getattr(torch, x.dtype.name)
+    if name == "device":
+        return torch.device(x.device)
+    if name == "ndim":
+        return x.ndim
+    if name == "T":
+        return cv.permute(x, tuple(reversed(range(x.ndim))))
+    raise NotConvertible(f"tensor attribute {name!r}")
+
+
+@register(torch.ops.aten.sym_size.int, torch.ops.aten.sym_size)
+def sym_size(cv: Converter, x: Tensor, dim: int = 0) -> int:
+    return x.shape[norm_axis(dim, x.ndim)]
+
+
+# ----------------------------------------------------------------------------- creation (constants)
+
+
+def _like(value: Any) -> Any:
+    def handler(cv: Converter, x: Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+        fill = args[0] if value is None else value
+        if isinstance(fill, Tensor):
+            raise NotConvertible("a fill value computed by the model")
+        dt = dtype or getattr(torch, x.dtype.name)
+        return cv.const(torch.full(x.shape, fill, dtype=dt))
+    return handler
+
+
+def _new(value: Any) -> Any:
+    def handler(cv: Converter, x: Tensor, size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+        fill = args[0] if value is None else value
+        if isinstance(fill, Tensor):
+            raise NotConvertible("a fill value computed by the model")
+        shape = _sizes((size,))
+        return cv.const(torch.full(shape, fill, dtype=dtype or getattr(torch, x.dtype.name)))
+    return handler
+
+
+register(torch.zeros_like, torch.empty_like)(_like(0))
+register(torch.ones_like)(_like(1))
+register(torch.full_like)(_like(None))
+register("new_zeros", "new_empty")(_new(0))
+register("new_ones")(_new(1))
+register("new_full")(_new(None))
+
+
+# ----------------------------------------------------------------------------- indexing
+
+
+@register(operator.getitem)
+def getitem(cv: Converter, x: Any, idx: Any) -> Any:
+    if not isinstance(x, Tensor):
+        return x[idx]
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if builtins.any(isinstance(i, (Tensor, list)) for i in items):
+        return _advanced(cv, x, items)
+    n_real = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
+    if n_real > x.ndim:
+        raise NotConvertible(f"too many indices for a {x.ndim}-d tensor")
+    expanded: list[Any] = []
+    for i in items:
+        if i is Ellipsis:
+            expanded += [builtins.slice(None)] * (x.ndim - n_real)
+        else:
+            expanded.append(i)
+    if Ellipsis not in items:
+        expanded += [builtins.slice(None)] * (x.ndim - n_real)
+    y, axis, shape = x, 0, []
+    for i in expanded:
+        if i is None:
+            shape.append(1)
+        elif isinstance(i, builtins.slice):
+            y = cv.slice(y, axis, i.start, i.stop, i.step)
+            shape.append(y.shape[axis])
+            axis += 1
+        elif isinstance(i, int) and not isinstance(i, bool):
+            n = y.shape[axis]
+            k = i + n if i < 0 else i
+            if not 0 <= k < n:
+                raise NotConvertible(f"index {i} out of range for a dimension of size {n}")
+            y = cv.slice(y, axis, k, k + 1, 1)
+            axis += 1
+        else:
+            raise NotConvertible(f"index of type {type(i).__name__}")
+    return cv.reshape(y, tuple(shape))
+
+
+def _advanced(cv: Converter, x: Tensor, items: tuple[Any, ...]) -> Tensor:
+    """``x[i0, .., ik]`` with integer index tensors (broadcast together) on the leading
+    dimensions, then full slices: rows of ``x`` seen as a ``(d0*..*dk, rest)`` table, picked by
+    the flat index ``sum(i_d * stride_d)`` (an EMBEDDING op)."""
+    shapes = [() if isinstance(i, int) else i.shape for i in items if isinstance(i, (int, Tensor))]
+    bshape = tuple(torch.broadcast_shapes(*shapes))
+    items = tuple(cv.const(torch.tensor([i])) if isinstance(i, int) and not isinstance(i, bool) else i
+                  for i in items)  # ints as 1-element indices (the result is reshaped at the end)
+    idx = [i for i in items if not (isinstance(i, builtins.slice) and i == builtins.slice(None))]
+    k = len(idx)
+    if not idx or k > x.ndim or any(not isinstance(i, Tensor) for i in idx) or \
+            any(not (isinstance(i, builtins.slice) and i == builtins.slice(None)) for i in items[k:]):
+        raise NotConvertible("advanced indexing other than integer tensors on the leading dimensions")
+    if any(i.dtype.name not in ("int32", "int64") for i in idx):
+        raise NotConvertible("indexing with bool masks (data-dependent shapes)")
+    lead, rest = x.shape[:k], x.shape[k:]
+    flat = None
+    stride = 1
+    for d in range(k - 1, -1, -1):
+        i = idx[d]
+        if i.is_constant:  # negative constant indices wrap, as in torch
+            i = cv.const(torch.remainder(torch.from_numpy(i.data.copy()), lead[d]))
+        term = i if stride == 1 else cv.binary(BinaryFn.MUL, i, stride)
+        flat = term if flat is None else cv.binary(BinaryFn.ADD, flat, term)
+        stride *= lead[d]
+    assert flat is not None
+    if flat.ndim == 0:
+        flat = cv.reshape(flat, (1,))
+    return cv.reshape(cv.op(OpKind.EMBEDDING, [cv.reshape(x, (stride, *rest)), flat]), (*bshape, *rest))
+
+
+@register(torch.index_select, "index_select")
+def index_select(cv: Converter, x: Tensor, dim: int, index: Tensor) -> Tensor:
+    d = norm_axis(dim, x.ndim)
+    perm = (d, *[k for k in range(x.ndim) if k != d])
+    y = cv.op(OpKind.EMBEDDING, [cv.permute(x, perm), index])
+    inv = [0] * x.ndim
+    for k, p in enumerate(perm):
+        inv[p] = k
+    return cv.permute(y, inv)
+
+
+@register(torch.gather, "gather")
+def gather(cv: Converter, x: Tensor, dim: int, index: Tensor, sparse_grad: bool = False) -> Tensor:
+    return cv.op(OpKind.GATHER, [x, index], AxisAttrs(norm_axis(dim, x.ndim)))
+
+
+@register("narrow", torch.narrow)
+def narrow(cv: Converter, x: Tensor, dim: int, start: int, length: int) -> Tensor:
+    d = norm_axis(dim, x.ndim)
+    s = start + x.shape[d] if start < 0 else start
+    return cv.slice(x, d, s, s + length, 1)
+
+
+# ----------------------------------------------------------------------------- joining, splitting
+
+
+@register(torch.cat, torch.concat, torch.concatenate)
+def cat(cv: Converter, tensors: Sequence[Any], dim: int = 0, axis: Any = None) -> Tensor:
+    dim = axis if axis is not None else dim
+    parts = [t for t in tensors if not (isinstance(t, Tensor) and t.numel == 0 and t.ndim == 1)]
+    if len(parts) == 1:
+        return parts[0]
+    d = norm_axis(dim, parts[0].ndim)
+    return cv.op(OpKind.CONCAT, parts, AxisAttrs(d))
+
+
+@register(torch.stack)
+def stack(cv: Converter, tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    d = norm_axis(dim, tensors[0].ndim + 1)
+    return cat(cv, [unsqueeze(cv, t, d) for t in tensors], d)
+
+
+@register(torch.split, "split")
+def split(cv: Converter, x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    d = norm_axis(dim, x.ndim)
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, int):
+        k = split_size_or_sections
+        sizes = [builtins.min(k, n - s) for s in range(0, n, k)] or [0]
+    else:
+        sizes = list(split_size_or_sections)
+    out, start = [], 0
+    for s in sizes:
+        out.append(cv.slice(x, d, start, start + s, 1))
+        start += s
+    return tuple(out)
+
+
+@register(torch.chunk, "chunk")
+def chunk(cv: Converter, x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    d = norm_axis(dim, x.ndim)
+    step = -(-x.shape[d] // chunks)
+    return split(cv, x, step, d)
+
+
+@register(torch.unbind, "unbind")
+def unbind(cv: Converter, x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    d = norm_axis(dim, x.ndim)
+    return tuple(getitem(cv, x, (builtins.slice(None),) * d + (k,)) for k in range(x.shape[d]))
+
+
+@register(F.pad, torch._C._nn.pad)
+def pad(cv: Converter, x: Tensor, pad: Sequence[int], mode: str = "constant", value: Any = None) -> Tensor:
+    if mode not in ("constant", "reflect", "replicate") or len(pad) % 2 or len(pad) > 2 * x.ndim:
+        raise NotConvertible(f"pad(mode={mode!r}, pad={tuple(pad)})")
+    if builtins.any(p < 0 for p in pad):
+        raise NotConvertible("negative padding")
+    widths = [(0, 0)] * x.ndim
+    for k in range(len(pad) // 2):
+        widths[x.ndim - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
+    return cv.op(OpKind.PAD, [x], PadAttrs(tuple(widths), PadMode(mode), float(value or 0.0)))
+
+
+__all__: list[str] = []

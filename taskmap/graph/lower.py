@@ -1,0 +1,199 @@
+"""Lowering fusion groups to kernels: what the runtime launches for a graph.
+
+``lower_graph(graph, target)`` partitions the graph (:mod:`.partition`) and gives one
+:class:`KernelGroup` per group, in a topological order:
+
+* an **anchored** group (matmul / linear / conv2d with prologues and an epilogue) becomes ONE
+  kernel by post-scheduling fusion (:mod:`.lower_anchor`); when fusion is refused
+  (:class:`~taskmap.errors.FusionError`) the group is split — the anchor alone (the template,
+  unfused), each prologue and the epilogue as injective groups — and the reason is kept in
+  ``fallback``;
+* an anchored group around a reduction (sum / mean / max / min / prod, global average pool)
+  and an **injective** group become one rule-based kernel of their composed compute
+  definitions;
+* a **single** op that is not injective (softmax, layer_norm, pooling, attention, PyTorch
+  fallback, anchors without a fused lowering) is run by its ``taskmap.ops`` runner
+  (``kernel is None``).
+
+A kernel group's ``args`` are, per kernel parameter in order, a graph tensor (viewed as
+``shapes[i]``), a :class:`~.lower_anchor.Workspace` (scratch shared by all kernels: each slot
+as large as the largest request) or :class:`~.lower_anchor.Zeros`.  It writes ``outputs``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends import Target
+from ..compute.nodes import dag_str, graph_inputs
+from ..errors import FusionError, UnsupportedError
+from ..runtime.kernel import Kernel
+from ..schedule.rule_based import schedule
+from .ir import Graph, Op, Tensor
+from .kernel_cache import cached_kernel
+from .lower_anchor import (
+    Arg,
+    Workspace,
+    Zeros,
+    compose,
+    fusable,
+    kernel_shape,
+    plan_anchor,
+)
+from .lower_reduce import reduction_fusable, squeeze_output
+from .partition import (
+    FusionGroup,
+    GroupKind,
+    default_prologue_inputs,
+    groups_str,
+    partition,
+)
+
+
+@dataclass(eq=False)
+class KernelGroup:
+    """One launch of the compiled graph (see the module docstring)."""
+
+    group: FusionGroup
+    kernel: Kernel | None
+    args: tuple[Arg, ...] = ()
+    shapes: tuple[tuple[int, ...] | None, ...] = ()
+    fallback: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.group.name
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return self.group.ops
+
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        return self.group.outputs
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return self.group.inputs
+
+    @property
+    def fused(self) -> bool:
+        """Whether several ops run as this one kernel."""
+        return self.kernel is not None and len(self.group.ops) > 1
+
+    def __repr__(self) -> str:
+        how = "runner" if self.kernel is None else self.kernel.__name__
+        return f"KernelGroup({self.group.kind.value} {self.name} -> {how}{' (fallback)' if self.fallback else ''})"
+
+
+def injective_kernel(ops: Sequence[Op], target: Target, squeeze: bool = False
+                     ) -> tuple[Kernel, list[Tensor], tuple[int, ...]]:
+    """The rule-based kernel of injective ops composed — around at most one reduction anchor
+    (:mod:`.lower_reduce`) — (the last op's output is the result), the graph tensors it reads
+    in parameter order (then the output), and the shape its output parameter has
+    (``squeeze``: without dimensions of size 1)."""
+    leaves: dict[str, Tensor] = {}
+    nodes = compose(ops, {}, leaves, "x")
+    root = nodes[ops[-1].output]
+    if squeeze:
+        root = squeeze_output(root)
+    used = graph_inputs(root)
+    name = "_".join(dict.fromkeys(op.kind.name.lower() for op in ops))[:60]
+    parts = ("rule_based", dag_str(root), repr(root.dtype), root._shape_str(), tuple(n.name for n in used), name,
+             target)
+    kernel = cached_kernel(parts, lambda: schedule(root, target, inputs=used, name=name))
+    return kernel, [leaves[n.name] for n in used], tuple(root.shape)
+
+
+def _injective_group(group: FusionGroup, target: Target, fallback: str = "", squeeze: bool = False) -> KernelGroup:
+    out = group.last.output
+    if out.numel == 0:
+        return KernelGroup(group, None, fallback=fallback)
+    kernel, reads, out_shape = injective_kernel(group.ops, target, squeeze)
+    shapes = (*(kernel_shape(t.shape) for t in reads), out_shape)
+    return KernelGroup(group, kernel, (*reads, out), shapes, fallback)
+
+
+def _split(group: FusionGroup, target: Target, reason: str) -> list[KernelGroup]:
+    """The anchored group as separate kernels: prologues, the anchor alone, the epilogue."""
+    out: list[KernelGroup] = []
+    for _, ops in group.prologues:
+        out.append(_injective_group(FusionGroup(GroupKind.INJECTIVE, ops), target, reason))
+    anchor = group.anchor
+    assert anchor is not None
+    try:
+        plan = plan_anchor(anchor, (), (), target)
+        out.append(KernelGroup(FusionGroup(GroupKind.SINGLE, (anchor,)), plan.kernel, plan.args, plan.shapes, reason))
+    except FusionError:
+        out.append(KernelGroup(FusionGroup(GroupKind.SINGLE, (anchor,)), None, fallback=reason))
+    if group.epilogue:
+        out.append(_injective_group(FusionGroup(GroupKind.INJECTIVE, group.epilogue), target, reason))
+    return out
+
+
+def lower_group(group: FusionGroup, target: Target) -> list[KernelGroup]:
+    """The kernel group(s) of one fusion group (several when fusion falls back)."""
+    if group.kind is GroupKind.INJECTIVE:
+        return [_injective_group(group, target)]
+    if group.kind is GroupKind.SINGLE:
+        op = group.ops[0]
+        if op.definition.category.is_injective and len(op.outputs) == 1:
+            return [_injective_group(group, target)]
+        return [KernelGroup(group, None)]
+    if reduction_fusable(group.anchor):         # rule-based: the composed definitions, one kernel
+        try:
+            return [_injective_group(group, target, squeeze=True)]
+        except UnsupportedError as e:
+            return _split(group, target, str(e))
+    try:
+        plan = plan_anchor(group.anchor, group.prologues, group.epilogue, target)
+    except FusionError as e:
+        return _split(group, target, str(e))
+    return [KernelGroup(group, plan.kernel, plan.args, plan.shapes)]
+
+
+def graph_groups(graph: Graph, target: Target) -> list[FusionGroup]:
+    """The graph's fusion groups for ``target`` (anchors fused where the lowering can)."""
+    return partition(graph, lambda op: fusable(op, target) or reduction_fusable(op), default_prologue_inputs)
+
+
+def lower_graph(graph: Graph, target: Target) -> list[KernelGroup]:
+    """Every group of ``graph`` lowered for ``target`` (see the module docstring).
+
+    With ``TASKMAP_DEBUG=groups`` the groups are printed to stderr."""
+    groups = graph_groups(graph, target)
+    if "groups" in os.environ.get("TASKMAP_DEBUG", "").split(","):
+        print(f"// fusion groups of {graph.name}: {len(groups)}\n{groups_str(groups)}", file=sys.stderr)
+    out: list[KernelGroup] = []
+    for g in groups:
+        out.extend(lower_group(g, target))
+    return out
+
+
+def workspace_sizes(groups: Sequence[KernelGroup]) -> dict[str, int]:
+    """Elements of each workspace slot: the largest request of any kernel."""
+    sizes: dict[str, int] = {}
+    for kg in groups:
+        for a in kg.args:
+            if isinstance(a, Workspace):
+                sizes[a.slot] = max(sizes.get(a.slot, 1), a.elements)
+    return sizes
+
+
+def kernel_count(groups: Sequence[KernelGroup]) -> int:
+    """Launches per run: kernels plus runner calls."""
+    return len(groups)
+
+
+def summary(groups: Sequence[KernelGroup]) -> dict[str, Any]:
+    """Counts for reports: groups, fused kernels, runner calls, fallbacks."""
+    return {"launches": len(groups), "ops": sum(len(g.ops) for g in groups),
+            "fused": sum(g.fused for g in groups), "runners": sum(g.kernel is None for g in groups),
+            "fallbacks": [(g.name, g.fallback) for g in groups if g.fallback]}
+
+
+__all__ = ["KernelGroup", "Workspace", "Zeros", "graph_groups", "injective_kernel", "kernel_count", "lower_graph",
+           "lower_group", "summary", "workspace_sizes"]

@@ -1,0 +1,321 @@
+"""Lowering an anchored fusion group (matmul / linear / conv2d anchor) to ONE fused kernel.
+
+The anchor is scheduled alone, exactly as :mod:`taskmap.ops` does (the CPU matmul template;
+:func:`taskmap.schedule.tune.choose`, ``mode="model"`` unless ``TASKMAP_TUNE`` says
+otherwise), then :func:`taskmap.fusion.fuse` splices
+
+* each prologue (the group's injective ops computing an operand, composed into one compute
+  definition and reshaped to the template's 3-D operand) into the operand's loads — the
+  operand is then packed (the prologue runs once per element);
+* the epilogue (the anchor's result reshaped from the template's ``c`` to the graph shape, a
+  conv's bias, then every op of the chain, composed) into the stores of ``c``.
+
+Conv2d is the implicit GEMM of :mod:`taskmap.ops.conv`: its img2col prologue and per-group
+weights come from there.  :func:`plan_anchor` returns an :class:`AnchorPlan`; it raises
+:class:`~taskmap.errors.FusionError` when the group cannot be one kernel (the caller splits it).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends import Target, TargetKind
+from ..compute.nodes import TensorNode, compute, graph_inputs, tensor_input
+from ..errors import FusionError
+from ..fusion import fuse, fusion_key
+from ..ops.conv import ConvProblem, grouped_weights, img2col
+from ..ops.transform import reshape_compute
+from ..runtime.kernel import Kernel
+from ..schedule import tune
+from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_problem import MatmulProblem
+from .ir import Op, Tensor
+from .kernel_cache import cached_kernel
+from .kinds import OpKind
+from .lower_reduce import reduction_compute
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Scratch memory a kernel needs: ``elements`` float32 in the shared slot ``slot``."""
+
+    slot: str
+    elements: int
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """A small zero-filled array (an operand the kernel declares but this problem does not use)."""
+
+    elements: int = 1
+
+
+Arg = Tensor | Workspace | Zeros
+
+
+@dataclass
+class AnchorPlan:
+    """A fused kernel and, per parameter, what to pass (a graph tensor, viewed as ``shape``)."""
+
+    kernel: Kernel
+    args: tuple[Arg, ...]
+    shapes: tuple[tuple[int, ...] | None, ...]
+
+
+def kernel_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(shape) or (1,)
+
+
+# ----------------------------------------------------------------------------- anchor problems
+
+
+@dataclass
+class _Anchor:
+    """The template problem of an anchor and where its operands come from."""
+
+    problem: MatmulProblem
+    operands: dict[str, Tensor]              # template parameter -> graph tensor (a, b, bias, x, wg)
+    views: dict[str, tuple[int, ...]]       # the shape each operand is viewed as
+    graph_input: dict[int, str]             # anchor input index -> template parameter (for prologues)
+    conv: ConvProblem | None = None
+
+
+def _swapped(target: Target, m: int, n: int) -> bool:
+    """``c = a b^T`` computed as ``c^T = b a^T`` on the CPU when m < n (see ops.linalg._swapped)."""
+    return target.kind is TargetKind.CPU and m < n
+
+
+def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
+    """The problem of a MATMUL / LINEAR op, or None for shapes the fused path does not take
+    (vectors, broadcast batches: those run through ``taskmap.ops``)."""
+    dt = op.output.dtype.name
+    if dt != "float32" or any(t.dtype.name != dt for t in op.inputs) or op.output.numel == 0:
+        return None
+    if op.kind is OpKind.LINEAR:
+        x, w = op.inputs[0], op.inputs[1]
+        bias = op.inputs[2] if len(op.inputs) > 2 else None
+        if w.ndim != 2 or x.ndim < 1 or (bias is not None and bias.shape != (w.shape[0],)):
+            return None
+        m, k, n = math.prod(x.shape[:-1]), x.shape[-1], w.shape[0]
+        if k == 0:
+            return None
+        ops = {"bias": bias} if bias is not None else {}
+        if _swapped(target, m, n):
+            p = MatmulProblem(1, n, m, k, dt, dt, True, True, True, bias is not None, trans_c=True)
+            ops.update(a=w, b=x)
+            return _Anchor(p, ops, {"a": (1, n, k), "b": (1, m, k)}, {0: "b"})
+        p = MatmulProblem(1, m, n, k, dt, dt, True, True, True, bias is not None)
+        ops.update(a=x, b=w)
+        return _Anchor(p, ops, {"a": (1, m, k), "b": (1, n, k)}, {0: "a"})
+    if op.kind is OpKind.MATMUL:
+        a, b = op.inputs
+        if a.ndim < 2 or b.ndim < 2:
+            return None
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        if k == 0:
+            return None
+        if b.ndim == 2:                      # a stack times one matrix: one tall product
+            mm = math.prod(a.shape[:-1])
+            p = MatmulProblem(1, mm, n, k, dt, dt)
+            return _Anchor(p, {"a": a, "b": b}, {"a": (1, mm, k), "b": (1, k, n)}, {0: "a", 1: "b"})
+        ba, bb = math.prod(a.shape[:-2]), math.prod(b.shape[:-2])
+        batch = math.prod(op.output.shape[:-2])
+        if (ba != batch and ba != 1) or (bb != batch and bb != 1) or \
+                (ba == batch and a.shape[:-2] != op.output.shape[:-2] and ba != 1) or \
+                (bb == batch and b.shape[:-2] != op.output.shape[:-2] and bb != 1):
+            return None
+        p = MatmulProblem(batch, m, n, k, dt, dt, ba == batch, bb == batch)
+        return _Anchor(p, {"a": a, "b": b}, {"a": p.a_shape, "b": p.b_shape}, {0: "a", 1: "b"})
+    return None
+
+
+def conv_anchor(op: Op, target: Target) -> _Anchor | None:
+    """The implicit-GEMM problem of a CONV2D op (None: depthwise, non-f32, batch-less input)."""
+    x, w = op.inputs[0], op.inputs[1]
+    a = op.attrs
+    if x.ndim != 4 or op.output.dtype.name != "float32" or any(t.dtype.name != "float32" for t in op.inputs):
+        return None
+    n, cin, h, wd = x.shape
+    cout, cg, kh, kw = w.shape
+    if n == 0 or (a.groups == cin and a.groups > 1 and cg == 1):      # depthwise: its own kernel
+        return None
+    p = ConvProblem(n, cin, h, wd, cout, kh, kw, a.stride[0], a.stride[1], a.padding[0], a.padding[0],
+                    a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, "float32", False)
+    mp = p.matmul()
+    ops: dict[str, Tensor] = {}
+    views: dict[str, tuple[int, ...]] = {}
+    if p.pointwise:                   # else the img2col prologue's input (see plan_anchor)
+        ops["b"], views["b"] = x, (mp.batch, mp.k, mp.n)
+    if not (a.groups > 1 and n > 1):  # else the per-group weights prologue's input
+        ops["a"], views["a"] = w, mp.a_shape
+    return _Anchor(mp, ops, views, {}, p)
+
+
+def anchor_problem(op: Op, target: Target) -> _Anchor | None:
+    if target.kind is not TargetKind.CPU:
+        return None                                   # GPU graphs: the anchors' own runners for now
+    if op.kind is OpKind.CONV2D:
+        return conv_anchor(op, target)
+    return matmul_anchor(op, target)
+
+
+def fusable(op: Op, target: Target) -> bool:
+    """Whether the fused lowering takes this anchor on ``target``."""
+    return op.kind in (OpKind.MATMUL, OpKind.LINEAR, OpKind.CONV2D) and anchor_problem(op, target) is not None
+
+
+# ----------------------------------------------------------------------------- definitions
+
+
+def compose(ops: Sequence[Op], nodes: dict[Tensor, TensorNode], leaves: dict[str, Tensor],
+            prefix: str) -> dict[Tensor, TensorNode]:
+    """Every op's compute definition reading the nodes of its inputs; inputs without a node
+    become ``tensor_input`` nodes named ``prefix<k>`` (recorded in ``nodes`` and ``leaves``)."""
+    for op in ops:
+        ins = []
+        for t in op.inputs:
+            if t not in nodes:
+                nodes[t] = leaf(t, leaves, prefix)
+            ins.append(nodes[t])
+        define = op.definition.compute
+        if define is None:               # a reduction anchor (rule-based)
+            nodes[op.output] = reduction_compute(op, ins, kernel_shape(op.output.shape))
+        else:
+            nodes[op.output] = define(ins, op.attrs, kernel_shape(op.output.shape))
+    return nodes
+
+
+def leaf(t: Tensor, leaves: dict[str, Tensor], prefix: str) -> TensorNode:
+    """A new ``tensor_input`` for the graph tensor ``t`` (its name recorded in ``leaves``)."""
+    name = f"{prefix}{sum(1 for n in leaves if n.startswith(prefix))}"
+    leaves[name] = t
+    return tensor_input(name, t.dtype, kernel_shape(t.shape))
+
+
+def _rename(node: TensorNode, name: str, shape: Sequence[int]) -> TensorNode:
+    """``node`` seen as ``shape`` (same size, row-major) under the name ``name``."""
+    src = node if tuple(node.shape) == tuple(shape) else reshape_compute(node, shape)
+    return compute(name, shape, lambda *i: src[i])
+
+
+def _anchor_value(anc: _Anchor, op: Op, leaves: dict[str, Tensor]) -> tuple[TensorNode, dict[Tensor, TensorNode]]:
+    """The anchor's graph output as a node reading the template's ``c`` (plus a conv's bias)."""
+    p = anc.problem
+    c = tensor_input("c", p.out_dtype, p.c_shape)
+    extra: dict[Tensor, TensorNode] = {}
+    out_shape = kernel_shape(op.output.shape)
+    if anc.conv is not None:
+        cp = anc.conv
+        G, m, OW = cp.groups, p.m, cp.ow
+        bias = None
+        if len(op.inputs) > 2:
+            bias = extra[op.inputs[2]] = leaf(op.inputs[2], leaves, "e")
+
+        def conv(n: Any, co: Any, oh: Any, ow: Any) -> Any:
+            v = c[n * G + co // m, co % m, oh * OW + ow] if G > 1 else c[n, co, oh * OW + ow]
+            return v + bias[co] if bias is not None else v
+        return compute("conv", out_shape, conv), extra
+    return (reshape_compute(c, out_shape) if tuple(p.c_shape) != out_shape else c), extra
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def _suits(s: dict[str, Any], packed_a: bool, packed_b: bool) -> bool:
+    return (not packed_a or s.get("pack_a", True)) and (not packed_b or s.get("pack_b", True))
+
+
+def _schedule(p: MatmulProblem, target: Target, packed_a: bool, packed_b: bool) -> Any:
+    if not packed_a and not packed_b:
+        return tune.choose(MATMUL_CPU, p, target)
+    space = [s for s in MATMUL_CPU.space(p, target) if _suits(s.as_dict(), packed_a, packed_b)]
+    if not space:
+        raise FusionError(f"no schedule of {MATMUL_CPU.name} packs the operands a prologue needs for {p}")
+    return tune.ranked(tune.model_costs(MATMUL_CPU, p, target, space))[0]
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilogue: Sequence[Op],
+                target: Target) -> AnchorPlan:
+    """One kernel for the anchor with its prologues and epilogue (FusionError: cannot)."""
+    anc = anchor_problem(anchor, target)
+    if anc is None:
+        raise FusionError(f"{anchor.name}: no fused lowering for {anchor.kind.name} with these shapes on "
+                          f"{target.name}")
+    p = anc.problem
+    pro_defs: dict[str, TensorNode] = {}
+    sources: dict[str, Tensor] = {}
+    nodes: dict[Tensor, TensorNode] = {}
+    for k, ops in prologues:
+        param = anc.graph_input.get(k)
+        if param is None:
+            raise FusionError(f"{anchor.name}: input {k} takes no prologue")
+        compose(ops, nodes, sources, "p")
+        pro_defs[param] = _rename(nodes[anchor.inputs[k]], param, anc.views[param])
+    if anc.conv is not None:          # the image / weights read through taskmap.ops.conv's definitions
+        conv_defs = {}
+        if not anc.conv.pointwise:
+            conv_defs["b"] = (img2col(anc.conv), anchor.inputs[0])
+        if anc.conv.groups > 1 and anc.conv.n > 1:
+            conv_defs["a"] = (grouped_weights(anc.conv), anchor.inputs[1])
+        for param, (node, t) in conv_defs.items():
+            pro_defs[param] = node
+            for leaf_node in graph_inputs(node):
+                if math.prod(leaf_node.shape) != t.numel:
+                    raise FusionError(f"{anchor.name}: conv2d's {param} definition reads {leaf_node.name} "
+                                      f"{list(leaf_node.shape)}, not a view of {t.name}")
+                anc.operands[leaf_node.name] = t
+                anc.views[leaf_node.name] = tuple(leaf_node.shape)
+    epi_defs: dict[str, TensorNode] = {}
+    outputs: dict[str, Tensor] = {}
+    value, extra = _anchor_value(anc, anchor, sources)
+    if epilogue or extra:
+        enodes: dict[Tensor, TensorNode] = {anchor.output: value, **extra}
+        compose(epilogue, enodes, sources, "e")
+        last = epilogue[-1].output if epilogue else anchor.output
+        epi_defs["c"] = _rename(enodes[last], "out", kernel_shape(last.shape))
+        outputs["out"] = last
+    sched = _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
+    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
+    kernel = cached_kernel((MATMUL_CPU.name, MATMUL_CPU.version, MATMUL_CPU.config(p, target, sched),
+                            fusion_key(pro_defs, epi_defs, sizes), target),
+                           lambda: fuse(MATMUL_CPU.instantiate(p, target, sched), pro_defs, epi_defs, sizes))
+    wa, wb = MATMUL_CPU.workspace_sizes(p, sched, target)
+    args: list[Arg] = []
+    shapes: list[tuple[int, ...] | None] = []
+    for param in kernel.func.params:
+        name = param.name
+        if name in anc.operands and name not in pro_defs:
+            t = anc.operands[name]
+            args.append(t)
+            shapes.append(anc.views.get(name, kernel_shape(t.shape)))
+        elif name == "bias":
+            args.append(Zeros())
+            shapes.append(None)
+        elif name in ("c", "cw"):
+            if epi_defs:
+                args.append(Workspace("cpu_c", p.batch * p.m * p.n))
+                shapes.append(p.c_shape)
+            else:
+                args.append(anchor.output)
+                shapes.append(p.c_shape)
+        elif name in ("wa", "wb"):
+            args.append(Workspace(f"cpu_{name[1]}", wa if name == "wa" else wb))
+            shapes.append(None)
+        elif name in outputs:
+            args.append(outputs[name])
+            shapes.append(kernel_shape(outputs[name].shape))
+        elif name in sources:
+            args.append(sources[name])
+            shapes.append(kernel_shape(sources[name].shape))
+        else:
+            raise FusionError(f"{anchor.name}: the fused kernel has a parameter {name!r} with no source")
+    return AnchorPlan(kernel, tuple(args), tuple(shapes))
+
+
+__all__ = ["AnchorPlan", "Arg", "Workspace", "Zeros", "anchor_problem", "compose", "fusable", "kernel_shape",
+           "leaf", "plan_anchor"]

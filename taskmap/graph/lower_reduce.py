@@ -1,0 +1,98 @@
+"""Reductions as rule-based anchors: ``REDUCE`` (sum, mean, max, min, prod of floats) and the
+global average pool (``ADAPTIVE_AVG_POOL2D`` to 1x1) as compute definitions, so that a fusion
+group around them is ONE rule-based kernel: the injective prologue ops are composed into the
+reduction's input and the element-wise epilogue reads the reduction at the output's own index
+(what :mod:`taskmap.schedule.rule_based` takes: one reduction, an injective epilogue).
+
+Softmax, log-softmax and layer norm reduce twice (the rule-based scheduler takes one
+reduction): they keep their ``taskmap.ops`` templates and run alone.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..compute.nodes import TensorNode, compute, reduce
+from ..ir import expr as E
+from .attrs import ReduceFn
+from .ir import Op
+from .kinds import OpKind
+
+_OPS = {ReduceFn.SUM: "sum", ReduceFn.MEAN: "sum", ReduceFn.MAX: "max", ReduceFn.MIN: "min", ReduceFn.PROD: "prod"}
+
+
+def _form(op: Op) -> tuple[tuple[int, ...], bool, ReduceFn] | None:
+    """(axes, keepdim, fn) of a reduction the rule-based path computes, else None."""
+    x = op.inputs[0]
+    if not x.dtype.is_float or op.output.dtype is not x.dtype or x.ndim == 0 or op.output.numel == 0:
+        return None
+    if op.kind is OpKind.REDUCE and op.attrs.fn in _OPS and op.attrs.axes:
+        return tuple(sorted(op.attrs.axes)), op.attrs.keepdim, op.attrs.fn
+    if op.kind is OpKind.ADAPTIVE_AVG_POOL2D and op.attrs.output_size == (1, 1):
+        return (x.ndim - 2, x.ndim - 1), True, ReduceFn.MEAN
+    return None
+
+
+def reduction_fusable(op: Op) -> bool:
+    """Whether ``op`` is a reduction anchor the rule-based scheduler fuses around."""
+    return op.kind in (OpKind.REDUCE, OpKind.ADAPTIVE_AVG_POOL2D) and _form(op) is not None
+
+
+def reduction_compute(op: Op, nodes: Sequence[TensorNode], out_shape: Sequence[int]) -> TensorNode:
+    """The reduction as a compute definition over ``nodes[0]`` (its input's node)."""
+    form = _form(op)
+    assert form is not None, op
+    axes, keepdim, fn = form
+    x = nodes[0]
+    kept = [d for d in range(x.ndim) if d not in axes]
+    red_shape = [x.shape[d] for d in axes]
+    n_out = len(out_shape)
+
+    def value(*idx: Any) -> Any:
+        out_i, red_i = idx[:n_out], iter(idx[n_out:])
+        full = []
+        kept_i = iter(out_i if keepdim else (out_i if kept else ()))
+        for d in range(x.ndim):
+            if d in axes:
+                full.append(next(red_i))
+                if keepdim:
+                    next(kept_i)
+            else:
+                full.append(next(kept_i))
+        return x[tuple(full)]
+
+    # The reduction itself over the output's dimensions that are not 1 (the rule-based
+    # scheduler wants its epilogue to read it at the output's own index: see squeeze_output).
+    big = [d for d, s in enumerate(out_shape) if s != 1] or [0]
+    sq_shape = [out_shape[d] for d in big]
+
+    def sq_value(*idx: Any) -> Any:
+        full = [E.const(0)] * n_out
+        for d, i in zip(big, idx[:len(big)]):
+            full[d] = i
+        return value(*full, *idx[len(big):])
+
+    r = reduce(f"{op.kind.name.lower()}_acc", sq_shape, sq_value, red_shape, _OPS[fn])
+    count = float(math.prod(red_shape))
+    return compute(f"{op.kind.name.lower()}_out", out_shape,
+                   lambda *i: r[tuple(i[d] for d in big)] / count if fn is ReduceFn.MEAN else r[tuple(i[d] for d in big)])
+
+
+def squeeze_output(node: TensorNode) -> TensorNode:
+    """``node`` without its dimensions of size 1 (same memory layout), so that a reduction the
+    epilogue reads at constant 0 in those dimensions is read at the output's own index."""
+    shape = tuple(node.shape)
+    big = [d for d, s in enumerate(shape) if s != 1] or [0]     # all ones: keep the first
+    if len(big) == len(shape):
+        return node
+
+    def fn(*j: Any) -> Any:
+        full = [E.const(0)] * len(shape)
+        for d, i in zip(big, j):
+            full[d] = i
+        return node[tuple(full)]
+    return compute("out", [shape[d] for d in big], fn)
+
+
+__all__ = ["reduction_compute", "reduction_fusable", "squeeze_output"]

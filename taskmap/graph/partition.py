@@ -1,0 +1,188 @@
+"""Partition of a graph into fusion groups (Hidet §4.2, TVM's operator classes).
+
+A :class:`FusionGroup` becomes one kernel (or one runner call).  Kinds:
+
+* **anchored** — an anchor op (``REDUCTION`` / ``OUT_FUSABLE`` that the lowering can fuse
+  into: ``fusable(op)``) with
+
+  - *prologues*: per anchor input that the anchor accepts a prologue on (``prologue_inputs``),
+    the tree of INJECTIVE ops computing it whose intermediate results are read only inside the
+    group (each such tensor has exactly one reader and is not a graph output);
+  - an *epilogue*: the chain of ops after the anchor, each the only reader of the previous
+    result, element-wise / broadcast in it (the chain value is not broadcast) or a reshape /
+    permute (bijective; not after a reduction, whose epilogue must read it at the output's own
+    index): ``relu(bn(conv(x)) + identity)``; the other operands of the chain (a bias, a
+    residual) become inputs of the kernel.
+
+* **injective** — a tree of INJECTIVE ops not absorbed by an anchor, with a single root: its
+  compute definitions are composed (each op's definition reads the previous ones' nodes) and
+  scheduled once by the rule-based scheduler.
+* **single** — one op run alone: OPAQUE ops (attention, PyTorch fallback) and anchors the
+  lowering cannot fuse into (their ``taskmap.ops`` runner), or multi-output ops.
+
+Groups are listed in the order of their last op, which is a topological order of groups: every
+tensor a group reads from outside is the last op's output of a group listed before it.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .ir import Graph, Op, Tensor
+from .kinds import OpCategory, OpKind
+
+#: Op kinds an epilogue chain may pass through (they read the chain value bijectively).
+EPILOGUE_KINDS = frozenset({OpKind.UNARY, OpKind.BINARY, OpKind.WHERE, OpKind.CAST, OpKind.BATCH_NORM,
+                            OpKind.RESHAPE, OpKind.PERMUTE})
+
+
+class GroupKind(enum.Enum):
+    ANCHORED = "anchored"
+    INJECTIVE = "injective"
+    SINGLE = "single"
+
+
+@dataclass(frozen=True, eq=False)
+class FusionGroup:
+    """Ops that become one kernel (see the module docstring).  ``prologues[k]`` are the ops
+    computing the anchor's input ``k`` (topological order); ``epilogue`` the chain after it."""
+
+    kind: GroupKind
+    ops: tuple[Op, ...]                                   # every op, in graph order
+    anchor: Op | None = None
+    prologues: tuple[tuple[int, tuple[Op, ...]], ...] = ()
+    epilogue: tuple[Op, ...] = ()
+
+    @property
+    def last(self) -> Op:
+        return self.ops[-1]
+
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        """The graph tensors the group writes (read outside it)."""
+        return self.last.outputs
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """The tensors the group reads from outside (graph inputs, constants, other groups)."""
+        made = {t for op in self.ops for t in op.outputs}
+        return tuple(dict.fromkeys(t for op in self.ops for t in op.inputs if t not in made))
+
+    @property
+    def name(self) -> str:
+        return "+".join(op.name or op.kind.name.lower() for op in self.ops)
+
+    def __repr__(self) -> str:
+        return f"FusionGroup({self.kind.value}: {self.name})"
+
+
+def default_fusable(op: Op) -> bool:
+    """Anchors with a template the lowering fuses into: matmul, linear, conv2d."""
+    return op.kind in (OpKind.MATMUL, OpKind.LINEAR, OpKind.CONV2D)
+
+
+def default_prologue_inputs(op: Op) -> tuple[int, ...]:
+    """The anchor inputs a prologue may be spliced into (matmul operands, linear's input, a
+    reduction's input)."""
+    return {OpKind.MATMUL: (0, 1), OpKind.LINEAR: (0,), OpKind.REDUCE: (0,),
+            OpKind.ADAPTIVE_AVG_POOL2D: (0,)}.get(op.kind, ())
+
+
+def _epilogue_ok(op: Op, t: Tensor, anchor: Op) -> bool:
+    if op.kind not in EPILOGUE_KINDS or len(op.outputs) != 1:
+        return False
+    if anchor.definition.category is OpCategory.REDUCTION and op.kind in (OpKind.RESHAPE, OpKind.PERMUTE):
+        return False                      # a reduction's epilogue reads it at the output's own index
+    y = op.output
+    if y.numel != t.numel or sum(x is t for x in op.inputs) != 1:
+        return False
+    if op.kind in (OpKind.RESHAPE, OpKind.PERMUTE):
+        return True
+    if op.kind is OpKind.BATCH_NORM and op.inputs[0] is not t:
+        return False
+    return y.shape == t.shape
+
+
+class _Partitioner:
+    def __init__(self, graph: Graph, fusable: Callable[[Op], bool],
+                 prologue_inputs: Callable[[Op], Sequence[int]]) -> None:
+        self.g = graph
+        self.fusable, self.prologue_inputs = fusable, prologue_inputs
+        self.pos = {op: i for i, op in enumerate(graph.ops)}
+        outs = set(graph.outputs)
+        self.private = {t for t in graph.tensors() if t not in outs and len(graph.consumers(t)) == 1}
+        self.claimed: set[Op] = set()
+
+    def absorb(self, t: Tensor) -> list[Op]:
+        """The injective ops computing ``t`` that only this group reads (claimed)."""
+        p = self.g.producer(t)
+        if p is None or p in self.claimed or t not in self.private or len(p.outputs) != 1 \
+                or not p.definition.category.is_injective:
+            return []
+        self.claimed.add(p)
+        found = [p]
+        for x in dict.fromkeys(p.inputs):
+            found += self.absorb(x)
+        return found
+
+    def anchored(self, anchor: Op) -> FusionGroup:
+        self.claimed.add(anchor)
+        chain: list[Op] = []
+        t = anchor.output
+        while t in self.private:
+            c = self.g.consumers(t)[0]
+            if c in self.claimed or not _epilogue_ok(c, t, anchor):
+                break
+            chain.append(c)
+            self.claimed.add(c)
+            t = c.output
+        pro = []
+        for k in self.prologue_inputs(anchor):
+            if anchor.inputs.count(anchor.inputs[k]) == 1:
+                ops = self.absorb(anchor.inputs[k])
+                if ops:
+                    pro.append((k, tuple(sorted(ops, key=self.pos.__getitem__))))
+        ops = sorted([anchor, *chain, *(op for _, p in pro for op in p)], key=self.pos.__getitem__)
+        return FusionGroup(GroupKind.ANCHORED, tuple(ops), anchor, tuple(pro), tuple(chain))
+
+    def run(self) -> list[FusionGroup]:
+        groups: list[FusionGroup] = []
+        for op in self.g.ops:
+            if op not in self.claimed and op.definition.category.is_anchor and len(op.outputs) == 1 \
+                    and self.fusable(op):
+                groups.append(self.anchored(op))
+        for op in reversed(self.g.ops):
+            if op in self.claimed:
+                continue
+            if op.definition.category.is_injective and len(op.outputs) == 1:
+                self.claimed.add(op)
+                ops = [op] + [x for t in dict.fromkeys(op.inputs) for x in self.absorb(t)]
+                groups.append(FusionGroup(GroupKind.INJECTIVE, tuple(sorted(ops, key=self.pos.__getitem__))))
+            else:
+                self.claimed.add(op)
+                groups.append(FusionGroup(GroupKind.SINGLE, (op,)))
+        groups.sort(key=lambda grp: self.pos[grp.last])
+        return groups
+
+
+def partition(graph: Graph, fusable: Callable[[Op], bool] = default_fusable,
+              prologue_inputs: Callable[[Op], Sequence[int]] = default_prologue_inputs) -> list[FusionGroup]:
+    """The graph's fusion groups in a topological order (see the module docstring).
+
+    ``fusable(op)`` says which anchors take prologues / epilogues (the others run alone);
+    ``prologue_inputs(op)`` which of an anchor's inputs accept a prologue."""
+    return _Partitioner(graph, fusable, prologue_inputs).run()
+
+
+def groups_str(groups: Sequence[FusionGroup]) -> str:
+    """One line per group: its kind and ops (anchor in brackets)."""
+    lines = []
+    for g in groups:
+        names = [f"[{op.name}]" if op is g.anchor else op.name for op in g.ops]
+        lines.append(f"{g.kind.value:9s} {' '.join(names)}")
+    return "\n".join(lines)
+
+
+__all__ = ["EPILOGUE_KINDS", "FusionGroup", "GroupKind", "default_fusable", "default_prologue_inputs",
+           "groups_str", "partition"]

@@ -1,0 +1,80 @@
+"""Batch-norm folding: an inference ``BATCH_NORM`` right after a ``CONV2D`` (or a 2-D
+``LINEAR``) with constant weights and statistics becomes part of that op's weights and bias::
+
+    s = gamma / sqrt(var + eps)                  # per output channel
+    W' = W * s[co]          b' = (b - mean) * s + beta
+
+The anchor must have no other reader (its result is only normalised), and the folded op reads
+the same input; the batch norm's output is replaced by the new op's output.  The scale and shift
+are computed in float64; the weights are scaled in their own dtype (one rounding).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Op, Tensor
+from ..kinds import OpKind
+from .common import constant_like, foldable_dtype, rebuild, use_counts
+
+
+def _params(bn: Op) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) of the batch norm, or None when its parameters are not constants."""
+    if not all(t.is_constant and foldable_dtype(t) for t in bn.inputs[1:]):
+        return None
+    a = bn.attrs
+    it = iter(bn.inputs[3:])
+    mean = bn.inputs[1].data.astype(np.float64)
+    var = bn.inputs[2].data.astype(np.float64)
+    w = next(it).data.astype(np.float64) if a.has_weight else np.ones_like(mean)
+    b = next(it).data.astype(np.float64) if a.has_bias else np.zeros_like(mean)
+    scale = w / np.sqrt(var + a.eps)
+    return scale, b - mean * scale
+
+
+def _fold(anchor: Op, bn: Op) -> Op | None:
+    if anchor.kind is OpKind.CONV2D:
+        shape = (-1, 1, 1, 1)
+    elif anchor.kind is OpKind.LINEAR and anchor.output.ndim == 2 and anchor.inputs[1].ndim == 2:
+        shape = (-1, 1)
+    else:
+        return None
+    w = anchor.inputs[1]
+    bias = anchor.inputs[2] if len(anchor.inputs) > 2 else None
+    if not w.is_constant or not foldable_dtype(w) or (bias is not None and not bias.is_constant):
+        return None
+    p = _params(bn)
+    if p is None:
+        return None
+    scale, shift = p
+    if scale.shape != (w.shape[0],):
+        return None
+    new_w = constant_like(w, w.data * scale.astype(w.data.dtype).reshape(shape), f"{w.name}_bn")   # one rounding
+    b0 = bias.data.astype(np.float64) if bias is not None else np.zeros(w.shape[0])
+    bias_t = bias if bias is not None else Tensor((w.shape[0],), w.dtype, w.device, f"{w.name}_bias")
+    new_b = constant_like(bias_t, b0 * scale + shift, f"{w.name}_bn_bias")
+    out = bn.output
+    return Op(anchor.kind, (anchor.inputs[0], new_w, new_b), (out,), anchor.attrs, anchor.name, anchor.source)
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """Fold every batch norm that directly follows a conv2d / linear with constant weights."""
+    uses = use_counts(graph)
+    folded: dict[Op, Op] = {}       # batch norm -> the folded op taking its place
+    dropped: set[Op] = set()
+    for op in graph.ops:
+        if op.kind is not OpKind.BATCH_NORM:
+            continue
+        anchor = graph.producer(op.inputs[0])
+        if anchor is None or uses.get(op.inputs[0], 0) != 1 or anchor in dropped:
+            continue
+        new = _fold(anchor, op)
+        if new is not None:
+            folded[op] = new
+            dropped.add(anchor)
+    if not folded:
+        return graph
+    ops = [folded.get(op, op) for op in graph.ops if op not in dropped]
+    return rebuild(graph, ops)
+
+
+__all__ = ["fold_batch_norm"]

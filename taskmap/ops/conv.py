@@ -1,0 +1,353 @@
+"""2-D convolution like ``torch.nn.functional.conv2d``, as an implicit GEMM.
+
+``conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)``: ``x`` NCHW (or
+CHW), ``weight`` ``(C_out, C_in / groups, kh, kw)``, ``bias`` ``(C_out,)``; ``padding`` an int, a
+pair, ``"valid"`` or ``"same"`` (stride 1; the odd extra pad goes bottom / right, as in torch).
+float32 on the CPU; float32, float16 and bfloat16 on GPUs (and inside ``emulate_gpu``).
+
+Per image ``b`` and group ``g`` (the matmul's batch is ``N * groups``)::
+
+    C[b*G + g, co, p] = sum_kd  W[g, co, kd] * Col[b*G + g, kd, p]
+    kd = (ci, r, s) of the group's C_in/G x kh x kw taps,  p = (oh, ow) of the output pixels
+
+``C`` *is* the NCHW output (``(N*G, C_out/G, OH*OW)`` is a view of ``(N, C_out, OH, OW)``).
+``Col`` is never materialised: it is an img2col **prologue** spliced by post-scheduling fusion
+(:mod:`taskmap.fusion`) into the B-operand loads of the matmul template — the CPU template's B
+packing (which then reads the image, zero for padding), the SIMT template's shared-memory tile
+loads, the tensor-core template's ``cp_async`` tile copies (made synchronous element loads).
+1x1 convolutions with stride 1 and no padding need no prologue (``x`` is already ``Col``).  The
+weights are ``A`` as stored (a prologue picks the group when there are several images and
+groups).  The bias is an **epilogue** spliced into the stores of ``C``.
+
+Schedules come from the matmul templates' cost models, restricted to those a prologue suits:
+on the CPU, operands with a prologue are packed (the prologue runs once per element, not in
+the micro-kernel); on GPUs no split-K (one kernel).  ``groups == C_in`` with one input channel
+per group (depthwise) goes to :func:`taskmap.ops.depthwise_conv2d`.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backends import Target, TargetKind
+from ..compute.nodes import compute, tensor_input
+from ..errors import OpError, TaskmapError
+from ..fusion import fuse
+from ..ir import expr as E
+from ..ir.dtypes import i32, u32
+from ..runtime.args import bind_args
+from ..runtime.kernel import Kernel
+from ..schedule import tune
+from ..templates.base import Schedule
+from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_problem import WORKSPACE, MatmulProblem, new_like, view
+from ..templates.matmul_simt import MATMUL_SIMT
+from ..templates.matmul_tc import MATMUL_TC
+from ._dispatch import FLOATS, _launch, new_output, prepare, target_for
+from .arrays import ArrayKind
+from .depthwise import depthwise_conv2d
+
+OP = "conv2d"
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution: shapes, window, groups, dtype, bias (hashable: the plan cache key)."""
+
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pb: int
+    pl: int
+    pr: int
+    dh: int
+    dw: int
+    groups: int
+    dtype: str
+    bias: bool
+
+    @property
+    def oh(self) -> int:
+        return output_size(self.h, self.kh, self.sh, self.pt, self.pb, self.dh)
+
+    @property
+    def ow(self) -> int:
+        return output_size(self.w, self.kw, self.sw, self.pl, self.pr, self.dw)
+
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1 convolution without stride or padding: the input is its own img2col."""
+        return (self.kh, self.kw, self.sh, self.sw, self.pt, self.pb, self.pl, self.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
+
+    def matmul(self) -> MatmulProblem:
+        g = self.groups
+        return MatmulProblem(self.n * g, self.cout // g, self.oh * self.ow, self.cin // g * self.kh * self.kw,
+                             self.dtype, self.dtype, a_batched=g > 1, b_batched=True)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def output_size(size: int, k: int, s: int, p_lo: int, p_hi: int, d: int) -> int:
+    """torch's output size of a window ``k`` (dilation ``d``, stride ``s``) over ``size`` padded
+    by ``p_lo`` / ``p_hi`` (0 when the padded input is smaller than the window)."""
+    span = size + p_lo + p_hi - d * (k - 1) - 1
+    return span // s + 1 if span >= 0 else 0
+
+
+def pair(op: str, name: str, value: Any, *, minimum: int) -> tuple[int, int]:
+    """An int or a sequence of one or two ints -> (h, w), each at least ``minimum``."""
+    items = (value,) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else None
+    if items is None or not 1 <= len(items) <= 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in items):
+        raise OpError(f"{op}(): {name} must be an int or a tuple of one or two ints, got {value!r}")
+    h, w = items if len(items) == 2 else items * 2
+    if h < minimum or w < minimum:
+        raise OpError(f"{op}(): {name} must be {'positive' if minimum == 1 else 'non-negative'}, got {value!r}")
+    return h, w
+
+
+def _planes(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of an NCHW or CHW input (N = 1 for CHW), with non-empty C, H, W."""
+    if len(shape) not in (3, 4):
+        raise OpError(f"{OP}(): expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape {shape}")
+    n, c, h, w = (1, *shape) if len(shape) == 3 else shape
+    if c == 0 or h == 0 or w == 0:
+        raise OpError(f"{OP}(): the input's channel and spatial dimensions must be non-empty, got shape {shape}")
+    return n, c, h, w
+
+
+def _padding(padding: Any, k: tuple[int, int], d: tuple[int, int], s: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if padding == "same":
+            if s != (1, 1):
+                raise OpError(f"{OP}(): padding='same' is not supported for strided convolutions (stride {s})")
+            th, tw = (dd * (kk - 1) for kk, dd in zip(k, d))
+            return th // 2, th - th // 2, tw // 2, tw - tw // 2
+        raise OpError(f"{OP}(): padding must be an int, a pair of ints, 'valid' or 'same', got {padding!r}")
+    ph, pw = pair(OP, "padding", padding, minimum=0)
+    return ph, ph, pw, pw
+
+
+def conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+           groups: int = 1) -> Any:
+    """``torch.nn.functional.conv2d``: implicit GEMM (img2col prologue + matmul template + bias
+    epilogue, spliced into one kernel)."""
+    arrays = [x, weight] + ([bias] if bias is not None else [])
+    args = prepare(OP, *arrays, allowed=FLOATS)
+    n, cin, h, w = _planes(tuple(args.shapes[0]))
+    wshape = tuple(args.shapes[1])
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise OpError(f"{OP}(): groups must be a positive int, got {groups!r}")
+    if len(wshape) != 4:
+        raise OpError(f"{OP}(): weight must be 4-d (C_out, C_in / groups, kh, kw), got shape {wshape}")
+    cout, cg, kh, kw = wshape
+    if cin % groups:
+        raise OpError(f"{OP}(): the input's {cin} channels are not divisible by groups={groups}")
+    if cout == 0 or cout % groups:
+        raise OpError(f"{OP}(): the weight's {cout} output channels must be a positive multiple of groups={groups}")
+    if cg != cin // groups:
+        raise OpError(f"{OP}(): weight {wshape} expects {cg * groups} input channels (C_in / groups = {cg}), "
+                      f"the input has {cin} (shape {tuple(args.shapes[0])}, groups={groups})")
+    if kh == 0 or kw == 0:
+        raise OpError(f"{OP}(): the kernel must be non-empty, got weight shape {wshape}")
+    if bias is not None and tuple(args.shapes[2]) != (cout,):
+        raise OpError(f"{OP}(): bias must have shape ({cout},), got {tuple(args.shapes[2])}")
+    if len(set(args.dtypes)) != 1:
+        raise OpError(f"{OP}(): input, weight and bias must have one dtype, got {', '.join(args.dtypes)}")
+    s = pair(OP, "stride", stride, minimum=1)
+    d = pair(OP, "dilation", dilation, minimum=1)
+    pt, pb, pl, pr = _padding(padding, (kh, kw), d, s)
+    problem = ConvProblem(n, cin, h, w, cout, kh, kw, s[0], s[1], pt, pb, pl, pr, d[0], d[1], groups,
+                          args.dtypes[0], bias is not None)
+    oh, ow = problem.oh, problem.ow
+    if oh < 1 or ow < 1:
+        raise OpError(f"{OP}(): the padded input ({h + pt + pb}, {w + pl + pr}) is smaller than the dilated kernel "
+                      f"({d[0] * (kh - 1) + 1}, {d[1] * (kw - 1) + 1})")
+    if groups == cin and groups > 1 and cg == 1:
+        return depthwise_conv2d(x, weight, bias, stride, padding, dilation)
+    target = target_for(args.kind)
+    if target.kind is TargetKind.CPU and args.dtypes[0] != "float32":
+        raise OpError(f"{OP}() on the CPU supports float32 only, got {args.dtypes[0]}")
+    out = new_output(args.kind, (*args.shapes[0][:-3], cout, oh, ow), args.dtypes[0])
+    if n == 0:
+        return out
+    _plan(problem, target)(args.kind, args.arrays, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- definitions
+
+
+def img2col(p: ConvProblem, linear: bool = False) -> Any:
+    """``Col[b*G + g, kd, pix]`` (the B operand) as a compute definition reading ``x`` — or with
+    ``linear`` (stride 1 and OW == W, where the input offset is the pixel's plus a per-tap
+    constant), ``xf``, the input seen flat."""
+    G, cg, KH, KW, OW = p.groups, p.cin // p.groups, p.kh, p.kw, p.ow
+    mp = p.matmul()
+    assert not linear or (p.sh == p.sw == 1 and OW == p.w)
+    x = tensor_input("x", p.dtype, [p.n, p.cin, p.h, p.w])
+    xf = tensor_input("xf", p.dtype, [p.n * p.cin * p.h * p.w])
+    top = p.pt > 0
+    bottom = (p.oh - 1) * p.sh - p.pt + (KH - 1) * p.dh >= p.h
+    left = p.pl > 0
+    right = (OW - 1) * p.sw - p.pl + (KW - 1) * p.dw >= p.w
+
+    def col(b: Any, kd: Any, pix: Any) -> Any:
+        # Written for gcc's vectorizer (the B packing loop of the CPU template runs this per lane,
+        # as masked gathers): unsigned division by constants, one unsigned compare per bound
+        # pair, no short-circuit (``&&`` is control flow, which stops vectorization).
+        bu, kdu, pu = (E.cast(v, u32) for v in (b, kd, pix))
+        img, ci = (bu // G, bu % G * cg + kdu // (KH * KW)) if G > 1 else (bu, kdu // (KH * KW))
+        r, s = kdu // KW % KH, kdu % KW
+        ih = E.cast(pu // OW * p.sh + r * p.dh, i32) - p.pt
+        iw = E.cast(pu % OW * p.sw + s * p.dw, i32) - p.pl
+        conds = []
+        if top or bottom:
+            conds.append(E.cast(ih, u32) < p.h)
+        if left or right:
+            conds.append(E.cast(iw, u32) < p.w)
+        if linear:      # the address is affine in the pixel: masked vector loads, not gathers
+            plane = E.cast(img * p.cin + ci, i32) * (p.h * p.w)
+            value = xf[plane + E.cast(r * (p.dh * p.w) + s * p.dw, i32) + pix - (p.pt * p.w + p.pl)]
+        else:
+            value = x[E.cast(img, i32), E.cast(ci, i32), ih, iw]
+        if not conds:
+            return value
+        ok = conds[0] if len(conds) == 1 else E.binary(E.BinOp.BITAND, conds[0], conds[1])
+        return E.select(ok, value, 0.0)
+
+    return compute("b", [mp.batch, mp.k, mp.n], col)
+
+
+def grouped_weights(p: ConvProblem) -> Any:
+    """``A[b*G + g] = W[g]``: the weights of each image's group (several images and groups)."""
+    mp = p.matmul()
+    wv = tensor_input("wg", p.dtype, [p.groups, mp.m, mp.k])
+    return compute("a", [mp.batch, mp.m, mp.k], lambda b, i, kd: wv[b % p.groups, i, kd])
+
+
+def bias_epilogue(p: ConvProblem) -> Any:
+    """``y = C + bias`` along the output channels, in C's own (N*G, C_out/G, OH*OW) shape."""
+    mp = p.matmul()
+    c = tensor_input("c", p.dtype, [mp.batch, mp.m, mp.n])
+    bias = tensor_input("conv_bias", p.dtype, [p.cout])
+    G, m = p.groups, mp.m
+    return compute("y", [mp.batch, mp.m, mp.n], lambda b, i, pix: c[b, i, pix] + bias[b % G * m + i if G > 1 else i])
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def _schedule(template: Any, mp: MatmulProblem, target: Target, packed_a: bool, packed_b: bool) -> Any:
+    """The cost model's best schedule among those a prologue suits."""
+    space = [s for s in template.space(mp, target) if _suits(s.as_dict(), packed_a, packed_b)]
+    if not space and template is MATMUL_SIMT:     # the space prunes tiles twice larger than tiny problems
+        return Schedule.of(wm=1, wn=1, rm=1, rn=1, tm=4, tn=4, bk=8, split=1)
+    if not space:
+        raise OpError(f"{OP}(): no schedule of {template.name} for {mp} on {target.name}")
+    return tune.ranked(tune.model_costs(template, mp, target, space))[0]
+
+
+def _suits(s: dict[str, Any], packed_a: bool, packed_b: bool) -> bool:
+    if s.get("split", 1) not in (1, "m", "n"):          # GPU split-K: two kernels
+        return False
+    return (not packed_a or s.get("pack_a", True)) and (not packed_b or s.get("pack_b", True))
+
+
+class _Plan:
+    """A fused kernel and how to lay out its arguments."""
+
+    def __init__(self, p: ConvProblem, target: Target) -> None:
+        self.p, self.target = p, target
+        mp = self.mp = p.matmul()
+        cpu = target.kind is TargetKind.CPU
+        template = MATMUL_CPU if cpu else MATMUL_TC if p.dtype in ("float16", "bfloat16") else MATMUL_SIMT
+        if not template.applies(mp, target):
+            raise OpError(f"{OP}() on {target.name} does not support {p.dtype}")
+        prologues: dict[str, Any] = {}
+        if not p.pointwise:       # CPU: the flat form when it applies (see img2col)
+            prologues["b"] = img2col(p, cpu and p.sh == p.sw == 1 and p.ow == p.w)
+        if p.groups > 1 and p.n > 1:
+            prologues["a"] = grouped_weights(p)
+        self.schedule = _schedule(template, mp, target, "a" in prologues, "b" in prologues)
+        anchor = template.instantiate(mp, target, self.schedule)
+        epilogues = {"c": bias_epilogue(p)} if p.bias else {}
+        sizes = {"batch": mp.batch, "m": mp.m, "n": mp.n, "k": mp.k}
+        if not cpu:
+            sizes["cz"] = mp.batch
+        self.kernel: Kernel = fuse(anchor, prologues, epilogues, sizes)
+        self.names = [q.name for q in self.kernel.func.params]
+        self.cpu = cpu
+        self._fn: Any = None
+        self._sizes: list[int] = []
+        if cpu:
+            self.wa, self.wb = MATMUL_CPU.workspace_sizes(mp, self.schedule, target)
+
+    def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
+        p, mp = self.p, self.mp
+        x, weight = arrays[0], arrays[1]
+        c = view(out, (mp.batch, mp.m, mp.n))
+        avail = {"x": view(x, (p.n, p.cin, p.h, p.w)), "xf": view(x, (p.n * p.cin * p.h * p.w,)), "c": c, "y": c}
+        if "b" in self.names:             # pointwise: the input is the B operand
+            avail["b"] = view(x, (mp.batch, mp.k, mp.n))
+        if "a" in self.names:
+            avail["a"] = view(weight, (mp.batch if mp.a_batched else 1, mp.m, mp.k))
+        if "wg" in self.names:
+            avail["wg"] = view(weight, (p.groups, mp.m, mp.k))
+        if p.bias:
+            avail["conv_bias"] = arrays[2]
+        if "bias" in self.names:          # the template's own bias (unused): a 1-element dummy
+            avail["bias"] = _ZERO if self.cpu and kind.target == "cpu" else new_like(out, (1,), p.dtype)
+        if self.cpu:                      # partial sums: in C itself unless an epilogue writes it
+            avail["cw"] = c if not p.bias else view(WORKSPACE.get("conv_cw", mp.batch * mp.m * mp.n),
+                                                    (mp.batch, mp.m, mp.n))
+            avail["wa"] = WORKSPACE.get("cpu_a", self.wa)
+            avail["wb"] = WORKSPACE.get("cpu_b", self.wb)
+        args = [avail[name] for name in self.names]
+        if self.cpu and kind.target == "cpu":
+            self._host_launch(args)
+        else:
+            _launch(self.kernel, kind, args)
+
+    def _host_launch(self, args: list[Any]) -> None:
+        """The CPU kernel through its ctypes entry (pointers, then sizes): arguments are checked
+        once (the plan fixes every shape), later calls only pass the pointers."""
+        if self._fn is None:
+            compiled = self.kernel.build("cpu")
+            bound = bind_args(compiled.func, args, compiled._written)
+            self._sizes = list(bound.values[len(args):])
+            self._fn = compiled.launcher.fn
+        status = self._fn(*(a.ctypes.data if type(a) is np.ndarray else a.data_ptr() for a in args), *self._sizes)
+        if status:
+            raise TaskmapError(f"{self.kernel.__name__}(): the kernel failed with status {status}")
+
+
+_ZERO = np.zeros(1, np.float32)
+_PLANS: dict[tuple[ConvProblem, Target], _Plan] = {}
+_LOCK = threading.Lock()
+
+
+def _plan(p: ConvProblem, target: Target) -> _Plan:
+    key = (p, target)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _Plan(p, target)
+        with _LOCK:
+            plan = _PLANS.setdefault(key, plan)
+    return plan
+
+
+__all__ = ["ConvProblem", "bias_epilogue", "conv2d", "grouped_weights", "img2col"]

@@ -1,0 +1,362 @@
+"""A compiled graph: a list of steps (kernel launches over buffer slots) and a static memory plan.
+
+``CompiledGraph(graph, device)`` runs the graph passes (:mod:`taskmap.graph.passes`), then
+turns every **fusion group** (:func:`taskmap.graph.lower.lower_graph`) into a :class:`Step`:
+
+* a fused kernel (a matmul / linear / conv2d anchor with its prologues and epilogue, or a
+  chain of injective ops composed and scheduled by the rule-based scheduler): the step
+  launches it into a buffer of the **memory plan**, through a prepared launch
+  (``CompiledKernel.prepare``: arguments checked once);
+* other anchors (reductions, norms, pooling, attention, unsupported shapes) and the PyTorch
+  fallback: the step calls the op's ``taskmap.ops`` runner, which allocates its own result.
+
+``fuse=False`` (or ``TASKMAP_FUSION=0``) skips the passes and makes one step per op.
+
+Memory plan: every intermediate written by a kernel step (not a graph output) gets a region of
+one of a few byte buffers, chosen by lifetime (a buffer is free again after the last step that
+reads its tensor; best fit, growing the largest free one).  The buffers are allocated once, on
+the first run, and reused by every later run — so a compiled graph runs one call at a time.
+Values of other steps are dropped after their last use.  Graph outputs are always fresh arrays.
+
+The seam for fusion: :func:`build_steps` is the only place that maps groups (or ops) to steps;
+a fused group becomes one :class:`Step` launching one kernel over the same slots.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from ..compute.nodes import graph_inputs, tensor_input
+from ..errors import LaunchError
+from ..graph.ir import Graph, Op, Tensor
+from ..graph.kinds import OpKind
+from ..graph.lower import KernelGroup, Workspace, Zeros, lower_graph, workspace_sizes
+from ..graph.passes import optimize
+from ..graph.printer import graph_str
+from ..ops._dispatch import target_for
+from ..ops.arrays import ArrayKind, empty_like_kind
+from ..schedule.rule_based import schedule
+from ..templates.reduce import view
+from .kernel import Kernel
+
+_KERNELS: dict[tuple[Any, ...], tuple[Kernel, tuple[int, ...]]] = {}
+
+
+def kernel_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(shape) or (1,)
+
+
+@dataclass
+class Step:
+    """One launch: ``run(values)`` reads ``values[k]`` for ``k`` in ``inputs`` and sets
+    ``values[k]`` for ``k`` in ``outputs`` (slots of the graph's tensors)."""
+
+    name: str
+    kind: OpKind
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    run: Callable[[list[Any]], None] = field(repr=False)
+    kernel: Any = field(default=None, repr=False)
+    planned: bool = False  # writes into the memory plan
+
+
+def compute_kernel(op: Op, target: Any) -> tuple[Kernel, tuple[int, ...]]:
+    """The rule-based kernel of an injective op (cached per op kind, attributes, shapes, dtypes,
+    target) and which of its inputs it reads."""
+    shapes = tuple(kernel_shape(t.shape) for t in op.inputs)
+    dtypes = tuple(t.dtype.name for t in op.inputs)
+    out = op.output
+    key = (op.kind, op.attrs, shapes, dtypes, kernel_shape(out.shape), target)
+    hit = _KERNELS.get(key)
+    if hit is None:
+        nodes = [tensor_input(f"x{k}", d, s) for k, (d, s) in enumerate(zip(dtypes, shapes))]
+        node = op.definition.compute(nodes, op.attrs, kernel_shape(out.shape))
+        if tuple(node.shape) != kernel_shape(out.shape) or node.dtype is not out.dtype:
+            raise AssertionError(f"{op.name}: compute gives {node.dtype!r}{list(node.shape)}, inference "
+                                 f"{out.dtype!r}{list(out.shape)}")
+        read = {id(n) for n in graph_inputs(node)}
+        used = tuple(k for k, x in enumerate(nodes) if id(x) in read)
+        kernel = schedule(node, target, inputs=[nodes[k] for k in used], name=op.kind.name.lower())
+        hit = _KERNELS[key] = (kernel, used)
+    return hit
+
+
+def _carve(buf: Any, shape: Sequence[int], dtype: str) -> Any:
+    """A contiguous array of ``shape``/``dtype`` at the start of the byte buffer ``buf``."""
+    n = math.prod(shape)
+    if isinstance(buf, np.ndarray):
+        return buf[: n * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+    torch = sys.modules["torch"]
+    t = getattr(torch, dtype)
+    size = n * torch.empty((), dtype=t).element_size()
+    return buf[:size].view(t).view(tuple(shape))
+
+
+class CompiledGraph:
+    """``graph`` ready to run on ``device`` with arrays of ``library`` ("torch" or "numpy")."""
+
+    def __init__(self, graph: Graph, device: str = "cpu", library: str = "torch", progress: bool | None = None,
+                 fuse: bool | None = None):
+        fuse = fuse if fuse is not None else os.environ.get("TASKMAP_FUSION", "1") != "0"
+        self.source_graph = graph
+        graph = self.graph = optimize(graph) if fuse else graph      # graph passes (taskmap.graph.passes)
+        self.kind = ArrayKind(library, device)
+        self.target = target_for(self.kind)
+        if "graph" in os.environ.get("TASKMAP_DEBUG", "").split(","):
+            print(graph_str(graph), file=sys.stderr)
+        self.slots: dict[Tensor, int] = {t: k for k, t in enumerate(graph.tensors())}
+        self.constants: dict[int, Any] = {self.slots[t]: self._convert(t.data) for t in graph.constants()}
+        self.steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse)
+        self._plan()
+        self._buffers: list[Any] | None = None
+        self.runs = 0
+
+    # ------------------------------------------------------------------ compile time
+
+    def _convert(self, data: np.ndarray) -> Any:
+        if self.kind.library == "numpy":
+            return data
+        torch = sys.modules["torch"]
+        with warnings.catch_warnings():  # constants are read-only arrays; kernels never write them
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(data).to(self.kind.device)
+
+    def _plan(self) -> None:
+        """Assign buffers to the planned outputs by lifetime."""
+        last: dict[int, int] = {}
+        for i, step in enumerate(self.steps):
+            for k in step.inputs:
+                last[k] = i
+        keep = {self.slots[t] for t in self.graph.outputs}
+        self.free_after: list[list[int]] = [[] for _ in self.steps]
+        for k, i in last.items():
+            if k not in keep and k not in self.constants and i < len(self.steps):
+                self.free_after[i].append(k)
+        sizes: list[int] = []
+        free: list[int] = []
+        self.assign: dict[int, int] = {}
+        nbytes = {self.slots[t]: t.nbytes for t in self.slots}
+        for i, step in enumerate(self.steps):
+            if step.planned:
+                for k in step.outputs:
+                    if k in keep or k not in last:
+                        continue
+                    need = max(nbytes[k], 1)
+                    fits = [b for b in free if sizes[b] >= need]
+                    if fits:
+                        b = min(fits, key=lambda b: sizes[b])
+                    elif free:
+                        b = max(free, key=lambda b: sizes[b])
+                        sizes[b] = need
+                    else:
+                        b = len(sizes)
+                        sizes.append(need)
+                    if b in free:
+                        free.remove(b)
+                    self.assign[k] = b
+            for k in self.free_after[i]:
+                if k in self.assign:
+                    free.append(self.assign[k])
+        self.buffer_sizes = sizes
+
+    @property
+    def planned_bytes(self) -> int:
+        return sum(self.buffer_sizes)
+
+    @property
+    def kernels(self) -> list[Any]:
+        return [s.kernel for s in self.steps if s.kernel is not None]
+
+    # ------------------------------------------------------------------ run time
+
+    def _check(self, inputs: Sequence[Any]) -> None:
+        g = self.graph
+        if len(inputs) != len(g.inputs):
+            raise LaunchError(f"compiled graph {g.name} takes {len(g.inputs)} inputs, got {len(inputs)}")
+        for k, (a, t) in enumerate(zip(inputs, g.inputs)):
+            shape = tuple(a.shape)
+            dtype = str(a.dtype).replace("torch.", "")
+            dev = str(getattr(a, "device", "cpu"))
+            if shape != t.shape or dtype != t.dtype.name or (dev != self.kind.device and
+                                                              not (dev == "cuda" and self.kind.device == "cuda:0")):
+                raise LaunchError(f"input {k} ({t.name}) of {g.name}: expected {t.dtype.name}{list(t.shape)} on "
+                                  f"{self.kind.device}, got {dtype}{list(shape)} on {dev}")
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        self._check(inputs)
+        if self._buffers is None:
+            self._buffers = [empty_like_kind(self.kind, (n,), "uint8") for n in self.buffer_sizes]
+        values: list[Any] = [None] * len(self.slots)
+        for t, a in zip(self.graph.inputs, inputs):
+            values[self.slots[t]] = a if _contiguous(a) else a.contiguous()
+        for k, c in self.constants.items():
+            values[k] = c
+        by_slot = {k: t for t, k in self.slots.items()}
+        for i, step in enumerate(self.steps):
+            for k in step.outputs:
+                b = self.assign.get(k)
+                if b is not None:
+                    t = by_slot[k]
+                    values[k] = _carve(self._buffers[b], t.shape, t.dtype.name)
+            step.run(values)
+            for k in self.free_after[i]:
+                values[k] = None
+        self.runs += 1
+        outs = []
+        for t in self.graph.outputs:
+            v = values[self.slots[t]]
+            outs.append(v.clone() if t.is_constant and hasattr(v, "clone") else v)
+        return outs
+
+
+def _contiguous(a: Any) -> bool:
+    return a.flags.c_contiguous if isinstance(a, np.ndarray) else a.is_contiguous()
+
+
+def build_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: ArrayKind,
+                progress: bool | None = None, fuse: bool = True) -> list[Step]:
+    """One step per fusion group (:func:`taskmap.graph.lower.lower_graph`); with ``fuse=False``
+    one step per op (injective ops as rule-based kernels, the others through their runners)."""
+    if fuse:
+        return _group_steps(graph, slots, target, kind, progress)
+    steps = []
+    ops = graph.ops
+    bar = tqdm(ops, desc=f"taskmap: compiling {graph.name}", unit="op", leave=False,
+               disable=not progress if progress is not None else None)
+    for op in bar:
+        ins = tuple(slots[t] for t in op.inputs)
+        outs = tuple(slots[t] for t in op.outputs)
+        if op.definition.category.is_injective:
+            steps.append(_kernel_step(op, ins, outs, target, kind))
+        else:
+            steps.append(_runner_step(op, ins, outs))
+    return steps
+
+
+def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: ArrayKind,
+                 progress: bool | None) -> list[Step]:
+    """Steps of the fused kernel groups.  Kernels launch through ``CompiledKernel.prepare``:
+    arguments are checked once and re-checked only when an array that is not in the memory
+    plan (a graph input or output, a runner's result) has moved."""
+    groups = lower_graph(graph, target)
+    _build_all([kg.kernel for kg in groups if kg.kernel is not None], kind)
+    ws = {k: empty_like_kind(kind, (n,), "float32") for k, n in workspace_sizes(groups).items()}
+    zeros = empty_like_kind(kind, (1,), "float32")
+    zeros[...] = 0
+    outputs = set(graph.outputs)
+    stable = {slots[t] for t in graph.constants()}
+    for kg in groups:
+        if kg.kernel is not None:
+            stable.update(slots[t] for t in kg.outputs if t not in outputs)
+    steps = []
+    bar = tqdm(groups, desc=f"taskmap: compiling {graph.name}", unit="kernel", leave=False,
+               disable=not progress if progress is not None else None)
+    for kg in bar:
+        ins = tuple(slots[t] for t in kg.inputs)
+        outs = tuple(slots[t] for t in kg.outputs)
+        if kg.kernel is not None:
+            steps.append(_group_step(kg, slots, kind, ws, zeros, stable))
+        elif len(kg.ops) == 1 and not kg.ops[0].definition.category.is_injective:
+            steps.append(_runner_step(kg.ops[0], ins, outs))
+        else:
+            steps.append(_kernel_step(kg.ops[-1], ins, outs, target, kind))   # an empty result
+    return steps
+
+
+def _build_all(kernels: Sequence[Kernel], kind: ArrayKind) -> None:
+    """Build the distinct kernels on a few threads (the compilers run in parallel; binaries
+    already in the disk cache are only loaded)."""
+    unique = list(dict.fromkeys(kernels))
+    workers = min(len(unique), os.cpu_count() or 1, 16)
+    if workers <= 1:
+        for k in unique:
+            k.build(kind.target)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(lambda k: k.build(kind.target), unique))
+
+
+def _ptr(a: Any) -> int:
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data_ptr()
+
+
+def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: Any,
+                stable: set[int]) -> Step:
+    compiled = kg.kernel.build(kind.target)
+    out = kg.outputs[0]
+    o = slots[out]
+    plan: list[tuple[int, Any, tuple[int, ...] | None]] = []     # (slot or -1, fixed array, view shape)
+    for a, s in zip(kg.args, kg.shapes):
+        if isinstance(a, Workspace):
+            buf = ws[a.slot]
+            plan.append((-1, buf if s is None else view(buf[:math.prod(s)], s), None))
+        elif isinstance(a, Zeros):
+            plan.append((-1, zeros, None))
+        else:
+            plan.append((slots[a], None, s))
+    volatile = tuple(dict.fromkeys([o, *(k for k, _, _ in plan if k >= 0 and k not in stable)]))
+    state: list[Any] = [None, None]          # the prepared launch, the volatile pointers it was made for
+
+    def run(values: list[Any]) -> None:
+        if values[o] is None:
+            values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
+        key = tuple(_ptr(values[k]) for k in volatile)
+        if state[0] is None or key != state[1]:
+            arrays = [fixed if k < 0 else view(values[k], s) for k, fixed, s in plan]
+            state[0], state[1] = compiled.prepare(*arrays), key
+        state[0]()
+    ins = tuple(slots[t] for t in kg.inputs)
+    return Step(kg.name, kg.ops[-1].kind, ins, tuple(slots[t] for t in kg.outputs), run, kg.kernel, True)
+
+
+def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: Any, kind: ArrayKind) -> Step:
+    out = op.output
+    oshape = kernel_shape(out.shape)
+    if out.numel == 0:
+        def run_empty(values: list[Any]) -> None:
+            if values[outs[0]] is None:
+                values[outs[0]] = empty_like_kind(kind, out.shape, out.dtype.name)
+        return Step(op.name, op.kind, ins, outs, run_empty, None, True)
+    kernel, used = compute_kernel(op, target)
+    launcher = kernel.build(kind.target)
+    in_shapes = [kernel_shape(t.shape) for t in op.inputs]
+    sel = [(ins[k], in_shapes[k]) for k in used]
+    o = outs[0]
+
+    def run(values: list[Any]) -> None:
+        dst = values[o]
+        if dst is None:
+            dst = values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
+        launcher(*[view(values[k], s) for k, s in sel], view(dst, oshape))
+    return Step(op.name, op.kind, ins, outs, run, kernel, True)
+
+
+def _runner_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...]) -> Step:
+    d = op.definition
+    attrs = op.attrs
+    shapes = [t.shape for t in op.outputs]
+    fallback = op.kind is OpKind.TORCH
+
+    def run(values: list[Any]) -> None:
+        res = d.run([values[k] for k in ins], attrs)
+        res = tuple(res) if isinstance(res, (tuple, list)) else (res,)
+        for k, r, s in zip(outs, res, shapes):
+            if not _contiguous(r):
+                r = r.contiguous() if hasattr(r, "contiguous") else np.ascontiguousarray(r)
+            elif fallback and getattr(r, "_base", None) is not None:
+                r = r.clone()  # a view of an input (maybe a planned buffer): own the result
+            if tuple(r.shape) != s:
+                raise LaunchError(f"{op.name} ({d.run_name}) returned shape {tuple(r.shape)}, expected {s}")
+            values[k] = r
+    return Step(op.name, op.kind, ins, outs, run, None, False)
+
+
+__all__ = ["CompiledGraph", "Step", "build_steps", "compute_kernel"]

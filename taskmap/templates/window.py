@@ -1,0 +1,228 @@
+"""Sliding-window template: max / average pooling (fixed and adaptive windows) and depthwise
+convolution (``groups == in_channels``, channel multiplier ``mult``), NCHW, on the CPU and GPUs.
+
+A problem (:class:`WindowProblem`) is static: shapes, window, stride, padding (the top / left
+padding; the bottom / right is implied by the output size), dilation.  The kernels are in
+:mod:`.window_kernels`.
+
+Tuning space, in hardware terms: CPU — vector width (full or half registers: unaligned
+full-width loads mostly cross cache lines, and a 512-bit operation is two 256-bit ones on some
+cores) and output rows computed together (they share the loads of the input rows their windows
+cover; more rows, more accumulator registers); GPU — threads per block.  ``cost`` is a
+roofline: the bytes read and written against bandwidth, and per vector of outputs the larger of
+the taps' FMAs (max: three operations) and the loads, plus the staging copy, against the cores'
+throughput.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import Target, TargetKind
+from ..compute.nodes import accumulator_type
+from ..ir.dtypes import ScalarType, scalar_type
+from ..runtime.kernel import Kernel
+from .base import Schedule
+from .reduce import view
+from .reduce_kernels import lanes_of
+from .window_kernels import cpu_global, cpu_window, gpu_window, staging
+
+OPS = ("max", "avg", "conv")
+#: Below this many taps of work a CPU kernel runs on one core (OpenMP's fork costs more).
+PARALLEL_MIN_WORK = 1 << 16
+#: A CPU worker's staged input rows should fit in its share of L2 (bytes).
+STAGING_TARGET_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class WindowProblem:
+    """``op`` ("max", "avg", "conv") over windows of an ``(n, c_in, h, w)`` input giving
+    ``(n, c_out, oh, ow)``; ``c_out = c_in * mult``.  ``adaptive``: windows
+    ``[floor(o*h/oh), ceil((o+1)*h/oh))`` (kh, kw, strides and paddings unused).  avg:
+    ``count_include_pad`` and ``divisor`` (torch's ``divisor_override``); conv: ``bias``."""
+
+    op: str
+    n: int
+    c_in: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int = 1
+    kw: int = 1
+    sh: int = 1
+    sw: int = 1
+    ph: int = 0
+    pw: int = 0
+    dh: int = 1
+    dw: int = 1
+    mult: int = 1
+    dtype: str = "float32"
+    adaptive: bool = False
+    count_include_pad: bool = True
+    divisor: int | None = None
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.op in OPS, self.op
+
+    @property
+    def c_out(self) -> int:
+        return self.c_in * self.mult
+
+    @property
+    def scalar(self) -> ScalarType:
+        return scalar_type(self.dtype)
+
+    @property
+    def compute_type(self) -> ScalarType:
+        return accumulator_type(self.scalar)
+
+    @property
+    def is_global(self) -> bool:
+        """One window covering the whole plane (global pooling)."""
+        if self.op == "conv" or self.oh != 1 or self.ow != 1:
+            return False
+        return self.adaptive or (self.kh == self.h and self.kw == self.w and self.ph == self.pw == 0
+                                 and self.dh == self.dw == 1)
+
+    def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        specs = [((self.n, self.c_in, self.h, self.w), self.dtype)]
+        if self.op == "conv":
+            specs.append(((self.c_out, self.kh * self.kw), self.dtype))
+            if self.bias:
+                specs.append(((self.c_out,), self.dtype))
+        return specs
+
+    def output_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        return [((self.n, self.c_out, self.oh, self.ow), self.dtype)]
+
+    @property
+    def taps(self) -> int:
+        """Window elements per output (the largest adaptive window)."""
+        if self.adaptive:
+            return (-(-self.h // self.oh) + 1) * (-(-self.w // self.ow) + 1)
+        return self.kh * self.kw
+
+
+_DEFAULTS = {TargetKind.CPU: (20e9, 2.5e9), TargetKind.CUDA: (2e12, 1.5e9), TargetKind.HIP: (1.6e12, 1.5e9)}
+
+
+class WindowTemplate:
+    """Pooling and depthwise convolution (see the module docstring)."""
+
+    name = "window"
+    version = 1
+
+    def __repr__(self) -> str:
+        return "<WindowTemplate>"
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        return isinstance(problem, WindowProblem)
+
+    def space(self, problem: WindowProblem, target: Target) -> list[Schedule]:
+        if not self.applies(problem, target):
+            return []
+        if target.kind is TargetKind.CPU:
+            lanes = lanes_of(target.vector_bytes, problem.compute_type)
+            if problem.is_global or problem.adaptive:
+                return [Schedule.of(lanes=lanes, rows=1)]
+            # full or half vector registers; max pooling keeps full ones: its three operations per
+            # tap are bound by instruction throughput, where full registers issue half as many
+            widths = [lanes] + ([lanes // 2] if lanes >= 8 and problem.op != "max" else [])
+            return [Schedule.of(lanes=v, rows=r) for v in widths for r in (1, 2) if r <= max(1, problem.oh)]
+        return [Schedule.of(block=bs) for bs in (128, 256) if bs <= target.max_threads_per_block]
+
+    def cost(self, problem: WindowProblem, target: Target, schedule: Schedule) -> float:
+        p = problem
+        bw, clock = _DEFAULTS[target.kind]
+        bw = target.mem_bandwidth or bw
+        clock = target.clock_hz or clock
+        nbytes = p.scalar.nbytes
+        traffic = (p.n * p.c_in * p.h * p.w + p.n * p.c_out * p.oh * p.ow) * nbytes
+        outputs = p.n * p.c_out * p.oh * p.ow
+        if target.kind is TargetKind.CPU:
+            cores = max(1, min(target.num_cores, p.n * p.c_out * p.oh))
+            if p.is_global:
+                return traffic / bw + outputs * 20 / (clock * cores)
+            lanes, group = schedule["lanes"], schedule["rows"]
+            vbytes = lanes * p.compute_type.nbytes
+            halves = max(1.0, vbytes / 32)  # 256-bit halves: what the FMA / load pipes take per cycle (two)
+            vectors = -(-p.ow // lanes)  # per output row (the last one overlapping)
+            # per vector of outputs: the taps' FMAs (max: compare, compare, blend) ...
+            compute = p.taps * (3 if p.op == "max" else 1) * halves / 2
+            # ... against the loads a group of rows shares, unaligned: a load crossing a cache
+            # line costs two (most 64-byte loads do, under half of the 32-byte ones)
+            loads = p.kw * ((group - 1) * p.sh + (p.kh - 1) * p.dh + 1) / group
+            crossing = (vbytes - p.compute_type.nbytes) / target.transaction_bytes
+            cycles = max(compute, loads * halves * (1 + crossing) / 2) + 1  # + the store
+            staging = p.h * p.w * p.compute_type.nbytes / (p.oh * 32)  # copying the input: per row, 32 B a cycle
+            work = p.n * p.c_out * p.oh * (vectors * cycles + staging) / (clock * cores)
+            return max(traffic / bw, work) + 0.25 * min(traffic / bw, work) + 2e-6
+        block = schedule["block"]
+        sms = max(1, target.num_cores)
+        threads = target.max_threads_per_core or 2048
+        waves = -(-outputs // (sms * threads))
+        tail = (-(-outputs // block) * block) / outputs
+        latency = waves * p.taps * 24 / clock
+        return max(traffic / bw, latency * tail) + 3e-6 + (0 if block == 256 else 1e-9)
+
+    def instantiate(self, problem: WindowProblem, target: Target, schedule: Schedule) -> Kernel:
+        p = problem
+        if target.kind is TargetKind.CPU:
+            work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
+            parallel = target.num_cores > 1 and work >= PARALLEL_MIN_WORK and p.n * p.c_out * p.oh > 1
+            if p.is_global:
+                return Kernel(cpu_global(p, _pow2_floor(schedule["lanes"]), parallel))
+            lanes = schedule["lanes"]
+            rows = chunk_rows(p, target.num_cores if parallel else 1)
+            return Kernel(cpu_window(p, lanes, rows, schedule["rows"], parallel))
+        return Kernel(gpu_window(p, schedule["block"]))
+
+    def arguments(self, problem: WindowProblem, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
+        p = problem
+        if p.is_global:
+            return [view(inputs[0], (p.n * p.c_in, p.h * p.w)), view(outputs[0], (p.n * p.c_out,))]
+        args = [view(inputs[0], (p.n, p.c_in, p.h, p.w))]
+        if p.op == "conv":
+            args.append(view(inputs[1], (p.c_out, p.kh * p.kw)))
+            if p.bias:
+                args.append(inputs[2])
+        return [*args, view(outputs[0], (p.n, p.c_out, p.oh, p.ow))]
+
+
+def chunk_rows(p: WindowProblem, cores: int) -> int:
+    """Output rows per CPU worker: a whole plane, halved until there are a few chunks per core
+    and the staged input fits the worker's buffer."""
+    rows = p.oh
+    nbytes = p.compute_type.nbytes
+
+    def staged(r: int) -> int:
+        ir, wb = staging(p, r)
+        return ir * wb * nbytes
+
+    while rows > 1 and (p.n * p.c_out * -(-p.oh // rows) < 4 * cores or staged(rows) > STAGING_TARGET_BYTES):
+        rows = -(-rows // 2)
+    return rows
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+WINDOW = WindowTemplate()
+
+
+def output_size(size: int, k: int, s: int, p_lo: int, p_hi: int, d: int, ceil_mode: bool = False) -> int:
+    """torch's output size of a window ``k`` (dilation ``d``, stride ``s``) over ``size`` padded by
+    ``p_lo`` / ``p_hi``; with ``ceil_mode`` a last partial window counts if it starts inside the
+    input or the left padding."""
+    span = size + p_lo + p_hi - d * (k - 1) - 1
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p_lo:
+        out -= 1
+    return out
+
+
+__all__ = ["OPS", "WINDOW", "WindowProblem", "WindowTemplate", "output_size"]

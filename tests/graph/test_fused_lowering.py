@@ -1,0 +1,258 @@
+"""Lowering fusion groups to ONE kernel each (taskmap.graph.lower) and running them in a
+CompiledGraph: numerics against PyTorch, kernel counts, and the fallback to separate kernels."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import taskmap
+from taskmap.backends.base import host_cpu_target
+from taskmap.errors import FusionError
+from taskmap.graph import (
+    BinaryAttrs,
+    BinaryFn,
+    Conv2dAttrs,
+    GraphBuilder,
+    NormAttrs,
+    OpKind,
+    PermuteAttrs,
+    ShapeAttrs,
+    UnaryAttrs,
+    UnaryFn,
+)
+from taskmap.graph import lower as lower_mod
+from taskmap.graph.lower import lower_graph, summary
+from taskmap.graph.passes import optimize
+from taskmap.ir.dtypes import f32
+from taskmap.runtime.graph import CompiledGraph
+
+RNG = np.random.default_rng(2)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def t(a):
+    return torch.from_numpy(np.array(a))
+
+
+def compiled(graph):
+    return CompiledGraph(graph, "cpu", "numpy")
+
+
+@pytest.mark.parametrize("shape,groups,stride", [((2, 4, 9, 9), 1, 1), ((2, 4, 8, 8), 2, 2)])
+def test_conv_bn_relu_is_one_kernel(shape, groups, stride):
+    cin = shape[1]
+    b = GraphBuilder()
+    x = b.input(shape, f32)
+    wt = b.constant(rand(8, cin // groups, 3, 3))
+    y = b.op(OpKind.CONV2D, [x, wt], Conv2dAttrs((stride, stride), (1, 1), (1, 1), groups))
+    mean, var = b.constant(rand(8) * 0.1), b.constant(RNG.random(8).astype(np.float32) + 0.5)
+    gamma, beta = b.constant(RNG.random(8).astype(np.float32) + 0.5), b.constant(rand(8))
+    y = b.op(OpKind.BATCH_NORM, [y, mean, var, gamma, beta], NormAttrs(1e-5))
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))
+    cg = compiled(b.build([y]))
+    assert len(cg.steps) == 1 and cg.steps[0].kernel is not None
+    xa = rand(*shape)
+    ref = F.relu(F.batch_norm(F.conv2d(t(xa), t(wt.data), stride=stride, padding=1, groups=groups),
+                              t(mean.data), t(var.data), t(gamma.data), t(beta.data), eps=1e-5))
+    np.testing.assert_allclose(cg(xa)[0], ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_conv_bias_residual_relu_is_one_kernel():
+    b = GraphBuilder()
+    x = b.input((1, 8, 5, 5), f32)
+    r = b.input((1, 6, 5, 5), f32)
+    wt, bias = b.constant(rand(6, 8, 1, 1)), b.constant(rand(6))
+    y = b.op(OpKind.CONV2D, [x, wt, bias], Conv2dAttrs())
+    y = b.op(OpKind.BINARY, [y, r], BinaryAttrs(BinaryFn.ADD))
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))
+    cg = compiled(b.build([y]))
+    assert len(cg.steps) == 1
+    xa, ra = rand(1, 8, 5, 5), rand(1, 6, 5, 5)
+    ref = F.relu(F.conv2d(t(xa), t(wt.data), t(bias.data)) + t(ra))
+    np.testing.assert_allclose(cg(xa, ra)[0], ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [3, 40])       # 3 < n: the swapped (c^T = w x^T) problem
+def test_linear_bias_gelu_is_one_kernel(m):
+    b = GraphBuilder()
+    x = b.input((2, m, 16), f32)
+    w, bias = b.constant(rand(24, 16)), b.constant(rand(24))
+    y = b.op(OpKind.LINEAR, [x, w, bias])
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.GELU))
+    cg = compiled(b.build([y]))
+    assert len(cg.steps) == 1
+    xa = rand(2, m, 16)
+    ref = F.gelu(F.linear(t(xa), t(w.data), t(bias.data)))
+    np.testing.assert_allclose(cg(xa)[0], ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_linear_heads_split_epilogue_reshape_permute():
+    """BERT's q/k/v projections: linear -> view(b, s, h, d) -> permute(0, 2, 1, 3) in one kernel."""
+    b = GraphBuilder()
+    x = b.input((2, 6, 16), f32)
+    w, bias = b.constant(rand(16, 16)), b.constant(rand(16))
+    y = b.op(OpKind.LINEAR, [x, w, bias])
+    y = b.op(OpKind.RESHAPE, [y], ShapeAttrs((2, 6, 4, 4)))
+    y = b.op(OpKind.PERMUTE, [y], PermuteAttrs((0, 2, 1, 3)))
+    cg = compiled(b.build([y]))
+    assert len(cg.steps) == 1
+    xa = rand(2, 6, 16)
+    ref = F.linear(t(xa), t(w.data), t(bias.data)).view(2, 6, 4, 4).permute(0, 2, 1, 3)
+    np.testing.assert_allclose(cg(xa)[0], ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_transpose_prologue_into_matmul_and_residual_epilogue():
+    """Attention's output: permute + reshape folded into the projection's loads."""
+    b = GraphBuilder()
+    x = b.input((2, 4, 6, 8), f32)        # (batch, heads, seq, dim)
+    res = b.input((2, 6, 32), f32)
+    w = b.constant(rand(32, 32))
+    y = b.op(OpKind.PERMUTE, [x], PermuteAttrs((0, 2, 1, 3)))
+    y = b.op(OpKind.RESHAPE, [y], ShapeAttrs((2, 6, 32)))
+    y = b.op(OpKind.LINEAR, [y, w])
+    y = b.op(OpKind.BINARY, [y, res], BinaryAttrs(BinaryFn.ADD))
+    cg = compiled(b.build([y]))
+    assert len(cg.steps) == 1
+    xa, ra = rand(2, 4, 6, 8), rand(2, 6, 32)
+    ref = F.linear(t(xa).permute(0, 2, 1, 3).reshape(2, 6, 32), t(w.data)) + t(ra)
+    np.testing.assert_allclose(cg(xa, ra)[0], ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_batched_matmul_with_transposed_operand_prologue():
+    b = GraphBuilder()
+    q = b.input((3, 5, 8), f32)
+    k = b.input((3, 7, 8), f32)
+    kt = b.op(OpKind.PERMUTE, [k], PermuteAttrs((0, 2, 1)))
+    s = b.op(OpKind.MATMUL, [q, kt])
+    s = b.op(OpKind.BINARY, [s], BinaryAttrs(BinaryFn.MUL, 0.25))
+    cg = compiled(b.build([s]))
+    assert len(cg.steps) == 1
+    qa, ka = rand(3, 5, 8), rand(3, 7, 8)
+    np.testing.assert_allclose(cg(qa, ka)[0], qa @ ka.transpose(0, 2, 1) * 0.25, rtol=1e-4, atol=1e-4)
+
+
+def test_refused_fusion_falls_back_to_separate_kernels(monkeypatch):
+    real = lower_mod.plan_anchor
+
+    def refuse(anchor, prologues, epilogue, target):
+        if prologues or epilogue:
+            raise FusionError("refused for the test")
+        return real(anchor, prologues, epilogue, target)
+    monkeypatch.setattr(lower_mod, "plan_anchor", refuse)
+    b = GraphBuilder()
+    x = b.input((8, 4), f32)
+    xt = b.op(OpKind.PERMUTE, [x], PermuteAttrs((1, 0)))
+    y = b.op(OpKind.MATMUL, [xt, b.constant(rand(8, 5))])
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.TANH))
+    g = b.build([y])
+    groups = lower_graph(optimize(g), host_cpu_target())
+    assert len(groups) == 3 and all(kg.kernel is not None for kg in groups)
+    assert summary(groups)["fallbacks"] and all(kg.fallback == "refused for the test" for kg in groups)
+    cg = compiled(g)
+    assert len(cg.steps) == 3
+    xa = rand(8, 4)
+    w = g.ops[1].inputs[1].data
+    np.testing.assert_allclose(cg(xa)[0], np.tanh(xa.T @ w), rtol=1e-4, atol=1e-4)
+
+
+def test_unsupported_anchor_shape_runs_its_operator():
+    b = GraphBuilder()
+    x = b.input((2, 1, 4, 8), f32)
+    y = b.op(OpKind.MATMUL, [x, b.input((3, 8, 5), f32)])      # broadcast batch: taskmap.ops.matmul
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))
+    cg = compiled(b.build([y]))
+    assert len(cg.steps) == 2 and cg.steps[0].kernel is None
+    xa, wa = rand(2, 1, 4, 8), rand(3, 8, 5)
+    np.testing.assert_allclose(cg(xa, wa)[0], np.maximum(xa @ wa, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_repeated_calls_reuse_prepared_launches_and_fresh_outputs():
+    b = GraphBuilder()
+    x = b.input((4, 8), f32)
+    y = b.op(OpKind.LINEAR, [x, b.constant(rand(8, 8))])
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))
+    z = b.op(OpKind.LINEAR, [y, b.constant(rand(8, 8))])
+    cg = compiled(b.build([z]))
+    outs = [cg(a)[0] for a in (rand(4, 8), rand(4, 8))]
+    a = rand(4, 8)
+    first, second = cg(a)[0], cg(a)[0]
+    assert first is not second and not np.shares_memory(first, second)
+    np.testing.assert_array_equal(first, second)
+    assert not np.allclose(outs[0], outs[1])
+
+
+class ConvBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)) + y)
+        return F.gelu(self.fc(y.mean((2, 3))))
+
+
+def test_compiled_torch_model_runs_fused_kernels():
+    torch.manual_seed(0)
+    model = ConvBlock().eval()
+    for bn in (model.bn1, model.bn2):
+        bn.running_mean.uniform_(-0.2, 0.2)
+        bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 8, 8)
+    fast = taskmap.compile(model)
+    out = fast(x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    (entry,) = fast.entries.values() if isinstance(fast.entries, dict) else fast.entries
+    steps = entry.compiled.steps
+    # conv-bn-relu, conv-bn-add-relu, mean (rule-based), linear-bias-gelu
+    assert len(steps) == 4 and all(s.kernel is not None for s in steps)
+
+
+def test_fusion_can_be_turned_off():
+    b = GraphBuilder()
+    x = b.input((4, 8), f32)
+    w = b.constant(rand(6, 8))
+    y = b.op(OpKind.LINEAR, [x, w])
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))
+    g = b.build([y])
+    cg = CompiledGraph(g, "cpu", "numpy", fuse=False)
+    assert len(cg.steps) == 2 and cg.graph is g
+    xa = rand(4, 8)
+    np.testing.assert_allclose(cg(xa)[0], np.maximum(xa @ w.data.T, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_groups_debug_dump(monkeypatch, capsys):
+    monkeypatch.setenv("TASKMAP_DEBUG", "groups")
+    b = GraphBuilder()
+    x = b.input((4, 8), f32)
+    y = b.op(OpKind.MATMUL, [x, b.constant(rand(8, 8))], name="mm")
+    b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU), name="act")
+    lower_graph(b.build([b._ops[-1].output]), host_cpu_target())
+    assert "anchored  [mm] act" in capsys.readouterr().err
+
+
+def test_reduction_anchor_with_prologue_and_epilogue_is_one_rule_based_kernel():
+    from taskmap.graph import AdaptivePoolAttrs, ReduceAttrs, ReduceFn
+    b = GraphBuilder()
+    x = b.input((2, 8, 5, 5), f32)
+    e = b.op(OpKind.UNARY, [x], UnaryAttrs(UnaryFn.EXP))
+    m = b.op(OpKind.ADAPTIVE_AVG_POOL2D, [e], AdaptivePoolAttrs((1, 1)))     # keepdim: (2, 8, 1, 1)
+    m = b.op(OpKind.BINARY, [m], BinaryAttrs(BinaryFn.MUL, 2.0))
+    s = b.op(OpKind.REDUCE, [x], ReduceAttrs(ReduceFn.MAX, (1, 3)))
+    s = b.op(OpKind.UNARY, [s], UnaryAttrs(UnaryFn.TANH))
+    t = b.op(OpKind.REDUCE, [x], ReduceAttrs(ReduceFn.MEAN, (0, 1, 2, 3)))   # to a 0-d tensor
+    cg = compiled(b.build([m, s, t]))
+    assert [len(st.name.split("+")) for st in cg.steps] == [3, 2, 1]
+    assert all(st.kernel is not None for st in cg.steps)
+    xa = rand(2, 8, 5, 5)
+    om, os_, ot = cg(xa)
+    np.testing.assert_allclose(om, np.exp(xa).mean((2, 3), keepdims=True) * 2, rtol=1e-5)
+    np.testing.assert_allclose(os_, np.tanh(xa.max((1, 3))), rtol=1e-5)
+    np.testing.assert_allclose(ot, xa.mean(), rtol=1e-4, atol=1e-6)

@@ -1,0 +1,64 @@
+"""The on-disk cache of lowered graph kernels (taskmap.graph.kernel_cache): a new process (here:
+an emptied in-memory table) loads the lowered module instead of fusing and lowering again."""
+import numpy as np
+
+from taskmap.backends.base import host_cpu_target
+from taskmap.graph import (
+    BinaryAttrs,
+    BinaryFn,
+    GraphBuilder,
+    OpKind,
+    UnaryAttrs,
+    UnaryFn,
+    kernel_cache,
+)
+from taskmap.graph.lower import lower_graph
+from taskmap.ir.dtypes import f32
+from taskmap.runtime.graph import CompiledGraph
+
+RNG = np.random.default_rng(3)
+
+
+def graph():
+    b = GraphBuilder()
+    x = b.input((6, 12), f32)
+    w, bias = b.constant(RNG.standard_normal((10, 12)).astype(np.float32)), b.constant(np.ones(10, np.float32))
+    y = b.op(OpKind.LINEAR, [x, w, bias])
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.TANH))
+    z = b.op(OpKind.BINARY, [y], BinaryAttrs(BinaryFn.MUL, 3.0))
+    z = b.op(OpKind.UNARY, [z], UnaryAttrs(UnaryFn.EXP))
+    return b.build([z]), w.data
+
+
+def test_lowered_kernels_come_back_from_disk(monkeypatch):
+    g, w = graph()
+    first = lower_graph(g, host_cpu_target())
+    monkeypatch.setattr(kernel_cache, "_MEMORY", {})
+    calls = []
+    real = kernel_cache.Kernel.from_lowered
+    monkeypatch.setattr(kernel_cache.Kernel, "from_lowered", lambda m: calls.append(m) or real(m))
+    again = lower_graph(g, host_cpu_target())
+    assert len(calls) == len(again) == len(first) == 1
+    names = [p.name for p in first[0].kernel.lower().entry_function.params]
+    assert [p.name for p in again[0].kernel.func.params] == names
+    xa = RNG.standard_normal((6, 12)).astype(np.float32)
+    out = CompiledGraph(g, "cpu", "numpy")(xa)[0]
+    np.testing.assert_allclose(out, np.exp(3 * np.tanh(xa @ w.T + 1)), rtol=1e-5)
+
+
+def test_unreadable_entries_are_rebuilt(monkeypatch):
+    g, _ = graph()
+    lower_graph(g, host_cpu_target())
+    monkeypatch.setattr(kernel_cache, "_MEMORY", {})
+    monkeypatch.setattr(kernel_cache.pickle, "loads", lambda data: (_ for _ in ()).throw(EOFError("corrupt")))
+    (kg,) = lower_graph(g, host_cpu_target())
+    assert kg.kernel.lower() is not kg.kernel.module        # made (and lowered) again, not loaded
+
+
+def test_cache_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("TASKMAP_GRAPH_CACHE", "0")
+    monkeypatch.setattr(kernel_cache, "_MEMORY", {})
+    g, _ = graph()
+    (kg,) = lower_graph(g, host_cpu_target())
+    assert kg.kernel.lower() is not kg.kernel.module
+    assert len(kernel_cache.code_fingerprint()) == 32

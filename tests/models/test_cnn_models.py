@@ -1,0 +1,37 @@
+"""Hand-written CNNs (torchvision's architectures, random weights) compiled with taskmap.compile
+match eager PyTorch (f32: rtol 1e-3, atol 1e-4)."""
+import pytest
+import torch
+
+import taskmap
+from cnn_defs import inception_v3, mobilenet_v2, resnet50
+
+
+def compare(model, x):
+    fast = taskmap.compile(model, progress=False)
+    got = fast(x)
+    with torch.no_grad():
+        want = model(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    return fast
+
+
+@pytest.mark.slow
+def test_resnet50_batch1():
+    torch.manual_seed(0)
+    fast = compare(resnet50(), torch.randn(1, 3, 224, 224))
+    assert "fallback" not in fast.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 8])
+def test_mobilenet_v2(batch):
+    torch.manual_seed(0)
+    compare(mobilenet_v2(), torch.randn(batch, 3, 224, 224))
+
+
+@pytest.mark.slow
+def test_inception_v3_batch1():
+    torch.manual_seed(0)
+    compare(inception_v3(), torch.randn(1, 3, 299, 299))
