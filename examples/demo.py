@@ -76,6 +76,14 @@ def main() -> None:
     print(f"CPU matmul {M}^3 (cores x lanes): {'OK' if ok else 'WRONG'}, "
           f"{gflop / (t1 - t0):.1f} GFLOP/s (numpy {gflop / (t2 - t1):.1f} GFLOP/s)")
 
+    try:
+        import compile_model
+    except ImportError as exc:       # torch is optional for the kernel layer
+        print(f"taskmap.compile(model): skipped ({exc}; pip install torch==2.13.0)")
+    else:
+        print("taskmap.compile(model) of a small residual CNN:")
+        compile_model.main()
+
 
 if __name__ == "__main__":
     main()
