@@ -6,10 +6,10 @@ and onnxruntime, with taskmap's compile time cold (empty cache) and cached.
     python benchmarks/models.py --device cuda           # GPU: eager and torch.compile as peers
     python benchmarks/models.py --no-peers gpt2         # taskmap only
 
-Models: ResNet-50, MobileNetV2 and Inception-V3 (the hand-written definitions of the model tests,
-``tests/models/cnn_defs.py``: there is no torchvision here), BERT-base, GPT-2 and ViT-base
-(``transformers`` configurations with random weights; sequence 128, images 224x224 — 299 for
-Inception), f32.  Every compiled model's output is checked against eager first.  Latencies are
+Models: ResNet-50, MobileNetV2, Inception-V3 and a ViT-Base/16 encoder (the hand-written
+definitions of the model tests, ``tests/models/``: there is no torchvision here), BERT-base and
+GPT-2 (``transformers`` configurations with random weights; sequence 128), images 224x224 (299
+for Inception), f32.  Every compiled model's output is checked against eager first.  Latencies are
 medians of repeated runs after warm-up, the peers taking turns over ``--rounds`` rounds.  The
 compile times run in fresh processes: "cold" with an empty taskmap cache directory, "cached"
 with the cache the cold run filled (tracing, graph passes and loading the kernels remain).
@@ -48,18 +48,17 @@ def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tup
         model = getattr(cnn_defs, name)()
         side = 299 if name == "inception_v3" else 224
         args: tuple[torch.Tensor, ...] = (torch.randn(batch, 3, side, side),)
+    elif name == "vit":
+        from tests.models.vit_def import ViT
+        model = ViT(image=224, patch=16, dim=768, depth=12, heads=12, classes=1000)     # ViT-Base/16
+        args = (torch.randn(batch, 3, 224, 224),)
     else:
         import transformers as tf
         if name == "bert":
-            model = tf.BertModel(tf.BertConfig())
-        elif name == "gpt2":
-            model = tf.GPT2Model(tf.GPT2Config())
+            model = tf.BertModel(tf.BertConfig(attn_implementation="sdpa"))
         else:
-            model = tf.ViTModel(tf.ViTConfig())
-        if name == "vit":
-            args = (torch.randn(batch, 3, 224, 224),)
-        else:
-            args = (torch.randint(0, 1000, (batch, 128)),)
+            model = tf.GPT2Model(tf.GPT2Config(use_cache=False))
+        args = (torch.randint(0, 1000, (batch, 128)),)
     model = model.eval().to(device)
     return model, tuple(a.to(device) for a in args)
 
