@@ -21,7 +21,6 @@ as large as the largest request) or :class:`~.lower_anchor.Zeros`.  It writes ``
 """
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from .lower_anchor import (
     plan_anchor,
 )
 from .lower_reduce import reduction_fusable, squeeze_output
+from .passes import debug_enabled
 from .partition import (
     FusionGroup,
     GroupKind,
@@ -165,7 +165,7 @@ def lower_graph(graph: Graph, target: Target) -> list[KernelGroup]:
 
     With ``TASKMAP_DEBUG=groups`` the groups are printed to stderr."""
     groups = graph_groups(graph, target)
-    if "groups" in os.environ.get("TASKMAP_DEBUG", "").split(","):
+    if debug_enabled("groups"):
         print(f"// fusion groups of {graph.name}: {len(groups)}\n{groups_str(groups)}", file=sys.stderr)
     out: list[KernelGroup] = []
     for g in groups:

@@ -39,7 +39,7 @@ from ..errors import LaunchError
 from ..graph.ir import Graph, Op, Tensor
 from ..graph.kinds import OpKind
 from ..graph.lower import KernelGroup, Workspace, Zeros, lower_graph, workspace_sizes
-from ..graph.passes import optimize
+from ..graph.passes import debug_enabled, optimize
 from ..graph.printer import graph_str
 from ..ops._dispatch import target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
@@ -110,7 +110,7 @@ class CompiledGraph:
         graph = self.graph = optimize(graph) if fuse else graph      # graph passes (taskmap.graph.passes)
         self.kind = ArrayKind(library, device)
         self.target = target_for(self.kind)
-        if "graph" in os.environ.get("TASKMAP_DEBUG", "").split(","):
+        if debug_enabled("graph"):
             print(graph_str(graph), file=sys.stderr)
         self.slots: dict[Tensor, int] = {t: k for k, t in enumerate(graph.tensors())}
         self.constants: dict[int, Any] = {self.slots[t]: self._convert(t.data) for t in graph.constants()}
@@ -248,6 +248,10 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
     plan (a graph input or output, a runner's result) has moved."""
     groups = lower_graph(graph, target)
     _build_all([kg.kernel for kg in groups if kg.kernel is not None], kind)
+    if debug_enabled("source"):
+        for kg in groups:
+            where = kg.kernel.build(kind.target).source_path if kg.kernel is not None else "taskmap.ops runner"
+            print(f"// {kg.name}: {where}", file=sys.stderr)
     ws = {k: empty_like_kind(kind, (n,), "float32") for k, n in workspace_sizes(groups).items()}
     zeros = empty_like_kind(kind, (1,), "float32")
     zeros[...] = 0

@@ -238,6 +238,18 @@ def test_groups_debug_dump(monkeypatch, capsys):
     assert "anchored  [mm] act" in capsys.readouterr().err
 
 
+def test_source_debug_dump_names_each_kernels_source(monkeypatch, capsys):
+    monkeypatch.setenv("TASKMAP_DEBUG", "source")
+    b = GraphBuilder()
+    x = b.input((4, 8), f32)
+    y = b.op(OpKind.MATMUL, [x, b.constant(rand(8, 8))], name="mm")
+    z = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU), name="act")
+    cg = CompiledGraph(b.build([z]), "cpu", "numpy")
+    err = capsys.readouterr().err
+    path = cg.steps[0].kernel.build("cpu").source_path
+    assert f"// mm+act: {path}" in err and "#include" in open(path).read()
+
+
 def test_reduction_anchor_with_prologue_and_epilogue_is_one_rule_based_kernel():
     from taskmap.graph import AdaptivePoolAttrs, ReduceAttrs, ReduceFn
     b = GraphBuilder()
