@@ -230,6 +230,8 @@ class CLikeFuncGen:
             return self.wrap_narrow(f"({op}{self.expr(e.a)})", e.dtype)
         if isinstance(e, E.Cast):
             return self.cast(self.expr(e.a), e.a.dtype, e.type)
+        if isinstance(e, E.BitCast):
+            return self.bitcast(self.expr(e.a), e.a.dtype, e.type)
         if isinstance(e, E.Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, E.Load):
@@ -250,6 +252,33 @@ class CLikeFuncGen:
         if dst is bf16:
             return f"tm_round_bf16((float)({text}))"
         return f"(({self.ctype(dst)})({text}))"
+
+    #: Float type name -> (function giving its bits as the unsigned integer of its size, function
+    #: giving the float of such bits), in the dialect: the bit-cast of each float type.
+    FLOAT_BITS: dict[str, tuple[str, str]] = {}
+
+    def bitcast(self, text: str, src: ScalarType, dst: ScalarType) -> str:
+        """``text``'s bits read as ``dst``: through the unsigned integer of the size (bf16 values are
+        floats holding a bf16, so their bits are the top half of the f32's)."""
+        if src is dst:
+            return text
+        if src.is_integer:
+            bits = f"(({self.TYPES['uint' + str(8 * src.nbytes)]})({text}))" if src.kind.value == "int" else text
+        elif src is bf16:
+            bits = f"tm_f32_to_bf16({text})"
+        else:
+            bits = f"{self._float_bits(src)[0]}({text})"
+        if dst.is_integer:
+            return f"(({self.ctype(dst)}){bits})" if dst.kind.value == "int" else bits
+        if dst is bf16:
+            return f"tm_bf16_to_f32({bits})"
+        return f"{self._float_bits(dst)[1]}({bits})"
+
+    def _float_bits(self, t: ScalarType) -> tuple[str, str]:
+        fns = self.FLOAT_BITS.get(t.name)
+        if fns is None:
+            raise UnsupportedError(f"{self.func.name}: this backend cannot bit-cast {t!r}")
+        return fns
 
     def binary(self, e: E.Binary) -> str:
         a, b, t = self.expr(e.a), self.expr(e.b), e.dtype

@@ -52,6 +52,8 @@ HIP = GpuDialect("hip", "\n".join(line for line in _INT_TYPEDEFS.splitlines() if
 _COMMON = r"""
 #define TM_FN static __device__ __forceinline__
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
+TM_FN uint64_t tm_bits_f64(double x) { return (uint64_t)__double_as_longlong(x); }
+TM_FN double tm_f64_of_bits(uint64_t u) { return __longlong_as_double((long long)u); }
 #ifndef NAN
 #define NAN __int_as_float(0x7fffffff)
 #endif
@@ -66,6 +68,10 @@ _SPECIAL = {E.SpecialReg.THREAD_IDX: "threadIdx", E.SpecialReg.BLOCK_IDX: "block
 class GpuFuncGen(CLikeFuncGen):
     TYPES = {**CLikeFuncGen.TYPES, "float16": "__half"}
     MATH = {**CLikeFuncGen.MATH, E.Intrinsic.ROUND: ("rintf", "rint")}
+    #: The bit-cast intrinsics of CUDA, which HIP has too.
+    FLOAT_BITS = {"float32": ("__float_as_uint", "__uint_as_float"),
+                  "float64": ("tm_bits_f64", "tm_f64_of_bits"),
+                  "float16": ("__half_as_ushort", "__ushort_as_half")}
 
     def __init__(self, gen: "GpuCodegen", func: Function) -> None:
         super().__init__(gen, func)

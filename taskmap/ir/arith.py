@@ -201,3 +201,13 @@ def fold_cast(a: Const, t: ScalarType) -> Const | None:
     if isinstance(v, float) and not v.is_integer():
         return None
     return Const(int(v), t) if fits(int(v), t) else None
+
+
+def fold_bitcast(a: Const, t: ScalarType) -> Const | None:
+    """The constant with the bits of ``a`` read as ``t`` (numpy's ``view``), or None where a constant
+    would not keep those bits: bf16 (numpy has none) and NaNs (backends print any NaN as ``NAN``)."""
+    src, v = a.dtype, a.value
+    if "bfloat16" in (src.name, t.name) or (src.is_float and v != v) or (src.is_integer and not fits(int(v), src)):
+        return None
+    out = np.array(v, dtype=src.numpy_dtype).view(t.numpy_dtype).item()
+    return None if t.is_float and out != out else Const(out, t)

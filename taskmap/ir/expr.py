@@ -252,6 +252,19 @@ class Cast(Expr):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
+class BitCast(Expr):
+    """The bits of ``a`` read as ``type`` (same size, e.g. f32 <-> i32): ``x.view(type)`` in
+    numpy.  Never a numeric conversion: build it with :func:`bitcast`, which checks the sizes."""
+
+    a: Expr
+    type: ScalarType
+
+    @property
+    def dtype(self) -> ScalarType:  # type: ignore[override]
+        return self.type
+
+
+@dataclass(frozen=True, eq=True, repr=False)
 class Select(Expr):
     cond: Expr
     a: Expr
@@ -360,6 +373,27 @@ def cast(value: Any, dtype: ScalarType) -> Expr:
     if isinstance(e, Const) and not (dtype.is_integer and isinstance(e.value, float) and not e.value.is_integer()):
         return Const(e.value if not dtype.is_integer else int(e.value), dtype)
     return e if e.dtype is dtype else Cast(e, dtype)
+
+
+def bitcast_problem(src: ScalarType, dst: ScalarType) -> str | None:
+    """Why the bits of a ``src`` value cannot be read as ``dst``, or None (same size, no bool)."""
+    if src.is_bool or dst.is_bool:
+        return f"cannot bit-cast {src!r} to {dst!r}: bool has no defined bit pattern"
+    if src.nbytes != dst.nbytes:
+        return (f"cannot bit-cast {src!r} ({8 * src.nbytes} bits) to {dst!r} ({8 * dst.nbytes} bits): "
+                "the types must have the same size")
+    return None
+
+
+def bitcast(value: Any, dtype: ScalarType) -> Expr:
+    """The bits of ``value`` reinterpreted as ``dtype`` (raises TypeError if the sizes differ).
+
+    A Python int is an i32 (i64 if it needs to be), a Python float an f32."""
+    e = as_expr(value)
+    bad = bitcast_problem(e.dtype, dtype)
+    if bad is not None:
+        raise TypeError(bad)
+    return e if e.dtype is dtype else BitCast(e, dtype)
 
 
 def call(fn: Intrinsic, *args: Any) -> Call:

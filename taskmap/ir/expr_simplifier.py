@@ -11,7 +11,8 @@ All integer rules are exact under the IR's floor semantics of ``//`` and ``%``; 
 split a sum additionally require the part left under the division to be non-negative, so index
 arithmetic stays non-negative where it was.  They apply to signed integer types only; unsigned
 and float expressions get constant folding and a few exact identities (``x * 1.0``, never
-``x * 0.0`` or ``x - x``).  An expression holding a call (a helper function, a GPU primitive:
+``x * 0.0`` or ``x - x``); a bit-cast is never folded as a conversion (only a constant operand
+folds, as numpy's ``view``).  An expression holding a call (a helper function, a GPU primitive:
 atomics have effects, shuffles are warp-wide) is only rebuilt from its simplified parts: no rule
 drops, duplicates or merges it.
 """
@@ -23,9 +24,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from .arith import (CMP_FOLD, NEGATE, R_BINARY, UNKNOWN, Key, Lin, Range, fits, fold_binary, fold_cast,
-                    int_const, is_sint, r_add, r_scale, r_union)
+                    fold_bitcast, int_const, is_sint, r_add, r_scale, r_union)
 from .dtypes import ScalarType, TypeKind, bool_
-from .expr import (BinOp, Binary, CallFunc, Cast, CmpOp, Compare, Const, Expr, Select, SizeVar, Special,
+from .expr import (BinOp, Binary, BitCast, CallFunc, Cast, CmpOp, Compare, Const, Expr, Select, SizeVar, Special,
                    SpecialReg, UnOp, Unary, Var, cast)
 from .functor import IRRewriter, collect
 from .primitives import PrimCall
@@ -435,6 +436,15 @@ class ExprSimplifier(IRRewriter):
         out: Expr | None = a if a.dtype is node.type else None
         if out is None and isinstance(a, Const):
             out = fold_cast(a, node.type)
+        return self._done(node, out if out is not None else e, e)
+
+    def visit_BitCast(self, node: BitCast) -> Expr:
+        """Reinterprets bits, never converts: only constants fold (through numpy's ``view``)."""
+        a = self.visit(node.a)
+        e = node if a is node.a else BitCast(a, node.type)
+        out = fold_bitcast(a, node.type) if isinstance(a, Const) else None
+        if isinstance(a, BitCast):  # bits of bits: one reinterpretation, or none
+            out = a.a if a.a.dtype is node.type else BitCast(a.a, node.type)
         return self._done(node, out if out is not None else e, e)
 
     def _point(self, node: Expr) -> Expr:

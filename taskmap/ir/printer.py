@@ -66,6 +66,8 @@ def expr_str(e: Any, names: _Names | None = None, prec: int = 0) -> str:
         return f"{e.op.value}{sep}{expr_str(e.a, names, 10)}"
     if isinstance(e, E.Cast):
         return f"{e.type.short}({expr_str(e.a, names)})"
+    if isinstance(e, E.BitCast):
+        return f"bitcast({expr_str(e.a, names)}, {e.type.short})"
     if isinstance(e, E.Select):
         text = f"{expr_str(e.a, names, 1)} if {expr_str(e.cond, names, 1)} else {expr_str(e.b, names, 1)}"
         return f"({text})" if prec > 0 else text

@@ -253,6 +253,11 @@ class _Verifier:
             self.check_expr(e.b)
         elif isinstance(e, (E.Unary, E.Cast)):
             self.check_expr(e.a)
+        elif isinstance(e, E.BitCast):
+            bad = E.bitcast_problem(e.a.dtype, e.type)
+            if bad is not None:
+                self.fail(bad)
+            self.check_expr(e.a)
         elif isinstance(e, E.Select):
             for c in (e.cond, e.a, e.b):
                 self.check_expr(c)

@@ -223,6 +223,17 @@ def _cast(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> Expr:
     return E.cast(ctx.to_scalar(args[0], node.args[0]), args[1])
 
 
+def _bitcast(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> Expr:
+    check_args(ctx, node, "bitcast", args, kwargs, 2, 2)
+    if not isinstance(args[1], ScalarType):
+        raise ctx.error(node.args[1], f"bitcast() needs a scalar type such as i32, got {ctx.value_str(args[1])}")
+    x = ctx.to_scalar(args[0], node.args[0])
+    bad = E.bitcast_problem(x.dtype, args[1])
+    if bad is not None:
+        raise ctx.error(node, bad)
+    return E.bitcast(x, args[1])
+
+
 def _select(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> Any:
     check_args(ctx, node, "select", args, kwargs, 3, 3)
     cond, a, b = args
@@ -244,6 +255,8 @@ unroll = _loop_builder("unroll", ForKind.UNROLL)
 parallel = _loop_builder("parallel", ForKind.PARALLEL)
 vectorize = _loop_builder("vectorize", ForKind.VECTORIZE)
 cast = Builtin("cast", _cast, "``cast(x, f16)``: convert a value to a scalar type.")
+bitcast = Builtin("bitcast", _bitcast, "``bitcast(x, i32)``: the bits of ``x`` read as another type of the "
+                  "same size (f32 <-> i32/u32, f16/bf16 <-> i16/u16, f64 <-> i64/u64).")
 select = Builtin("select", _select, "``select(cond, a, b)``: ``a if cond else b`` as an expression.")
 
 exp = _math_builtin(Intrinsic.EXP)

@@ -2,19 +2,30 @@
 
 gcc turns ``expf`` inside an ``omp simd`` loop into one scalar libm call per lane (glibc's vector
 variants need ``-ffast-math``); at 16 lanes that costs more than the memory traffic of a softmax.
-:func:`exp_nonpositive` is ``exp(x)`` for ``x <= 0`` (what softmax and friends evaluate after
-subtracting the row maximum) from multiplies, adds, integer bit tests and selects only:
+:func:`fast_exp` is ``exp(x)`` in f32 from multiplies, adds, two integer operations and bit-casts
+(Cephes / Sleef style; 15 vector operations with FMA contraction)::
 
-    x = -n * ln2 + r,   |r| <= ln2 / 2,   n = round(-x / ln2) in 0..126
-    exp(x) = 2^-n * p(r)
+    x = n * ln2 + r,   |r| <= ln2 / 2,   n = round(x / ln2)     (two-constant Cody-Waite)
+    exp(x) = 2^(n-1) * q(r),   q(r) = 2 * p(r)
 
-with ``p`` a degree-7 Taylor polynomial (relative error < 2e-8 on the interval) and ``2^-n``
-the product of the exact powers ``2^-(2^b)`` selected by the binary digits of ``n`` (found by
-comparisons, in floating point: a float -> int conversion next to a select stops gcc's
-vectorizer), so the result is
-within a few ulp of ``expf``.  Inputs below -87.3 give 0 (the f32 result would be subnormal),
-NaN gives NaN.  Other dtypes use the ``exp`` intrinsic.  It is a helper function of the module
-(the steps bound to local variables; an expression tree would repeat them exponentially).
+``n`` is rounded by adding 1.5 * 2^23, which leaves ``n`` in the low bits of the float's bits:
+``2^(n-1)`` is those bits plus 126 shifted into the exponent field, bit-cast back to f32 (no
+float -> int conversion).  ``p`` is a degree-6 polynomial fitted to ``exp`` on ``[-ln2/2, ln2/2]``
+(relative error 2e-9; its coefficients are doubled in ``q``, which is exact).  The result is
+within 1 ulp of ``exp`` (measured max: see ``tests/schedule/test_fastmath.py``) wherever it is a
+normal f32 not below ``2^-125.5`` (x >= -86.99).
+
+Limits (what torch's vectorized ``exp_u20``, used by its CPU softmax, does too):
+
+* below ``x = -125.5 ln2 ≈ -86.99`` the result is 0, although ``exp`` would still be a normal
+  number down to ``-87.34`` (up to 1.8e-38, the absolute error) and a subnormal down to ``-103.3``:
+  subnormal outputs are flushed to 0; ``-inf`` gives 0;
+* from ``ln(FLT_MAX) ≈ 88.72`` up (``+inf`` too) the result is ``+inf``, by overflow;
+* NaN gives NaN (the clamps let it through, ``NaN * 2^k`` is NaN).
+
+The input is clamped to ``[-87.5, 88.8]``, which keeps ``n - 1 + 127`` in ``[0, 255]``: 0 gives
+the scale 0 (the flush), 255 gives ``inf``.  Other dtypes use the ``exp`` intrinsic.  The f32
+version is a helper function of the module (its steps bound to local variables; gcc inlines it).
 """
 from __future__ import annotations
 
@@ -22,39 +33,41 @@ import math
 
 from ..ir import expr as E
 from ..ir import stmt as S
-from ..ir.dtypes import f32
+from ..ir.dtypes import f32, u32
 from ..ir.expr import Expr, Var
 from ..ir.func import FuncKind, Function
 from ..ir.functor import collect
 
-_LN2_HI = 0.693145751953125          # ln 2 split so that n * _LN2_HI is exact for n < 2^9
-_LN2_LO = 1.4286068203094172321e-06
-_UNDERFLOW = -87.3
-_ROUND = 12582912.0                  # 1.5 * 2^23
-
+LN2_HI = 0.693145751953125           # ln 2 split so that n * LN2_HI is exact for |n| < 2^9
+LN2_LO = 1.4286068203094172321e-06
+LOG2E = 1.0 / math.log(2.0)
+SHIFTER = 12582912.0                 # 1.5 * 2^23: t = x * log2e + SHIFTER rounds; n is in t's low bits
+LOWEST = -87.5                       # clamps: n - 1 + 127 stays in [0, 255]
+HIGHEST = 88.8
+#: 2 * p(r), lowest degree first: p is a degree-6 fit of exp on [-ln2/2, ln2/2] (relative error
+#: 2.0e-9), coefficients rounded to f32 and doubled (exact).
+EXP_POLY = tuple(2.0 * c for c in (1.0, 1.0, 0.4999999403953552, 0.16666428744792938, 0.04166801646351814,
+                                   0.008374389261007309, 0.0013843380147591233))
 
 #: The helper function's name in a module (the C backend calls it ``tm_fn_<name>``).
-EXP_NONPOSITIVE = "exp_nonpositive_f32"
+FAST_EXP = "fast_exp_f32"
+EXP_NONPOSITIVE = FAST_EXP  # the former name (the helper once handled x <= 0 only)
 
 
-def exp_nonpositive(x: Expr) -> Expr:
-    """``exp(x)`` for ``x <= 0`` (positive ``x`` is not supported: the result would be wrong).
-
-    For f32, a call of the helper :func:`exp_nonpositive_function` (which a module calling it
-    must contain: see :func:`helpers_for`); gcc inlines it into vector loops."""
+def fast_exp(x: Expr) -> Expr:
+    """``exp(x)`` for f32 ``x`` as a call of the helper :func:`fast_exp_function` (which a module
+    calling it must contain: see :func:`helpers_for`); other dtypes: the ``exp`` intrinsic."""
     if x.dtype is not f32:
         return E.call(E.Intrinsic.EXP, x)
-    return E.CallFunc(EXP_NONPOSITIVE, (x,), f32)
+    return E.CallFunc(FAST_EXP, (x,), f32)
 
 
-#: exp(x) = exp(x / 2^h)^(2^h): each halving saves a binary digit of n (5 vector operations)
-#: for one squaring, and doubles the relative error.
-HALVINGS = 0
+#: Callers that evaluate ``exp`` of ``x - max`` (softmax): any ``x`` works now.
+exp_nonpositive = fast_exp
 
 
-def exp_nonpositive_function(halvings: int | None = None) -> Function:
-    """The helper ``exp_nonpositive_f32(x: f32) -> f32`` (a DEVICE function)."""
-    h = HALVINGS if halvings is None else halvings
+def fast_exp_function() -> Function:
+    """The helper ``fast_exp_f32(x: f32) -> f32`` (a DEVICE function)."""
     x = Var("x", f32)
     body: list[S.Stmt] = []
 
@@ -63,35 +76,32 @@ def exp_nonpositive_function(halvings: int | None = None) -> Function:
         body.append(S.DeclScalar(v, value))
         return v
 
-    xc = let("xc", E.select(E.compare(E.CmpOp.GT, x, _UNDERFLOW), x, E.const(_UNDERFLOW, f32)))
-    # n = round(-x / ln2) as a float: adding and removing 1.5 * 2^23 rounds to an integer (exact
-    # in f32 and never folded without -ffast-math); no float -> int conversion, which would stop
-    # gcc from vectorizing the selects around it.
-    scale = 2.0 ** -h
-    nf = let("n", (xc * E.const(-scale / math.log(2.0), f32) + E.const(_ROUND, f32)) - E.const(_ROUND, f32))
-    r = let("r", ((xc * scale if h else xc) + nf * E.const(_LN2_HI, f32)) + nf * E.const(_LN2_LO, f32))
-    p: Expr = E.const(1.0 / math.factorial(7), f32)
-    for k in range(6, -1, -1):
-        p = p * r + E.const(1.0 / math.factorial(k), f32)
-    y = let("p", p)
-    rest = nf
-    top = math.ceil(-_UNDERFLOW * scale / math.log(2.0) + 0.5).bit_length()
-    for bit in range(top - 1, -1, -1):  # 2^-n from the binary digits of n, highest first
-        on = let(f"on{bit}", E.compare(E.CmpOp.GE, rest, float(2 ** bit)))
-        y = let(f"y{bit}", y * E.select(on, E.const(2.0 ** -(2 ** bit), f32), E.const(1.0, f32)))
-        if bit:
-            rest = let(f"rest{bit}", rest - E.select(on, E.const(float(2 ** bit), f32), E.const(0.0, f32)))
-    for k in range(h):
-        y = let(f"sq{k}", y * y)
-    out = E.select(E.compare(E.CmpOp.LT, x, _UNDERFLOW), E.const(0.0, f32), y)
-    body.append(S.Return(E.select(E.compare(E.CmpOp.NE, x, x), x, out)))
-    return Function(EXP_NONPOSITIVE, FuncKind.DEVICE, (x,), S.seq(*body), ret=f32)
+    # Clamps written so that a NaN x passes (the comparison is false): x86's max/min do exactly this.
+    lo = E.select(E.compare(E.CmpOp.LT, x, LOWEST), E.const(LOWEST, f32), x)
+    xc = let("xc", E.select(E.compare(E.CmpOp.GT, lo, HIGHEST), E.const(HIGHEST, f32), lo))
+    t = let("t", xc * E.const(LOG2E, f32) + E.const(SHIFTER, f32))
+    n = let("n", t - E.const(SHIFTER, f32))
+    r = let("r", (xc - n * E.const(LN2_HI, f32)) - n * E.const(LN2_LO, f32))
+    q: Expr = E.const(EXP_POLY[-1], f32)
+    for c in EXP_POLY[-2::-1]:
+        q = q * r + E.const(c, f32)
+    q = let("q", q)
+    # 2^(n-1): t's bits are those of 1.5 * 2^23 plus n; the shift drops all but n + 126 (mod 2^9).
+    scale = let("scale", E.bitcast((E.bitcast(t, u32) + 126) << 23, f32))
+    body.append(S.Return(q * scale))
+    return Function(FAST_EXP, FuncKind.DEVICE, (x,), S.seq(*body), ret=f32)
+
+
+def exp_nonpositive_function() -> Function:
+    """The former name of :func:`fast_exp_function`."""
+    return fast_exp_function()
 
 
 def helpers_for(*bodies: S.Stmt) -> tuple[Function, ...]:
     """The helper functions of this module that ``bodies`` call."""
     called = {c.name for b in bodies for c in collect(b, E.CallFunc)}
-    return (exp_nonpositive_function(),) if EXP_NONPOSITIVE in called else ()
+    return (fast_exp_function(),) if FAST_EXP in called else ()
 
 
-__all__ = ["EXP_NONPOSITIVE", "exp_nonpositive", "exp_nonpositive_function", "helpers_for"]
+__all__ = ["EXP_NONPOSITIVE", "EXP_POLY", "FAST_EXP", "exp_nonpositive", "exp_nonpositive_function", "fast_exp",
+           "fast_exp_function", "helpers_for"]

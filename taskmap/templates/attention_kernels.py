@@ -27,8 +27,8 @@ above the diagonal are skipped under ``causal``.
   lanes along keys; ``P V`` accumulates into the ``BM x EV`` output tile with lanes along ``EV``
   (``repeat(BM, EVP // V) * spatial(1, V)``).  The QG row blocks of a group take each key block
   in turn (their state stays in L1).  Row sums stay lane-wise until the end; row maxima fold
-  across lanes by a tree.  ``exp`` is computed with multiplies and selects (:func:`exp_neg`) so
-  that the loops stay vectorized.
+  across lanes by a tree.  ``exp`` is computed with multiply-adds and bit-casts (:func:`exp_neg`)
+  so that the loops stay vectorized.
 * :func:`build_gpu` — a thread block per ``(block of BM query rows, batch)``: ``NW`` groups of
   32 lanes (a warp, or half a 64-lane wavefront) of ``RW`` rows each; a key tile of
   ``BN = 32 * KPL`` keys and its values staged in shared memory; a lane scores ``KPL`` keys of a
@@ -36,7 +36,6 @@ above the diagonal are skipped under ``causal``.
   columns ``d = c * 32 + lane``.  (The tensor-core kernel is in :mod:`.attention_tc`.)
 """
 
-import math
 from dataclasses import dataclass
 
 from ..ir.dtypes import ScalarType
@@ -44,6 +43,7 @@ from ..ir.mapping import auto_map, repeat, spatial
 from ..lang import (
     FULL_MASK,
     attrs,
+    bitcast,
     blockIdx,
     bool_,
     exp,
@@ -58,50 +58,38 @@ from ..lang import (
     syncthreads,
     syncwarp,
     threadIdx,
+    u32,
 )
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
+from ..schedule.fastmath import (
+    EXP_POLY,
+    HIGHEST,
+    LN2_HI,
+    LN2_LO,
+    LOG2E,
+    LOWEST,
+    SHIFTER,
+)
 
 NEG_INF = float("-inf")
 
-# exp(x) for x <= 0 from multiplies, adds and selects (see taskmap.schedule.fastmath).
-_LN2_HI = 0.693145751953125
-_LN2_LO = 1.4286068203094172321e-06
-_UNDERFLOW = -87.3
-_ROUND = 12582912.0
-_INV_LN2 = -1.0 / math.log(2.0)
-_C = [1.0 / math.factorial(k) for k in range(8)]
+# exp(x) from fused multiply-adds and bit-casts (the method and its limits: taskmap.schedule.fastmath).
+_Q = EXP_POLY
 
 
 @func
 def exp_neg(x: f32) -> f32:
-    """``exp(x)`` for ``x <= 0`` (-inf gives 0, NaN gives NaN) with no libm call and no
-    float -> int conversion, so that gcc keeps the loops around it vectorized."""
-    xc = select(x > _UNDERFLOW, x, _UNDERFLOW)
-    n = (xc * _INV_LN2 + _ROUND) - _ROUND
-    r = (xc + n * _LN2_HI) + n * _LN2_LO
-    p = ((((((_C[7] * r + _C[6]) * r + _C[5]) * r + _C[4]) * r + _C[3]) * r + _C[2]) * r + _C[1]) * r + _C[0]
-    on6 = n >= 64.0
-    p = p * select(on6, 5.421010862427522e-20, 1.0)
-    n = n - select(on6, 64.0, 0.0)
-    on5 = n >= 32.0
-    p = p * select(on5, 2.3283064365386963e-10, 1.0)
-    n = n - select(on5, 32.0, 0.0)
-    on4 = n >= 16.0
-    p = p * select(on4, 1.52587890625e-05, 1.0)
-    n = n - select(on4, 16.0, 0.0)
-    on3 = n >= 8.0
-    p = p * select(on3, 0.00390625, 1.0)
-    n = n - select(on3, 8.0, 0.0)
-    on2 = n >= 4.0
-    p = p * select(on2, 0.0625, 1.0)
-    n = n - select(on2, 4.0, 0.0)
-    on1 = n >= 2.0
-    p = p * select(on1, 0.25, 1.0)
-    n = n - select(on1, 2.0, 0.0)
-    p = p * select(n >= 1.0, 0.5, 1.0)
-    p = select(x < _UNDERFLOW, 0.0, p)
-    return select(x != x, x, p)
+    """``exp(x)`` (-inf gives 0, NaN gives NaN, results below 2^-125.5 are flushed to 0) with no
+    libm call and no float -> int conversion, so that gcc keeps the loops around it vectorized:
+    the DSL form of :func:`taskmap.schedule.fastmath.fast_exp`."""
+    lo = select(x < LOWEST, LOWEST, x)
+    xc = select(lo > HIGHEST, HIGHEST, lo)
+    t = xc * LOG2E + SHIFTER
+    n = t - SHIFTER
+    r = (xc - n * LN2_HI) - n * LN2_LO
+    q = (((((_Q[6] * r + _Q[5]) * r + _Q[4]) * r + _Q[3]) * r + _Q[2]) * r + _Q[1]) * r + _Q[0]
+    return q * bitcast((bitcast(t, u32) + 126) << 23, f32)
 
 
 class MaskKind:

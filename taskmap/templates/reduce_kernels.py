@@ -58,8 +58,8 @@ class Let:
 
 @dataclass(frozen=True)
 class Math:
-    """Math that depends on the kernel: on CPU lanes ``exp`` of a non-positive value is
-    computed with selects and multiplies (see :mod:`taskmap.schedule.fastmath`)."""
+    """Math that depends on the kernel: on CPU lanes ``exp`` (of a non-positive value here) is
+    computed with multiply-adds and bit-casts (see :mod:`taskmap.schedule.fastmath`)."""
 
     cpu: bool
 

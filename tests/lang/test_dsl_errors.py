@@ -12,7 +12,8 @@ import pytest
 
 from taskmap.errors import DSLError
 from taskmap.ir.func import FuncKind
-from taskmap.lang import attrs, f32, func, i32, shared_tensor, spatial, threadIdx, transpile, unroll
+from taskmap.lang import (attrs, bitcast, f32, func, i32, i64, shared_tensor, spatial, threadIdx, transpile, u8,
+                          unroll)
 
 THIS = pathlib.Path(__file__)
 LINES = THIS.read_text(encoding="utf-8").splitlines()
@@ -442,3 +443,28 @@ second line at column 0"""
         a[0] = nowhere  # noqa: F821  # E:dedent_fallback
 
     expect_error(k, "dedent_fallback", "nowhere", "name 'nowhere' is not defined")
+
+
+# ----------------------------------------------------------------------------- bitcast
+
+
+def bitcast_size(a: f32[4], b: i64[4]):
+    for i in range(4):
+        b[i] = bitcast(a[i], i64)  # E:bitcast_size
+
+
+def bitcast_not_a_type(a: f32[4], b: i32[4]):
+    for i in range(4):
+        b[i] = bitcast(a[i], 32)  # E:bitcast_type
+
+
+def bitcast_bool(a: f32[4], b: i32[4]):
+    for i in range(4):
+        b[i] = bitcast(a[i] > 0.0, u8)  # E:bitcast_bool
+
+
+def test_bitcast_errors():
+    expect_error(bitcast_size, "bitcast_size", "bitcast(",
+                 "cannot bit-cast f32 (32 bits) to i64 (64 bits): the types must have the same size")
+    expect_error(bitcast_not_a_type, "bitcast_type", "32", "bitcast() needs a scalar type such as i32, got 32")
+    expect_error(bitcast_bool, "bitcast_bool", "bitcast(", "cannot bit-cast bool to u8")

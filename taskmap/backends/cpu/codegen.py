@@ -33,6 +33,9 @@ class CpuFuncGen(CLikeFuncGen):
     """The C dialect: GPU thread indices are thread-function arguments (or thread-local state in
     helpers), shared memory is the block's buffer, a barrier switches fibers."""
 
+    FLOAT_BITS = {t: (f"tm_bits_{s}", f"tm_{s}_of_bits") for t, s in
+                  (("float32", "f32"), ("float64", "f64"), ("float16", "f16"))}
+
     def __init__(self, gen: "CGen", func: Function) -> None:
         super().__init__(gen, func)
         self.gpu_body = func.kind is FuncKind.GPU_KERNEL

@@ -42,6 +42,15 @@ RUNTIME_C = r"""
 #define TM_FN static inline
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
 """ + HELPERS + r"""
+/* Bit-casts (the IR's BitCast) through a union: no call, a register move (or nothing) for gcc,
+   so loops of them stay vectorized. */
+#define TM_BITS_FN(T, U, name) \
+  static inline U tm_bits_##name(T x) { union { T f; U u; } v; v.f = x; return v.u; } \
+  static inline T tm_##name##_of_bits(U u) { union { T f; U u; } v; v.u = u; return v.f; }
+TM_BITS_FN(float, uint32_t, f32)
+TM_BITS_FN(double, uint64_t, f64)
+TM_BITS_FN(_Float16, uint16_t, f16)
+
 /* ---- GPU thread-block emulation ------------------------------------------------------------ */
 typedef struct {
   int tid[3], bid[3], bdim[3], gdim[3];
