@@ -25,7 +25,7 @@ from ..ir.mapping import MappingLoopKind
 from ..ir.primitives import PrimCall
 
 _DIVS = (E.BinOp.FLOORDIV, E.BinOp.MOD, E.BinOp.DIV)
-_PURE = (E.Binary, E.Unary, E.Cast, E.Compare, E.Const, E.Var, E.SizeVar)
+_PURE = (E.Binary, E.Unary, E.Cast, E.BitCast, E.Compare, E.Const, E.Var, E.SizeVar)
 
 
 def _bound(body: S.Stmt) -> set[int]:
