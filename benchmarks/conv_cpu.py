@@ -1,6 +1,7 @@
-"""Benchmark: taskmap.ops.conv2d (implicit GEMM: img2col prologue fused into the CPU matmul
-template) against torch eager and torch.compile, f32, batch 1, on the ResNet-18 layers of the
-TVM paper's Table 2 (C1-C12), side by side in one process.
+"""Benchmark: taskmap.ops.conv2d (the direct-convolution template, or the implicit GEMM — img2col
+prologue fused into the CPU matmul template — as ``taskmap.templates.conv_cpu.select`` decides;
+the ``path`` column says which) against torch eager and torch.compile, f32, batch 1, on the
+ResNet-18 layers of the TVM paper's Table 2 (C1-C12), side by side in one process.
 
     python benchmarks/conv_cpu.py                  # C1..C12
     python benchmarks/conv_cpu.py C2 C6 --bias     # some layers, with a bias (an epilogue)
@@ -34,6 +35,8 @@ from common import machine_description, print_table, timed, wait_quiet  # noqa: 
 
 from taskmap import ops  # noqa: E402
 from taskmap.backends.base import host_cpu_target  # noqa: E402
+from taskmap.templates.conv_cpu import select  # noqa: E402
+from taskmap.templates.conv_problem import ConvProblem  # noqa: E402
 
 #: name: (H = W, C_in, C_out, kernel, stride); padding is kernel // 2.
 LAYERS = {
@@ -110,13 +113,14 @@ def main() -> None:
         t = {name: statistics.median(v) for name, v in samples.items()}
         o = (hw + 2 * (k // 2) - k) // s + 1
         flop = 2.0 * cout * o * o * cin * k * k
-        row = [layer, f"{hw}x{hw}x{cin}->{cout} k{k} s{s}"]
+        p = ConvProblem(1, cin, hw, hw, cout, k, k, s, s, k // 2, k // 2, k // 2, k // 2, 1, 1, 1, "float32", args.bias)
+        row = [layer, f"{hw}x{hw}x{cin}->{cout} k{k} s{s}", "gemm" if select(p, host_cpu_target()) is None else "direct"]
         row += [f"{t[n] * 1e3:.3f}" if n in t else "-" for n in names]
         row += [f"{flop / t['taskmap'] / 1e9:.1f}"]
         row += [f"{t[n] / t['taskmap']:.2f}" if n in t else "-" for n in names[1:]]
         rows.append(row)
         print(f"  {layer}: " + ", ".join(f"{n} {v * 1e3:.3f} ms" for n, v in t.items()), flush=True)
-    headers = ["layer", "shape"] + [f"{n} ms" for n in names] + ["taskmap GFLOP/s"] + [f"{n}/taskmap" for n in
+    headers = ["layer", "shape", "path"] + [f"{n} ms" for n in names] + ["taskmap GFLOP/s"] + [f"{n}/taskmap" for n in
                                                                                         names[1:]]
     clock = "process CPU time" if args.cpu_time else f"wall time, {busy} sample(s) started on a busy machine"
     print(f"\n{machine_description()}, {datetime.date.today()}; {cores} thread(s); batch 1; bias={args.bias}; "

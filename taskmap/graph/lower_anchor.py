@@ -10,8 +10,10 @@ otherwise), then :func:`taskmap.fusion.fuse` splices
 * the epilogue (the anchor's result reshaped from the template's ``c`` to the graph shape, a
   conv's bias, then every op of the chain, composed) into the stores of ``c``.
 
-Conv2d is the implicit GEMM of :mod:`taskmap.ops.conv`: its img2col prologue and per-group
-weights come from there.  :func:`plan_anchor` returns an :class:`AnchorPlan`; it raises
+Conv2d runs where :func:`taskmap.templates.conv_cpu.select` puts it (the one decision shared
+with :mod:`taskmap.ops.conv`): the direct-convolution template (the epilogue spliced into its
+NCHW stores), or the implicit GEMM of :mod:`taskmap.ops.conv`, whose img2col prologue and
+per-group weights come from there.  :func:`plan_anchor` returns an :class:`AnchorPlan`; it raises
 :class:`~taskmap.errors.FusionError` when the group cannot be one kernel (the caller splits it).
 """
 from __future__ import annotations
@@ -25,10 +27,13 @@ from ..backends import Target, TargetKind
 from ..compute.nodes import TensorNode, compute, graph_inputs, tensor_input
 from ..errors import FusionError
 from ..fusion import fuse, fusion_key
-from ..ops.conv import ConvProblem, grouped_weights, img2col
+from ..ops.conv import ConvProblem, direct_sizes, grouped_weights, img2col
 from ..ops.transform import reshape_compute
 from ..runtime.kernel import Kernel
 from ..schedule import tune
+from ..templates.base import Schedule
+from ..templates.conv_cpu import CONV_CPU
+from ..templates.conv_cpu import select as select_direct
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import MatmulProblem
 from .ir import Op, Tensor
@@ -80,6 +85,7 @@ class _Anchor:
     views: dict[str, tuple[int, ...]]       # the shape each operand is viewed as
     graph_input: dict[int, str]             # anchor input index -> template parameter (for prologues)
     conv: ConvProblem | None = None
+    direct: Schedule | None = None          # conv2d on the direct template (else implicit GEMM)
 
 
 def _swapped(target: Target, m: int, n: int) -> bool:
@@ -144,6 +150,9 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     p = ConvProblem(n, cin, h, wd, cout, kh, kw, a.stride[0], a.stride[1], a.padding[0], a.padding[0],
                     a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, "float32", False)
     mp = p.matmul()
+    direct = select_direct(p, target)
+    if direct is not None:
+        return _Anchor(mp, {"x": x, "wt": w}, {"x": (n, cin, h, wd), "wt": (cout, cg, kh, kw)}, {}, p, direct)
     ops: dict[str, Tensor] = {}
     views: dict[str, tuple[int, ...]] = {}
     if p.pointwise:                   # else the img2col prologue's input (see plan_anchor)
@@ -212,8 +221,12 @@ def _anchor_value(anc: _Anchor, op: Op, leaves: dict[str, Tensor]) -> tuple[Tens
         bias = None
         if len(op.inputs) > 2:
             bias = extra[op.inputs[2]] = leaf(op.inputs[2], leaves, "e")
+        if anc.direct is not None:    # the direct template's c is the NCHW output itself
+            c = tensor_input("c", p.out_dtype, [cp.n, cp.cout, cp.oh, cp.ow])
 
         def conv(n: Any, co: Any, oh: Any, ow: Any) -> Any:
+            if anc.direct is not None:
+                return c[n, co, oh, ow] + bias[co] if bias is not None else c[n, co, oh, ow]
             v = c[n * G + co // m, co % m, oh * OW + ow] if G > 1 else c[n, co, oh * OW + ow]
             return v + bias[co] if bias is not None else v
         return compute("conv", out_shape, conv), extra
@@ -256,7 +269,7 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
             raise FusionError(f"{anchor.name}: input {k} takes no prologue")
         compose(ops, nodes, sources, "p")
         pro_defs[param] = _rename(nodes[anchor.inputs[k]], param, anc.views[param])
-    if anc.conv is not None:          # the image / weights read through taskmap.ops.conv's definitions
+    if anc.conv is not None and anc.direct is None:   # implicit GEMM: img2col / weights definitions
         conv_defs = {}
         if not anc.conv.pointwise:
             conv_defs["b"] = (img2col(anc.conv), anchor.inputs[0])
@@ -279,6 +292,8 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         last = epilogue[-1].output if epilogue else anchor.output
         epi_defs["c"] = _rename(enodes[last], "out", kernel_shape(last.shape))
         outputs["out"] = last
+    if anc.direct is not None:
+        return _direct_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
     sched = _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
     sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
     kernel = cached_kernel((MATMUL_CPU.name, MATMUL_CPU.version, MATMUL_CPU.config(p, target, sched),
@@ -305,6 +320,39 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
                 shapes.append(p.c_shape)
         elif name in ("wa", "wb"):
             args.append(Workspace(f"cpu_{name[1]}", wa if name == "wa" else wb))
+            shapes.append(None)
+        elif name in outputs:
+            args.append(outputs[name])
+            shapes.append(kernel_shape(outputs[name].shape))
+        elif name in sources:
+            args.append(sources[name])
+            shapes.append(kernel_shape(sources[name].shape))
+        else:
+            raise FusionError(f"{anchor.name}: the fused kernel has a parameter {name!r} with no source")
+    return AnchorPlan(kernel, tuple(args), tuple(shapes))
+
+
+def _direct_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_defs: dict[str, TensorNode],
+                 outputs: dict[str, Tensor], sources: dict[str, Tensor], target: Target) -> AnchorPlan:
+    """The direct-convolution template with the group's epilogue spliced into its stores."""
+    cp, sched = anc.conv, anc.direct
+    assert cp is not None and sched is not None
+    sizes = direct_sizes(cp)
+    kernel = cached_kernel((CONV_CPU.name, CONV_CPU.version, CONV_CPU.config(cp, target, sched),
+                            fusion_key(pro_defs, epi_defs, sizes), target),
+                           lambda: fuse(CONV_CPU.instantiate(cp, target, sched), pro_defs, epi_defs, sizes))
+    args: list[Arg] = []
+    shapes: list[tuple[int, ...] | None] = []
+    for param in kernel.func.params:
+        name = param.name
+        if name in anc.operands:
+            args.append(anc.operands[name])
+            shapes.append(anc.views[name])
+        elif name == "c":
+            args.append(anchor.output)
+            shapes.append((cp.n, cp.cout, cp.oh, cp.ow))
+        elif name == "xp":
+            args.append(Workspace("cpu_conv_x", CONV_CPU.workspace_size(cp, sched, target)))
             shapes.append(None)
         elif name in outputs:
             args.append(outputs[name])

@@ -1,4 +1,4 @@
-"""2-D convolution like ``torch.nn.functional.conv2d``, as an implicit GEMM.
+"""2-D convolution like ``torch.nn.functional.conv2d``: a direct convolution or an implicit GEMM.
 
 ``conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)``: ``x`` NCHW (or
 CHW), ``weight`` ``(C_out, C_in / groups, kh, kw)``, ``bias`` ``(C_out,)``; ``padding`` an int, a
@@ -19,6 +19,13 @@ loads, the tensor-core template's ``cp_async`` tile copies (made synchronous ele
 weights are ``A`` as stored (a prologue picks the group when there are several images and
 groups).  The bias is an **epilogue** spliced into the stores of ``C``.
 
+On the CPU, :func:`taskmap.templates.conv_cpu.select` (the direct template's applicability
+and cost model against the implicit GEMM's; the graph compiler asks the same function) may
+route an f32 convolution to the **direct-convolution template** instead (no img2col: the
+input packed once into its padded stride phases, register tiles of output channels x pixels;
+see :mod:`taskmap.templates.conv_cpu_kernel`), the bias an epilogue spliced into its NCHW
+stores.  Everything below describes the implicit GEMM.
+
 Schedules come from the matmul templates' cost models, restricted to those a prologue suits:
 on the CPU, operands with a prologue are packed (the prologue runs once per element, not in
 the micro-kernel); on GPUs no split-K (one kernel).  ``groups == C_in`` with one input channel
@@ -27,7 +34,6 @@ per group (depthwise) goes to :func:`taskmap.ops.depthwise_conv2d`.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +48,9 @@ from ..runtime.args import bind_args
 from ..runtime.kernel import Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
+from ..templates.conv_cpu import CONV_CPU
+from ..templates.conv_cpu import select as select_direct
+from ..templates.conv_problem import ConvProblem, output_size
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, new_like, view
 from ..templates.matmul_simt import MATMUL_SIMT
@@ -53,56 +62,7 @@ from .depthwise import depthwise_conv2d
 OP = "conv2d"
 
 
-@dataclass(frozen=True)
-class ConvProblem:
-    """One convolution: shapes, window, groups, dtype, bias (hashable: the plan cache key)."""
-
-    n: int
-    cin: int
-    h: int
-    w: int
-    cout: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pb: int
-    pl: int
-    pr: int
-    dh: int
-    dw: int
-    groups: int
-    dtype: str
-    bias: bool
-
-    @property
-    def oh(self) -> int:
-        return output_size(self.h, self.kh, self.sh, self.pt, self.pb, self.dh)
-
-    @property
-    def ow(self) -> int:
-        return output_size(self.w, self.kw, self.sw, self.pl, self.pr, self.dw)
-
-    @property
-    def pointwise(self) -> bool:
-        """A 1x1 convolution without stride or padding: the input is its own img2col."""
-        return (self.kh, self.kw, self.sh, self.sw, self.pt, self.pb, self.pl, self.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
-
-    def matmul(self) -> MatmulProblem:
-        g = self.groups
-        return MatmulProblem(self.n * g, self.cout // g, self.oh * self.ow, self.cin // g * self.kh * self.kw,
-                             self.dtype, self.dtype, a_batched=g > 1, b_batched=True)
-
-
 # ----------------------------------------------------------------------------- arguments
-
-
-def output_size(size: int, k: int, s: int, p_lo: int, p_hi: int, d: int) -> int:
-    """torch's output size of a window ``k`` (dilation ``d``, stride ``s``) over ``size`` padded
-    by ``p_lo`` / ``p_hi`` (0 when the padded input is smaller than the window)."""
-    span = size + p_lo + p_hi - d * (k - 1) - 1
-    return span // s + 1 if span >= 0 else 0
 
 
 def pair(op: str, name: str, value: Any, *, minimum: int) -> tuple[int, int]:
@@ -248,6 +208,18 @@ def bias_epilogue(p: ConvProblem) -> Any:
     return compute("y", [mp.batch, mp.m, mp.n], lambda b, i, pix: c[b, i, pix] + bias[b % G * m + i if G > 1 else i])
 
 
+def direct_bias_epilogue(p: ConvProblem) -> Any:
+    """``y = c + bias`` along the output channels, in the direct template's NCHW ``c``."""
+    c = tensor_input("c", p.dtype, [p.n, p.cout, p.oh, p.ow])
+    bias = tensor_input("conv_bias", p.dtype, [p.cout])
+    return compute("y", [p.n, p.cout, p.oh, p.ow], lambda b, co, i, j: c[b, co, i, j] + bias[co])
+
+
+def direct_sizes(p: ConvProblem) -> dict[str, int]:
+    """The direct template's symbolic sizes bound to ``p`` (the fused kernel is specialised)."""
+    return {"n": p.n, "cin": p.cin, "h": p.h, "w": p.w, "cout": p.cout, "oh": p.oh, "ow": p.ow}
+
+
 # ----------------------------------------------------------------------------- plans
 
 
@@ -267,7 +239,49 @@ def _suits(s: dict[str, Any], packed_a: bool, packed_b: bool) -> bool:
     return (not packed_a or s.get("pack_a", True)) and (not packed_b or s.get("pack_b", True))
 
 
-class _Plan:
+class _HostLaunch:
+    """Launches a CPU kernel through its ctypes entry (see :meth:`_host_launch`)."""
+
+    kernel: Kernel
+    _fn: Any = None
+    _sizes: tuple[int, ...] = ()
+
+    def _host_launch(self, args: list[Any]) -> None:
+        """The CPU kernel through its ctypes entry (pointers, then sizes): arguments are checked
+        once (the plan fixes every shape), later calls only pass the pointers."""
+        if self._fn is None:
+            compiled = self.kernel.build("cpu")
+            bound = bind_args(compiled.func, args, compiled._written)
+            self._sizes = tuple(bound.values[len(args):])
+            self._fn = compiled.launcher.fn
+        status = self._fn(*(a.ctypes.data if type(a) is np.ndarray else a.data_ptr() for a in args), *self._sizes)
+        if status:
+            raise TaskmapError(f"{self.kernel.__name__}(): the kernel failed with status {status}")
+
+
+class _DirectPlan(_HostLaunch):
+    """The direct-convolution template (:mod:`taskmap.templates.conv_cpu`), with the bias as an
+    epilogue spliced into its stores."""
+
+    def __init__(self, p: ConvProblem, target: Target, schedule: Schedule) -> None:
+        self.p, self.schedule = p, schedule
+        anchor = CONV_CPU.instantiate(p, target, schedule)
+        epilogues = {"c": direct_bias_epilogue(p)} if p.bias else {}
+        self.kernel = fuse(anchor, {}, epilogues, direct_sizes(p))
+        self.names = [q.name for q in self.kernel.func.params]
+        self.xp = CONV_CPU.workspace_size(p, schedule, target)
+
+    def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
+        p = self.p
+        c = view(out, (p.n, p.cout, p.oh, p.ow))
+        avail = {"x": view(arrays[0], (p.n, p.cin, p.h, p.w)), "wt": arrays[1], "c": c, "y": c,
+                 "xp": WORKSPACE.get("cpu_conv_x", self.xp)}
+        if p.bias:
+            avail["conv_bias"] = arrays[2]
+        self._host_launch([avail[name] for name in self.names])
+
+
+class _Plan(_HostLaunch):
     """A fused kernel and how to lay out its arguments."""
 
     def __init__(self, p: ConvProblem, target: Target) -> None:
@@ -291,8 +305,6 @@ class _Plan:
         self.kernel: Kernel = fuse(anchor, prologues, epilogues, sizes)
         self.names = [q.name for q in self.kernel.func.params]
         self.cpu = cpu
-        self._fn: Any = None
-        self._sizes: list[int] = []
         if cpu:
             self.wa, self.wb = MATMUL_CPU.workspace_sizes(mp, self.schedule, target)
 
@@ -322,32 +334,22 @@ class _Plan:
         else:
             _launch(self.kernel, kind, args)
 
-    def _host_launch(self, args: list[Any]) -> None:
-        """The CPU kernel through its ctypes entry (pointers, then sizes): arguments are checked
-        once (the plan fixes every shape), later calls only pass the pointers."""
-        if self._fn is None:
-            compiled = self.kernel.build("cpu")
-            bound = bind_args(compiled.func, args, compiled._written)
-            self._sizes = list(bound.values[len(args):])
-            self._fn = compiled.launcher.fn
-        status = self._fn(*(a.ctypes.data if type(a) is np.ndarray else a.data_ptr() for a in args), *self._sizes)
-        if status:
-            raise TaskmapError(f"{self.kernel.__name__}(): the kernel failed with status {status}")
-
 
 _ZERO = np.zeros(1, np.float32)
-_PLANS: dict[tuple[ConvProblem, Target], _Plan] = {}
+_PLANS: dict[tuple[ConvProblem, Target], _Plan | _DirectPlan] = {}
 _LOCK = threading.Lock()
 
 
-def _plan(p: ConvProblem, target: Target) -> _Plan:
+def _plan(p: ConvProblem, target: Target) -> _Plan | _DirectPlan:
     key = (p, target)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _Plan(p, target)
+        direct = select_direct(p, target) if target.kind is TargetKind.CPU else None
+        plan = _DirectPlan(p, target, direct) if direct is not None else _Plan(p, target)
         with _LOCK:
             plan = _PLANS.setdefault(key, plan)
     return plan
 
 
-__all__ = ["ConvProblem", "bias_epilogue", "conv2d", "grouped_weights", "img2col"]
+__all__ = ["ConvProblem", "bias_epilogue", "conv2d", "direct_bias_epilogue", "direct_sizes", "grouped_weights", "img2col",
+           "output_size"]

@@ -1,0 +1,181 @@
+"""CPU f32 direct-convolution template (the kernel is in :mod:`.conv_cpu_kernel`).
+
+No img2col: the input is packed once into its zero-padded stride phases (one pass over the
+image) and a register tile of ``MR`` output channels x ``NR`` output pixels accumulates over
+``C_in x kh x kw`` with contiguous vector loads of the input and broadcasts of the weights.
+
+Tuning space, in hardware terms (the problem only prunes it):
+
+* ``mr, nr`` — the register tile: ``MR * NR / V`` accumulators plus ``NR / V`` input vectors plus
+  one broadcast within the vector register file (the matmul template's tiles,
+  :data:`.matmul_cpu.TILES`);
+* ``shift`` — the input's planes: one per stride phase (``False``: the ``QW`` padding columns of
+  each row are computed too, and never stored) or one per tap column (``True``: ``kw`` times
+  the packing, no wasted columns — for small images);
+* ``cores`` — all of them, or one for tiny problems.
+
+The cost model (:meth:`ConvCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel over
+whole padded tiles (the ``QW`` extra columns per row of the phase planes, the last channel
+panel and pixel tile), its loads per FMA (input vectors are unaligned: most split a cache line),
+the stores, load balance over cores in whole tiles, the packing traffic and the parallel
+regions.  :func:`select` compares it with the implicit GEMM (:data:`.matmul_cpu.MATMUL_CPU`
+with an img2col gather in its B packing) and is the one place that decides which a convolution
+runs on (``taskmap.ops.conv2d`` and the graph compiler both ask it).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..backends.base import Target, TargetKind, host_cpu_target
+from ..runtime.kernel import Kernel
+from .base import Schedule
+from .conv_cpu_kernel import ConvCpuConfig, build_kernel, valid
+from .conv_problem import ConvProblem
+from .matmul_cpu import (
+    CALL_COST,
+    FORK_COST,
+    L1_BYTES,
+    LARGE_FLOPS,
+    MATMUL_CPU,
+    MICRO_EFFICIENCY,
+    SMALL_FLOPS,
+    TILES,
+    lanes_of,
+    vector_registers,
+)
+from .matmul_problem import WORKSPACE
+
+#: Seconds per element the implicit GEMM spends gathering img2col into its packed B panels
+#: (measured on Zen 4: index arithmetic and masked gathers, ~4 cycles an element).
+GATHER_COST = 1.1e-9
+#: Load slots of one unaligned vector load of the input (most cross a cache line).
+SPLIT_LOAD = 1.6
+#: Measured on Zen 4 (C1-C12 of TVM's Table 2, one core): the micro-kernel's slow-down when its
+#: taps read several stride-phase planes, and the packing's when it reads strided columns.
+PHASE_PENALTY = 1.25
+STRIDED_PACK = 6
+#: Bytes per second one core packs the input (reads + writes contiguous rows; measured ~17e9).
+PACK_BANDWIDTH = 16e9
+
+
+class ConvCpuTemplate:
+    """f32 2-D convolution (groups 1, any kernel / stride / padding; dilation with stride 1 or
+    where every stride phase is used) on the CPU."""
+
+    name = "conv_cpu"
+    version = 1  # keys the tuning cache: bump when the kernels change
+
+    def __init__(self) -> None:
+        self._kernels: dict[ConvCpuConfig, Kernel] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "<ConvCpuTemplate>"
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        p = problem
+        return (isinstance(p, ConvProblem) and target.kind is TargetKind.CPU and p.dtype == "float32"
+                and p.groups == 1 and not p.pointwise and p.oh > 0 and p.ow > 0
+                and valid(self._window(p, 1, lanes_of(target), lanes_of(target), 1)))
+
+    @staticmethod
+    def _window(p: ConvProblem, mr: int, nr: int, lanes: int, cores: int, shift: bool = False) -> ConvCpuConfig:
+        return ConvCpuConfig(mr, nr, lanes, cores, p.kh, p.kw, p.sh, p.sw, p.dh, p.dw, p.pt, p.pl, shift)
+
+    # ------------------------------------------------------------------ space
+    def space(self, problem: ConvProblem, target: Target) -> list[Schedule]:
+        if not self.applies(problem, target):
+            return []
+        p, V = problem, lanes_of(target)
+        flops = 2.0 * p.n * p.cout * p.oh * p.ow * p.cin * p.kh * p.kw
+        cores = [target.num_cores] if flops > LARGE_FLOPS or target.num_cores == 1 else \
+            [1] if flops < SMALL_FLOPS else [1, target.num_cores]
+        shifts = (False, True) if p.kw > 1 else (False,)
+        return [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in TILES[vector_registers(target)]
+                for c in cores for sh in shifts]
+
+    # ------------------------------------------------------------------ cost
+    def cost(self, problem: ConvProblem, target: Target, schedule: Schedule) -> float:
+        """Seconds: the busiest core's micro-kernel cycles over whole padded tiles, plus the
+        input packing, plus the parallel regions.  Only the ranking matters."""
+        p, s = problem, schedule.as_dict()
+        mr, nr, cores = s["mr"], s["nr"], s["cores"]
+        cfg = self.config(p, target, schedule)
+        V = lanes_of(target)
+        clock = target.clock_hz or 2.5e9
+        (nph, npw), (_, npc), (hq, wq) = cfg.phases, cfg.planes, cfg.frame(p.oh, p.ow)
+        k = p.cin * p.kh * p.kw
+        fmas = mr * nr // V
+        fma_rate = 2.0 * min(V, 8) / V
+        loads = mr + SPLIT_LOAD * nr / V
+        step = (max(fmas / fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        if mr * k * 4 > L1_BYTES:      # the weight rows (read in place) stream from L2
+            step *= 1.04
+        if nph * npw > 1:              # taps from several phase planes: more lines per step miss L1
+            step *= PHASE_PENALTY
+        tile = k * step + 3 * fmas + 40
+        tiles = p.n * -(-p.cout // mr) * -(-(p.oh * wq) // nr)
+        seconds = -(-tiles // cores) * tile / clock
+        packed = p.n * p.cin * nph * npc * hq * wq
+        seconds += 8 * packed / (PACK_BANDWIDTH * cores) * (1 if p.sw == 1 else STRIDED_PACK)
+        return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
+
+    # ------------------------------------------------------------------ kernels
+    def config(self, problem: ConvProblem, target: Target, schedule: Schedule) -> ConvCpuConfig:
+        s = schedule.as_dict()
+        return self._window(problem, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
+
+    def instantiate(self, problem: ConvProblem, target: Target, schedule: Schedule) -> Kernel:
+        cfg = self.config(problem, target, schedule)
+        with self._lock:
+            kernel = self._kernels.get(cfg)
+            if kernel is None:
+                kernel = self._kernels[cfg] = build_kernel(cfg)
+            return kernel
+
+    def workspace_size(self, problem: ConvProblem, schedule: Schedule, target: Target) -> int:
+        p = problem
+        return self.config(p, target, schedule).workspace(p.n, p.cin, p.oh, p.ow)
+
+    def arguments(self, problem: ConvProblem, inputs: Sequence[Any], outputs: Sequence[Any],
+                  schedule: Schedule | None = None, target: Target | None = None) -> list[Any]:
+        """x (N, C_in, H, W), w (C_out, C_in, kh, kw), c (N, C_out, OH, OW), then the packed
+        input's workspace (without a schedule: one that fits every point of the space)."""
+        target = target or host_cpu_target()
+        points = self.space(problem, target) if schedule is None else [schedule]
+        size = max([self.workspace_size(problem, s, target) for s in points] or [1])
+        return [inputs[0], inputs[1], outputs[0], WORKSPACE.get("cpu_conv_x", size)]
+
+
+CONV_CPU = ConvCpuTemplate()
+
+
+def implicit_gemm_cost(p: ConvProblem, target: Target) -> float:
+    """The implicit GEMM's estimated seconds: the matmul template's best schedule that packs B,
+    plus the img2col gather into that packing (1x1 stride-1 convolutions need none)."""
+    mp = p.matmul()
+    costs = [MATMUL_CPU.cost(mp, target, s) for s in MATMUL_CPU.space(mp, target) if s["pack_b"] or p.pointwise]
+    gather = 0.0 if p.pointwise else mp.batch * mp.k * mp.n * GATHER_COST / max(1, target.num_cores)
+    return min(costs, default=float("inf")) + gather
+
+
+def select(p: ConvProblem, target: Target) -> Schedule | None:
+    """The direct template's best schedule for ``p`` when it applies and its cost model beats
+    the implicit GEMM's; None: run the implicit GEMM."""
+    space = CONV_CPU.space(p, target)
+    if not space:
+        return None
+    costs = {s: CONV_CPU.cost(p, target, s) for s in space}
+    best = min(space, key=costs.__getitem__)
+    return best if costs[best] < implicit_gemm_cost(p, target) else None
+
+
+__all__ = ["CONV_CPU", "ConvCpuTemplate", "implicit_gemm_cost", "select"]

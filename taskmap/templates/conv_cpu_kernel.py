@@ -1,0 +1,190 @@
+"""The CPU f32 direct-convolution kernel, written in the DSL with task mappings.
+
+``build_kernel(cfg)`` makes one kernel per :class:`ConvCpuConfig` (register tile, cores, and the
+window: kernel size, stride, dilation, top / left padding); the image sizes are symbolic.
+
+* **Input packing** (cheap: one pass over the image, no img2col): ``xp`` holds, per image and
+  input channel, the zero-padded image split into its ``SH x SW`` stride phases (only those a
+  tap uses)::
+
+      xp[b, ci, ph, pw, i, j] = x[b, ci, i*SH + ph - PT, j*SW + pw - PL]   (0 outside the image)
+
+  with rows ``i < HQ = OH + QH`` and columns ``j < WQ = OW + QW`` (``QH = (KH-1)*DH // SH``).
+  Tap ``(kh, kw)`` of output pixel ``(oh, ow)`` is then ``xp[b, ci, kh*DH % SH, kw*DW % SW,
+  oh + kh*DH // SH, ow + kw*DW // SW]``: with the pixels numbered ``p = oh*WQ + ow`` in the
+  plane's frame, **every tap reads the plane at p plus a constant** — a strided, padded
+  convolution becomes a stride-1, unpadded one, and the taps of ``NR`` consecutive pixels are one
+  contiguous (unaligned) vector load.  Pixels with ``ow >= OW`` (``QW`` per row) are computed
+  and never stored; reads past the last plane land in a zeroed tail of ``NR`` elements.
+* **register tile** ``MR`` output channels x ``NR`` pixels: ``repeat(MR, NR // V) * spatial(1, V)``
+  (lanes along the pixels); per input channel and tap, ``NR / V`` vector loads of ``xp``, ``MR``
+  broadcasts of the weights (read in place: ``w[co, ci, kh, kw]``) and ``MR * NR / V`` FMAs.  The
+  taps are unrolled; the reduction runs over all of ``C_in`` in registers, so there are no
+  partial sums: **each output element is stored exactly once and the output is never read**
+  (post-scheduling fusion splices epilogues into these stores, :mod:`taskmap.fusion`).
+* **stores**: a tile inside one output row stores whole vectors; other tiles (across rows, or
+  in the last channel panel) store one masked vector per output row they touch.
+* **cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``N x CP x PT`` tiles (``CP``
+  channel panels, ``PT`` pixel tiles; pixel tiles innermost, so a core's weight panel stays in
+  cache); the packing is one parallel loop over the planes before.
+"""
+from dataclasses import dataclass
+
+from ..ir.mapping import repeat, spatial
+from ..lang import f32, func, i32, parallel, register_tensor, symbol, unroll
+from ..lang.kernel import kernel
+from ..runtime.kernel import Kernel
+
+
+@dataclass(frozen=True)
+class ConvCpuConfig:
+    """Everything a direct-convolution kernel's code depends on."""
+
+    mr: int
+    nr: int
+    lanes: int
+    cores: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    shift: bool = False     # planes per tap column (no padding columns computed; see the module doc)
+
+    @property
+    def phases(self) -> tuple[int, int]:
+        """Stride phases a tap reads (rows, columns): 0 .. n-1."""
+        return (len({r * self.dh % self.sh for r in range(self.kh)}),
+                len({s * self.dw % self.sw for s in range(self.kw)}))
+
+    @property
+    def reach(self) -> tuple[int, int]:
+        """(QH, QW): how many rows / columns of the phase planes the taps reach past a pixel."""
+        return (self.kh - 1) * self.dh // self.sh, (self.kw - 1) * self.dw // self.sw
+
+    @property
+    def planes(self) -> tuple[int, int]:
+        """Planes of ``xp`` per input channel (row phases, column phases or tap columns)."""
+        nph, npw = self.phases
+        return nph, self.kw if self.shift else npw
+
+    def frame(self, oh: int, ow: int) -> tuple[int, int]:
+        """(HQ, WQ): rows and columns of one plane of ``xp``."""
+        qh, qw = self.reach
+        return oh + qh, ow if self.shift else ow + qw
+
+    def workspace(self, n: int, cin: int, oh: int, ow: int) -> int:
+        """Elements of ``xp`` (the packed input plus its zero tail)."""
+        (nph, npc), (hq, wq) = self.planes, self.frame(oh, ow)
+        return n * cin * nph * npc * hq * wq + self.nr
+
+
+def valid(cfg: ConvCpuConfig) -> bool:
+    """The phase planes are numbered by phase (0 .. n-1): true unless a dilated tap skips one."""
+    nph, npw = cfg.phases
+    return ({r * cfg.dh % cfg.sh for r in range(cfg.kh)} == set(range(nph))
+            and {s * cfg.dw % cfg.sw for s in range(cfg.kw)} == set(range(npw)))
+
+
+def build_kernel(cfg: ConvCpuConfig) -> Kernel:
+    assert valid(cfg) and cfg.nr % cfg.lanes == 0
+    MR, NR, V, P = cfg.mr, cfg.nr, cfg.lanes, cfg.cores
+    KH, KW, SH, SW, DH, DW, PT, PL = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.dh, cfg.dw, cfg.pt, cfg.pl
+    (NPH, NPW), (QH, QW) = cfg.phases, cfg.reach
+    SHIFT = cfg.shift
+    NPC = KW if SHIFT else NPW              # planes per row phase
+    PAR = parallel if P > 1 else range
+    CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
+    tile = repeat(MR, NR // V) * spatial(1, V)
+    n, cin, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "h", "w", "cout", "oh", "ow", "wsx"))
+    X_T, W_T, C_T, XP_T = f32[n, cin, h, w], f32[cout, cin, KH, KW], f32[n, cout, oh, ow], f32[wsx]
+
+    @func
+    def pack(x: X_T, xp: f32[wsx], q: i32, hq: i32, wq: i32):
+        """Plane ``q`` = (b, ci, ph, pw) of ``xp``."""
+        pc = q % NPC
+        pw = pc * DW if SHIFT else pc         # the plane's first column in the padded image
+        ph = q // NPC % NPH
+        bc = q // (NPC * NPH)
+        b = bc // cin
+        ci = bc % cin
+        jlo = min(max((PL - pw + SW - 1) // SW, 0), wq)          # columns inside the image: jlo .. jhi
+        jhi = max(min((w + PL - pw + SW - 1) // SW, wq), jlo)
+        for i in range(hq):
+            ih = i * SH + ph - PT
+            row = (q * hq + i) * wq
+            if ih >= 0 and ih < h:
+                for j in range(jlo):
+                    xp[row + j] = 0.0
+                for j in range(jlo, jhi):
+                    xp[row + j] = x[b, ci, ih, j * SW + pw - PL]
+                for j in range(jhi, wq):
+                    xp[row + j] = 0.0
+            else:
+                for j in range(wq):
+                    xp[row + j] = 0.0
+
+    @func
+    def micro(wt: W_T, c: C_T, xp: f32[wsx], b: i32, i: i32, t: i32, hq: i32, wq: i32):
+        """Output channels ``i*MR ..`` x pixels ``t*NR ..`` (frame numbering) of image ``b``."""
+        acc = register_tensor(f32, [MR, NR])
+        co0 = i * MR
+        p0 = t * NR
+        plane = hq * wq
+        cpl = NPH * NPC * plane
+        xb = b * cin * cpl + p0
+        for r, s in tile.vectorize():
+            acc[r, s] = 0.0
+        if co0 + MR <= cout:
+            for ci in range(cin):
+                for kh in unroll(KH):
+                    for kw in unroll(KW):
+                        for r, s in tile.vectorize():
+                            acc[r, s] += wt[co0 + r, ci, kh, kw] * xp[
+                                xb + ci * cpl + (kh * DH % SH * NPC + (kw if SHIFT else kw * DW % SW)) * plane
+                                + kh * DH // SH * wq + (0 if SHIFT else kw * DW // SW) + s]
+        else:
+            for ci in range(cin):
+                for kh in unroll(KH):
+                    for kw in unroll(KW):
+                        for r, s in tile.vectorize():
+                            acc[r, s] += wt[min(co0 + r, cout - 1), ci, kh, kw] * xp[
+                                xb + ci * cpl + (kh * DH % SH * NPC + (kw if SHIFT else kw * DW % SW)) * plane
+                                + kh * DH // SH * wq + (0 if SHIFT else kw * DW // SW) + s]
+        ho0 = p0 // wq
+        wo0 = p0 % wq
+        if co0 + MR <= cout and wo0 + NR <= ow:
+            for r, s in tile.vectorize():
+                c[b, co0 + r, ho0, wo0 + s] = acc[r, s]
+        else:
+            rows = min((wo0 + NR - 1) // wq + 1, oh - ho0)
+            for j in range(rows):
+                lo = j * wq - wo0
+                for r, s in tile.vectorize():
+                    if co0 + r < cout and s >= lo and s < lo + ow:
+                        c[b, co0 + r, ho0 + j, s - lo] = acc[r, s]
+
+    @kernel
+    def conv_cpu(x: X_T, wt: W_T, c: C_T, xp: XP_T):
+        WQ = ow if SHIFT else ow + QW
+        HQ = oh + QH
+        planes = n * cin * NPH * NPC
+        for q in PAR(planes):
+            pack(x, xp, q, HQ, WQ)
+        for z in range(NR):
+            xp[planes * HQ * WQ + z] = 0.0
+        CP = (cout + MR - 1) // MR
+        PTS = (oh * WQ + NR - 1) // NR
+        for p in CORES:
+            u0 = p * (n * CP * PTS) // P
+            u1 = (p + 1) * (n * CP * PTS) // P
+            for u in range(u0, u1):
+                micro(wt, c, xp, u // (CP * PTS), u // PTS % CP, u % PTS, HQ, WQ)
+
+    return conv_cpu
+
+
+__all__ = ["ConvCpuConfig", "build_kernel", "valid"]

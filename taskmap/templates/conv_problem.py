@@ -1,0 +1,60 @@
+"""One 2-D convolution problem (shapes, window, groups, dtype, bias): what the convolution
+templates are instantiated for (:mod:`.conv_cpu`) and what :mod:`taskmap.ops.conv` plans for; its
+implicit-GEMM view is a :class:`~.matmul_problem.MatmulProblem`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .matmul_problem import MatmulProblem
+
+
+def output_size(size: int, k: int, s: int, p_lo: int, p_hi: int, d: int) -> int:
+    """torch's output size of a window ``k`` (dilation ``d``, stride ``s``) over ``size`` padded
+    by ``p_lo`` / ``p_hi`` (0 when the padded input is smaller than the window)."""
+    span = size + p_lo + p_hi - d * (k - 1) - 1
+    return span // s + 1 if span >= 0 else 0
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution: shapes, window, groups, dtype, bias (hashable: the plan cache key)."""
+
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pb: int
+    pl: int
+    pr: int
+    dh: int
+    dw: int
+    groups: int
+    dtype: str
+    bias: bool
+
+    @property
+    def oh(self) -> int:
+        return output_size(self.h, self.kh, self.sh, self.pt, self.pb, self.dh)
+
+    @property
+    def ow(self) -> int:
+        return output_size(self.w, self.kw, self.sw, self.pl, self.pr, self.dw)
+
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1 convolution without stride or padding: the input is its own img2col."""
+        return (self.kh, self.kw, self.sh, self.sw, self.pt, self.pb, self.pl, self.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
+
+    def matmul(self) -> MatmulProblem:
+        g = self.groups
+        return MatmulProblem(self.n * g, self.cout // g, self.oh * self.ow, self.cin // g * self.kh * self.kw,
+                             self.dtype, self.dtype, a_batched=g > 1, b_batched=True)
+
+
+__all__ = ["ConvProblem", "output_size"]

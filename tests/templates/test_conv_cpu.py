@@ -1,0 +1,166 @@
+"""The CPU direct-convolution template: its kernel against torch in float64 on hypothesis-drawn
+shapes (odd and prime sizes, kernels 1/3/5/7, strides 1/2, every padding, dilation, batches,
+edges), the routing between it and the implicit GEMM, a fused epilogue, and the hot loop's
+assembly."""
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taskmap import ops
+from taskmap.backends.base import host_cpu_target
+from taskmap.compute.nodes import compute, tensor_input
+from taskmap.fusion import fuse
+from taskmap.ir.expr import maximum
+from taskmap.ops.conv import _plan, direct_sizes
+from taskmap.templates.base import Schedule
+from taskmap.templates.conv_cpu import CONV_CPU, select
+from taskmap.templates.conv_cpu_kernel import ConvCpuConfig, build_kernel
+from taskmap.templates.conv_problem import ConvProblem
+from taskmap.testing import assert_close
+
+CPU = host_cpu_target()
+FEW = settings(max_examples=6, deadline=None)
+V = max(4, CPU.vector_bytes // 4)
+
+
+def problem(n, cin, h, w, cout, k, s, p, d=1, bias=False):
+    return ConvProblem(n, cin, h, w, cout, k, k, s, s, p, p, p, p, d, d, 1, "float32", bias)
+
+
+def data(p: ConvProblem, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(np.float32)
+    w = rng.standard_normal((p.cout, p.cin, p.kh, p.kw)).astype(np.float32)
+    b = rng.standard_normal(p.cout).astype(np.float32)
+    return x, w, b
+
+
+def reference(p: ConvProblem, x, w, b=None):
+    t = torch.from_numpy
+    return torch.nn.functional.conv2d(t(x).double(), t(w).double(), None if b is None else t(b).double(),
+                                      (p.sh, p.sw), (p.pt, p.pl), (p.dh, p.dw)).numpy()
+
+
+def tol(p: ConvProblem):
+    return {"rtol": 1e-5, "atol": 2e-6 * p.cin * p.kh * p.kw + 1e-5}
+
+
+def run_direct(p: ConvProblem, schedule: Schedule):
+    x, w, _ = data(p)
+    c = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)
+    kernel = CONV_CPU.instantiate(p, CPU, schedule)          # symbolic sizes: one build per window
+    kernel(*CONV_CPU.arguments(p, [x, w], [c], schedule, CPU))
+    assert_close(c, reference(p, x, w), **tol(p), err_msg=f"{p} {schedule}")
+
+
+SMALL = Schedule.of(mr=6, nr=2 * V, cores=CPU.num_cores, shift=False)
+SHIFTED = Schedule.of(mr=6, nr=2 * V, cores=CPU.num_cores, shift=True)      # planes per tap column
+#: (kernel, stride, padding, dilation): each one kernel build (the window and the top / left
+#: padding are compiled in; the sizes are symbolic), paddings 0 .. k // 2 among them.
+WINDOWS = [(3, 1, 1, 1), (3, 2, 1, 1), (5, 2, 2, 1), (5, 1, 1, 1), (7, 2, 3, 1), (7, 1, 0, 1), (1, 2, 0, 1),
+           (3, 1, 0, 2), (3, 2, 1, 2)]
+
+
+@pytest.mark.parametrize("window,schedule", [(w, SMALL) for w in WINDOWS] +
+                         [(w, SHIFTED) for w in [(3, 1, 1, 1), (5, 2, 2, 1), (3, 1, 0, 2)]],
+                         ids=lambda v: "k{}s{}p{}d{}".format(*v) if isinstance(v, tuple) else
+                         "shift" if v["shift"] else "phases")
+@given(n=st.integers(1, 2), cin=st.integers(1, 7), h=st.integers(1, 23), w=st.integers(1, 29),
+       cout=st.integers(1, 19))
+@FEW
+def test_direct_kernel_matches_torch(window, schedule, n, cin, h, w, cout):
+    k, s, pad, d = window
+    span = d * (k - 1) + 1 - 2 * pad                       # the padded input holds the dilated window
+    h, w = max(h, span), max(w, span)
+    run_direct(problem(n, cin, h, w, cout, k, s, pad, d), schedule)
+
+
+@pytest.mark.parametrize("tile", [(14, 2), (8, 3)], ids=lambda t: f"{t[0]}x{t[1]}v")
+def test_other_tiles_and_single_pixel_rows(tile):
+    mr, nv = tile
+    sched = Schedule.of(mr=mr, nr=nv * V, cores=CPU.num_cores, shift=mr == 14)
+    for shape in [(1, 5, 13, 1, 29), (2, 3, 1, 17, 15), (1, 11, 31, 37, 14)]:
+        run_direct(problem(*shape, 3, 1, 1), sched)
+
+
+def test_layer_sized_problem_with_the_model_choice():
+    p = problem(1, 64, 28, 28, 64, 3, 1, 1)
+    sched = select(p, CPU)
+    assert sched is not None, "a 3x3 stride-1 ResNet layer runs on the direct template"
+    x, w, _ = data(p)
+    assert_close(ops.conv2d(x, w, None, 1, 1), reference(p, x, w), **tol(p))
+
+
+def test_routing():
+    """The template's applicability and cost model decide; the other shapes stay on the
+    implicit GEMM (and still match torch)."""
+    assert select(problem(1, 64, 56, 56, 64, 3, 1, 1), CPU) is not None
+    assert select(problem(1, 64, 56, 56, 64, 1, 1, 0), CPU) is None               # 1x1 stride 1: a matmul
+    grouped = ConvProblem(1, 8, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, "float32", False)
+    assert not CONV_CPU.applies(grouped, CPU)
+    odd = ConvProblem(1, 3, 20, 20, 5, 2, 2, 3, 3, 0, 0, 0, 0, 2, 2, 1, "float32", False)
+    assert not CONV_CPU.applies(odd, CPU)          # stride 3, dilation 2, k 2: taps skip phase 1
+    x, w, _ = data(odd)
+    assert_close(ops.conv2d(x, w, None, 3, 0, 2), reference(odd, x, w), **tol(odd))
+    assert type(_plan(odd, CPU)).__name__ == "_Plan"
+    x, w, _ = data(grouped)
+    w = w[:, :4]
+    got = ops.conv2d(x, w, None, 1, 1, 1, 2)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), None, 1, 1, 1, 2)
+    assert_close(got, ref.numpy(), **tol(grouped))
+
+
+def test_space_and_cost_model():
+    p = problem(1, 64, 56, 56, 64, 3, 1, 1)
+    space = CONV_CPU.space(p, CPU)
+    assert 0 < len(space) <= 24
+    regs = 32 if CPU.vector_bytes >= 64 else 16
+    for s in space:
+        assert s["nr"] % V == 0 and s["mr"] * s["nr"] // V + s["nr"] // V + 1 <= regs
+        assert CONV_CPU.cost(p, CPU, s) > 0
+    assert not CONV_CPU.space(ConvProblem(1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, "float16", False), CPU)
+
+
+@pytest.mark.parametrize("n, cin, hw, cout", [(1, 5, 7, 13), (2, 3, 11, 6)])
+def test_bias_and_fused_epilogue(n, cin, hw, cout):
+    """ops.conv2d's bias, and a residual + bias + ReLU epilogue spliced into the stores of c
+    (which the kernel writes exactly once and never reads)."""
+    p = problem(n, cin, hw, hw + 2, cout, 3, 1, 1, bias=True)
+    x, w, b = data(p)
+    ref = reference(p, x, w, b)
+    assert_close(ops.conv2d(x, w, b, 1, 1), ref, **tol(p))
+    shape = [p.n, p.cout, p.oh, p.ow]
+    c = tensor_input("c", "float32", shape)
+    bias = tensor_input("eb", "float32", [p.cout])
+    res = tensor_input("res", "float32", shape)
+    y = compute("y", shape, lambda i, co, r, s: maximum(c[i, co, r, s] + bias[co] + res[i, co, r, s], 0.0))
+    fused = fuse(CONV_CPU.instantiate(p, CPU, SMALL), {}, {"c": y}, direct_sizes(p))
+    residual = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    out = np.full(shape, np.nan, np.float32)
+    avail = {"x": x, "wt": w, "eb": b, "res": residual, "y": out,
+             "xp": np.zeros(CONV_CPU.workspace_size(p, SMALL, CPU), np.float32)}
+    fused(*[avail[q.name] for q in fused.func.params])
+    assert_close(out, np.maximum(ref + residual, 0.0), **tol(p))
+
+
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_micro_kernel_assembly():
+    """The hot loop of the 8 x 48 tile, 3x3 stride 1: per tap 8 broadcasts, 3 vector loads of
+    the input and 24 FMAs (72 taps' worth: the 9 taps are unrolled), no gathers."""
+    src = build_kernel(ConvCpuConfig(8, 48, 16, 1, 3, 3, 1, 1, 1, 1, 1, 1)).build("cpu").source_path
+    asm = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-std=gnu11", "-S", src, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    loops = [body for body in re.split(r"\n\.L\d+:\n", asm) if body.count("vfmadd") >= 9 * 24]
+    assert loops, "no loop with the 9 taps' 216 FMAs"
+    hot = loops[0]
+    assert hot.count("vbroadcastss") + hot.count("{1to16}") >= 9 * 8 - 9
+    loads = len(re.findall(r"vmovups\s+[-\d]*\(%\w+(,%\w+,\d)?\), %zmm", hot)) + \
+        len(re.findall(r"vfmadd\w+\s+[-\d]*\(%\w+(,%\w+,\d)?\), %zmm", hot))
+    assert loads >= 9 * 3 - 3
+    assert "gather" not in hot and "scatter" not in hot
