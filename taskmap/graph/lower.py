@@ -11,13 +11,18 @@
 * an anchored group around a reduction (sum / mean / max / min / prod, global average pool)
   and an **injective** group become one rule-based kernel of their composed compute
   definitions;
-* a **single** op that is not injective (softmax, layer_norm, pooling, attention, PyTorch
-  fallback, anchors without a fused lowering) is run by its ``taskmap.ops`` runner
+* an anchored group around a **template anchor** (softmax, log_softmax, layer_norm, pooling,
+  depthwise conv2d, attention: :mod:`.lower_template`) becomes ONE kernel of the op's template
+  with its prologues and epilogue spliced in; when fusion is refused the group is split as
+  above (the template alone is still one prepared kernel launch);
+* a **single** op that is not injective and has no template lowering (PyTorch fallback,
+  shapes / dtypes / targets the lowerings do not take) is run by its ``taskmap.ops`` runner
   (``kernel is None``).
 
 A kernel group's ``args`` are, per kernel parameter in order, a graph tensor (viewed as
 ``shapes[i]``), a :class:`~.lower_anchor.Workspace` (scratch shared by all kernels: each slot
-as large as the largest request) or :class:`~.lower_anchor.Zeros`.  It writes ``outputs``.
+as large as the largest request), :class:`~.lower_anchor.Zeros` or a
+:class:`~.lower_template.Scalar`.  It writes ``outputs``.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from ..schedule.rule_based import schedule
 from .ir import Graph, Op, Tensor
 from .kernel_cache import cached_kernel
 from .lower_anchor import (
+    AnchorPlan,
     Arg,
     Workspace,
     Zeros,
@@ -43,6 +49,7 @@ from .lower_anchor import (
     plan_anchor,
 )
 from .lower_reduce import reduction_fusable, squeeze_output
+from .lower_template import Scalar, plan_template, template_fusable, template_prologue_inputs
 from .passes import debug_enabled
 from .partition import (
     FusionGroup,
@@ -125,7 +132,7 @@ def _split(group: FusionGroup, target: Target, reason: str) -> list[KernelGroup]
     anchor = group.anchor
     assert anchor is not None
     try:
-        plan = plan_anchor(anchor, (), (), target)
+        plan = _plan(anchor, (), (), target)
         out.append(KernelGroup(FusionGroup(GroupKind.SINGLE, (anchor,)), plan.kernel, plan.args, plan.shapes, reason))
     except FusionError:
         out.append(KernelGroup(FusionGroup(GroupKind.SINGLE, (anchor,)), None, fallback=reason))
@@ -142,6 +149,12 @@ def lower_group(group: FusionGroup, target: Target) -> list[KernelGroup]:
         op = group.ops[0]
         if op.definition.category.is_injective and len(op.outputs) == 1:
             return [_injective_group(group, target)]
+        if template_fusable(op, target):
+            try:
+                plan = plan_template(op, (), (), target)
+                return [KernelGroup(group, plan.kernel, plan.args, plan.shapes)]
+            except FusionError as e:
+                return [KernelGroup(group, None, fallback=str(e))]
         return [KernelGroup(group, None)]
     if reduction_fusable(group.anchor):         # rule-based: the composed definitions, one kernel
         try:
@@ -149,15 +162,46 @@ def lower_group(group: FusionGroup, target: Target) -> list[KernelGroup]:
         except UnsupportedError as e:
             return _split(group, target, str(e))
     try:
-        plan = plan_anchor(group.anchor, group.prologues, group.epilogue, target)
+        plan = _plan(group.anchor, group.prologues, group.epilogue, target)
     except FusionError as e:
-        return _split(group, target, str(e))
+        return _without_epilogue(group, target, str(e))
     return [KernelGroup(group, plan.kernel, plan.args, plan.shapes)]
+
+
+def _without_epilogue(group: FusionGroup, target: Target, reason: str) -> list[KernelGroup]:
+    """A group whose epilogue was refused (softmax's CPU kernel reads its output back): the
+    anchor with its prologues, then the epilogue as an injective kernel — else :func:`_split`."""
+    anchor = group.anchor
+    assert anchor is not None
+    if not group.epilogue or not group.prologues or not template_fusable(anchor, target):
+        return _split(group, target, reason)
+    try:
+        plan = _plan(anchor, group.prologues, (), target)
+    except FusionError:
+        return _split(group, target, reason)
+    head = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in group.epilogue), anchor,
+                       group.prologues, ())
+    return [KernelGroup(head, plan.kernel, plan.args, plan.shapes, reason),
+            _injective_group(FusionGroup(GroupKind.INJECTIVE, group.epilogue), target, reason)]
+
+
+def _plan(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilogue: Sequence[Op],
+          target: Target) -> AnchorPlan:
+    """The fused kernel of an anchor: its template (:mod:`.lower_template`) or the matmul / conv
+    lowering (:mod:`.lower_anchor`)."""
+    if template_fusable(anchor, target):
+        return plan_template(anchor, prologues, epilogue, target)
+    return plan_anchor(anchor, prologues, epilogue, target)
+
+
+def _prologue_inputs(op: Op) -> tuple[int, ...]:
+    return tuple(default_prologue_inputs(op)) or template_prologue_inputs(op)
 
 
 def graph_groups(graph: Graph, target: Target) -> list[FusionGroup]:
     """The graph's fusion groups for ``target`` (anchors fused where the lowering can)."""
-    return partition(graph, lambda op: fusable(op, target) or reduction_fusable(op), default_prologue_inputs)
+    return partition(graph, lambda op: fusable(op, target) or reduction_fusable(op) or template_fusable(op, target),
+                     _prologue_inputs)
 
 
 def lower_graph(graph: Graph, target: Target) -> list[KernelGroup]:
@@ -195,5 +239,5 @@ def summary(groups: Sequence[KernelGroup]) -> dict[str, Any]:
             "fallbacks": [(g.name, g.fallback) for g in groups if g.fallback]}
 
 
-__all__ = ["KernelGroup", "Workspace", "Zeros", "graph_groups", "injective_kernel", "kernel_count", "lower_graph",
-           "lower_group", "summary", "workspace_sizes"]
+__all__ = ["KernelGroup", "Scalar", "Workspace", "Zeros", "graph_groups", "injective_kernel", "kernel_count",
+           "lower_graph", "lower_group", "summary", "workspace_sizes"]

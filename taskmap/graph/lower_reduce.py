@@ -5,7 +5,8 @@ reduction's input and the element-wise epilogue reads the reduction at the outpu
 (what :mod:`taskmap.schedule.rule_based` takes: one reduction, an injective epilogue).
 
 Softmax, log-softmax and layer norm reduce twice (the rule-based scheduler takes one
-reduction): they keep their ``taskmap.ops`` templates and run alone.
+reduction): they are template anchors (:mod:`.lower_template`), their ``taskmap.ops`` templates
+with prologues / epilogues spliced in.
 """
 from __future__ import annotations
 

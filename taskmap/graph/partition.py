@@ -17,8 +17,12 @@ A :class:`FusionGroup` becomes one kernel (or one runner call).  Kinds:
 * **injective** — a tree of INJECTIVE ops not absorbed by an anchor, with a single root: its
   compute definitions are composed (each op's definition reads the previous ones' nodes) and
   scheduled once by the rule-based scheduler.
-* **single** — one op run alone: OPAQUE ops (attention, PyTorch fallback) and anchors the
-  lowering cannot fuse into (their ``taskmap.ops`` runner), or multi-output ops.
+* **single** — one op run alone: OPAQUE ops the lowering does not fuse into (PyTorch fallback;
+  attention whose operands the template cannot read in place) and other anchors the lowering
+  cannot fuse into (their ``taskmap.ops`` runner), or multi-output ops.  Which anchors fuse is
+  the caller's ``fusable``: :func:`taskmap.graph.lower.graph_groups` takes matmul / linear /
+  conv2d, rule-based reductions and the template anchors of :mod:`.lower_template` (softmax,
+  log_softmax, layer_norm, pooling, depthwise conv2d, attention).
 
 Groups are listed in the order of their last op, which is a topological order of groups: every
 tensor a group reads from outside is the last op's output of a group listed before it.

@@ -222,16 +222,23 @@ def run_compute(op: str, key: tuple[Any, ...], args: Args, out_shape: Sequence[i
 
 def run_template(template: Any, problem: Any, args: Args, inputs: Sequence[Any], out: Any) -> Any:
     """Run ``problem`` with ``template`` (schedule chosen by the cost model) into ``out``."""
-    target = target_for(args.kind)
-
-    def make() -> Kernel:
-        choice = tune.choose(template, problem, target)  # TASKMAP_TUNE picks the mode
-        return template.instantiate(problem, target, choice)
-
-    kernel = _cached(("template", template.name, problem, target), make)
+    kernel = template_kernel(template, problem, target_for(args.kind))
     _launch(kernel, args.kind, template.arguments(problem, inputs, [out]))
     return out
 
 
+def template_kernel(template: Any, problem: Any, target: Target) -> Kernel:
+    """The kernel of ``problem`` with ``template`` on ``target``: the schedule chosen by
+    :func:`taskmap.schedule.tune.choose` (``TASKMAP_TUNE`` picks the mode), cached per
+    (template, problem, target) — what the operators run, and what the graph lowering fuses."""
+
+    def make() -> Kernel:
+        choice = tune.choose(template, problem, target)
+        return template.instantiate(problem, target, choice)
+
+    return _cached(("template", template.name, problem, target), make)
+
+
 __all__ = ["Args", "Emulation", "FLOATS", "SUPPORTED", "check_dtype", "dtype_name", "emulate_gpu", "kernel_shape",
-           "filled", "new_output", "normalize_axis", "prepare", "run_compute", "run_template", "target_for"]
+           "filled", "new_output", "normalize_axis", "prepare", "run_compute", "run_template", "target_for",
+           "template_kernel"]

@@ -123,10 +123,9 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
             mask = broadcast_to(view(mask, mask_shape), full + mask_shape[-2:])
             mask_shape = full + mask_shape[-2:]
             md, mm = _index_map(full, mask_shape[:-2], 1)
-    problem = AttentionProblem(bh, math.prod(kv_batch), L, S, E, Ev, dt, mask_kind,
-                               math.prod(mask_shape[:-2]) if mask is not None else 1,
-                               mask is None or mask_shape[-2] == L, bool(is_causal),
-                               float(1.0 / math.sqrt(E) if scale is None else scale), kd, km, md, mm)
+    problem = attention_problem(full + (L, E), kv_batch + (S, E), kv_batch + (S, Ev), mask_shape,
+                                dts[3] if mask is not None else None, dt, bool(is_causal), scale, enable_gqa)
+    assert problem is not None and (problem.kd, problem.km, problem.md, problem.mm) == (kd, km, md, mm), problem
     if not template.applies(problem, target):
         raise OpError(f"{OP}() on {target.name} supports {', '.join(kinds)}; got {dt}")
     out = new_output(args.kind, out_shape, dt)
@@ -138,6 +137,49 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
             _FAST[fast] = (plan, out_shape)           # the operands went in as they came
         return out
     return run_template(template, problem, args, inputs, out)
+
+
+def attention_problem(sq: Sequence[int], sk: Sequence[int], sv: Sequence[int], mask_shape: Sequence[int] | None,
+                      mask_dtype: str | None, dtype: str, is_causal: bool, scale: float | None,
+                      enable_gqa: bool = False) -> AttentionProblem | None:
+    """The problem of an attention whose operands go to the kernel as they are — contiguous
+    ``(..., L, E)`` views, key and value of one batch shape read through the index map, the
+    query not broadcast, the mask (``mask_shape`` / ``mask_dtype``, or None) read in place:
+    what :func:`scaled_dot_product_attention` runs once it has expanded the operands that need
+    it, and what the graph lowering fuses; None for the other cases (operands to expand first,
+    empty or too large operands).  The caller checks the dtypes its template takes."""
+    if len(sq) < 2 or len(sk) < 2 or len(sv) < 2 or (is_causal and mask_shape is not None):
+        return None
+    L, E, S, Ev = sq[-2], sq[-1], sk[-2], sv[-1]
+    if sk[-1] != E or sv[-2] != S or tuple(sk[:-2]) != tuple(sv[:-2]) or min(L, E, S, Ev) == 0:
+        return None
+    kv_batch = tuple(sk[:-2])
+    try:
+        full, group = _batch_shape(sq[:-2], kv_batch, enable_gqa)
+    except OpError:
+        return None
+    if tuple(sq[:-2]) != full:
+        return None
+    kd, km = _index_map(full, kv_batch, group)
+    if kd is None:
+        return None
+    kind, mb, mask_rows, md, mm = MaskKind.NONE, 1, True, 1, 1
+    if mask_shape is not None:
+        kind = MaskKind.BOOL if mask_dtype == "bool" else MaskKind.ADD if mask_dtype == dtype else None
+        target = full + (L, S)
+        padded = (1,) * (len(target) - len(mask_shape)) + tuple(mask_shape)
+        if kind is None or len(mask_shape) > len(target) or padded[-1] != S or \
+                any(a not in (1, b) for a, b in zip(padded, target)):
+            return None
+        md, mm = _index_map(full, padded[:-2], 1)
+        if md is None:
+            return None
+        mb, mask_rows = math.prod(padded[:-2]), padded[-2] == L
+    bh = math.prod(full)
+    if max(bh * L * max(E, Ev), math.prod(kv_batch) * S * max(E, Ev), mb * L * S) > INT32_LIMIT:
+        return None
+    return AttentionProblem(bh, math.prod(kv_batch), L, S, E, Ev, dtype, kind, mb, mask_rows, bool(is_causal),
+                            float(1.0 / math.sqrt(E) if scale is None else scale), kd, km, md, mm)
 
 
 # ----------------------------------------------------------------------------- host launches
@@ -290,4 +332,4 @@ def _mask(mask: Any, shape: Sequence[int], dtype: str, qdtype: str, full: tuple[
     return mask, padded, kind
 
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["attention_problem", "scaled_dot_product_attention"]

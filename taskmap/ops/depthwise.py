@@ -44,7 +44,7 @@ def depthwise_conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, pad
     """``conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` for ``x`` of C channels."""
     arrays = [x, weight] + ([bias] if bias is not None else [])
     args = prepare(OP, *arrays, allowed=FLOATS)
-    problem, out_shape = _plan(args.shapes, args.dtypes, stride, padding, dilation)
+    problem, out_shape = plan_depthwise(args.shapes, args.dtypes, stride, padding, dilation)
     out = new_output(args.kind, out_shape, args.dtypes[0])
     if problem.n == 0:
         return out
@@ -52,7 +52,7 @@ def depthwise_conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, pad
 
 
 @memoized
-def _plan(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...], stride: Any, padding: Any,
+def plan_depthwise(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...], stride: Any, padding: Any,
           dilation: Any) -> tuple[WindowProblem, tuple[int, ...]]:
     """The problem and output shape (checked)."""
     n, c, h, w = planes(OP, shapes[0])
@@ -80,4 +80,4 @@ def _plan(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...], stride: 
     return problem, (*shapes[0][:-3], c_out, oh, ow)
 
 
-__all__ = ["depthwise_conv2d"]
+__all__ = ["depthwise_conv2d", "plan_depthwise"]

@@ -73,7 +73,7 @@ def _out_shape(shape: tuple[int, ...], oh: int, ow: int) -> tuple[int, ...]:
 
 
 @memoized
-def _plan(op: str, kind: str, shape: tuple[int, ...], dtype: str, kernel_size: Any, stride: Any, padding: Any,
+def plan_pool(op: str, kind: str, shape: tuple[int, ...], dtype: str, kernel_size: Any, stride: Any, padding: Any,
           dilation: Any, ceil_mode: bool, count_include_pad: bool = True,
           divisor: int | None = None) -> tuple[WindowProblem, tuple[int, ...]]:
     """The problem and output shape of a fixed-window pooling (checked)."""
@@ -113,7 +113,7 @@ def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, d
     if return_indices:
         raise OpError(f"{op}(): return_indices=True is not supported")
     args = prepare(op, x, allowed=FLOATS)
-    problem, out_shape = _plan(op, "max", args.shapes[0], args.dtypes[0], kernel_size, stride, padding, dilation,
+    problem, out_shape = plan_pool(op, "max", args.shapes[0], args.dtypes[0], kernel_size, stride, padding, dilation,
                                ceil_mode)
     return _run(args, problem, out_shape)
 
@@ -126,13 +126,13 @@ def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, c
                                          or divisor_override == 0):
         raise OpError(f"{op}(): divisor_override must be a non-zero int or None, got {divisor_override!r}")
     args = prepare(op, x, allowed=FLOATS)
-    problem, out_shape = _plan(op, "avg", args.shapes[0], args.dtypes[0], kernel_size, stride, padding, 1, ceil_mode,
+    problem, out_shape = plan_pool(op, "avg", args.shapes[0], args.dtypes[0], kernel_size, stride, padding, 1, ceil_mode,
                                count_include_pad, divisor_override)
     return _run(args, problem, out_shape)
 
 
 @memoized
-def _plan_adaptive(op: str, kind: str, shape: tuple[int, ...], dtype: str,
+def plan_adaptive(op: str, kind: str, shape: tuple[int, ...], dtype: str,
                    output_size: Any) -> tuple[WindowProblem | None, tuple[int, ...]]:
     """The problem (None: an empty output) and output shape of an adaptive pooling (checked)."""
     n, c, h, w = planes(op, shape)
@@ -158,7 +158,7 @@ def _plan_adaptive(op: str, kind: str, shape: tuple[int, ...], dtype: str,
 
 def _adaptive(op: str, kind: str, x: Any, output_size: Any) -> Any:
     args = prepare(op, x, allowed=FLOATS)
-    problem, out_shape = _plan_adaptive(op, kind, args.shapes[0], args.dtypes[0], output_size)
+    problem, out_shape = plan_adaptive(op, kind, args.shapes[0], args.dtypes[0], output_size)
     if problem is None:
         return new_output(args.kind, out_shape, args.dtypes[0])
     return _run(args, problem, out_shape)
@@ -177,4 +177,5 @@ def adaptive_max_pool2d(x: Any, output_size: Any, return_indices: bool = False) 
     return _adaptive("adaptive_max_pool2d", "max", x, output_size)
 
 
-__all__ = ["adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "max_pool2d", "memoized", "pair", "planes"]
+__all__ = ["adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "max_pool2d", "memoized", "pair", "plan_adaptive",
+           "plan_pool", "planes"]

@@ -137,12 +137,31 @@ def _softmax(op: str, x: Any, axis: Any, dim: Any) -> Any:
         raise OpError(f"{op}(): pass axis or dim, not both")
     ax = normalize_axis(op, -1 if axis is None and dim is None else axis if axis is not None else dim, len(shape))
     out = new_output(args.kind, shape, dtype)
-    kshape = shape or (1,)
-    outer, extent, inner = math.prod(kshape[:ax]), kshape[ax], math.prod(kshape[ax + 1:])
-    if outer * extent * inner == 0:
+    problem = softmax_problem(op, shape, dtype, ax)
+    if problem is None:
         return out
-    problem = RowProblem(op, outer, extent, inner, dtype, dtype)
     return run_template(template_for(op), problem, args, [args.arrays[0]], out)
+
+
+def softmax_problem(op: str, shape: Sequence[int], dtype: str, axis: int) -> RowProblem | None:
+    """The row problem of softmax / log_softmax (``op``) along ``axis`` (normalised) of an input
+    of ``shape`` (None: no element)."""
+    kshape = tuple(shape) or (1,)
+    outer, extent, inner = math.prod(kshape[:axis]), kshape[axis], math.prod(kshape[axis + 1:])
+    if outer * extent * inner == 0:
+        return None
+    return RowProblem(op, outer, extent, inner, dtype, dtype)
+
+
+def norm_problem(op: str, shape: Sequence[int], dtype: str, normalized_shape: Sequence[int], weight: bool,
+                 bias: bool, eps: float) -> RowProblem | None:
+    """The row problem of layer_norm / rms_norm (``op``) over the trailing ``normalized_shape``
+    (checked by the caller) of an input of ``shape`` (None: no element)."""
+    extent = math.prod(normalized_shape)
+    outer = math.prod(shape[:len(shape) - len(normalized_shape)])
+    if outer * extent == 0:
+        return None
+    return RowProblem(op, outer, extent, 1, dtype, dtype, eps=float(eps), weight=weight, bias=bias)
 
 
 def softmax(x: Any, axis: int | None = None, *, dim: int | None = None) -> Any:
@@ -170,13 +189,10 @@ def _norm(op: str, x: Any, normalized_shape: Any, weight: Any, bias: Any, eps: f
             raise OpError(f"{op}(): {name} must have the input's dtype {dtype}, got {d}")
     if not isinstance(eps, (int, float)) or eps < 0:
         raise OpError(f"{op}(): eps must be a non-negative number, got {eps!r}")
-    extent = math.prod(ns)
-    outer = math.prod(shape[:len(shape) - len(ns)])
     out = new_output(args.kind, shape, dtype)
-    if outer * extent == 0:
+    problem = norm_problem(op, shape, dtype, ns, weight is not None, bias is not None, eps)
+    if problem is None:
         return out
-    problem = RowProblem(op, outer, extent, 1, dtype, dtype, eps=float(eps), weight=weight is not None,
-                         bias=bias is not None)
     flat = [_flat(a) for a in args.arrays[1:]]
     return run_template(template_for(op), problem, args, [args.arrays[0], *flat], out)
 
@@ -207,5 +223,5 @@ def rms_norm(x: Any, normalized_shape: Any = None, weight: Any = None, eps: floa
     return _norm("rms_norm", x, normalized_shape, weight, None, eps)
 
 
-__all__ = ["amax", "amin", "layer_norm", "log_softmax", "max", "mean", "min", "prod", "rms_norm", "softmax", "sum",
-           "var"]
+__all__ = ["amax", "amin", "layer_norm", "log_softmax", "max", "mean", "min", "norm_problem", "prod", "rms_norm",
+           "softmax", "softmax_problem", "sum", "var"]

@@ -38,7 +38,7 @@ from ..compute.nodes import graph_inputs, tensor_input
 from ..errors import LaunchError
 from ..graph.ir import Graph, Op, Tensor
 from ..graph.kinds import OpKind
-from ..graph.lower import KernelGroup, Workspace, Zeros, lower_graph, workspace_sizes
+from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, lower_graph, workspace_sizes
 from ..graph.passes import debug_enabled, optimize
 from ..graph.printer import graph_str
 from ..ops._dispatch import target_for
@@ -304,6 +304,8 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
             plan.append((-1, buf if s is None else view(buf[:math.prod(s)], s), None))
         elif isinstance(a, Zeros):
             plan.append((-1, zeros, None))
+        elif isinstance(a, Scalar):
+            plan.append((-1, a.value, None))
         else:
             plan.append((slots[a], None, s))
     volatile = tuple(dict.fromkeys([o, *(k for k, _, _ in plan if k >= 0 and k not in stable)]))

@@ -1,10 +1,12 @@
 """Kernel counts of whole models after the graph passes and the partition into fusion groups
 (no kernel is built: this is what ``taskmap.compile`` launches per call on the CPU).
 
-ResNet-50: every conv with its folded batch norm, ReLU and residual add is one kernel.
-BERT-base: q/k/v projections with their head split (reshape + permute), the output projection
-with attention's head merge as a prologue and the residual add as an epilogue, FFN1 + GELU,
-FFN2 + residual: 9 launches per layer."""
+ResNet-50: every conv with its folded batch norm, ReLU and residual add is one kernel; the max
+pool is a template anchor (a prepared kernel, no ``taskmap.ops`` runner).
+BERT-base: q/k/v projections with their head split (reshape + permute), attention with its head
+merge (permute + reshape) as an epilogue, the output projection with the residual add as an
+epilogue, layer norm, FFN1 + GELU, FFN2 + residual, layer norm: 9 launches per layer, every one
+an anchored kernel; the embeddings' gathers and adds are the prologue of their layer norm."""
 import sys
 from pathlib import Path
 
@@ -37,6 +39,7 @@ def test_resnet50_kernel_count():
     assert not any(g.kind is GroupKind.INJECTIVE for g in groups)    # every relu / add is an epilogue
     assert len(source.ops) == 175
     assert len(groups) == 56        # 53 fused convs + max pool + global average pool + fc
+    assert all(g.kind is GroupKind.ANCHORED for g in groups)
 
 
 @pytest.mark.slow
@@ -46,8 +49,9 @@ def test_bert_base_kernel_count():
     model = transformers.BertModel(transformers.BertConfig(attn_implementation="sdpa")).eval()
     source, _, groups = groups_of(model, torch.randint(0, 30000, (1, 128)))
     anchored = [g for g in groups if g.kind is GroupKind.ANCHORED]
-    assert len(anchored) == 12 * 6 + 1                      # 6 linears per layer + the pooler
-    # attention's head merge -> each output projection; the [CLS] slice -> the pooler
-    assert sum(bool(g.prologues) for g in anchored) == 12 + 1
+    # 6 linears, attention and 2 layer norms per layer + the embeddings' layer norm + the pooler
+    assert len(anchored) == len(groups) == 12 * 9 + 2
+    assert sum(g.anchor.kind is OpKind.ATTENTION and len(g.epilogue) == 2 for g in anchored) == 12
+    # the embeddings (gathers + adds) -> their layer norm; the [CLS] slice -> the pooler
+    assert sum(bool(g.prologues) for g in anchored) == 1 + 1
     assert len(source.ops) == 248
-    assert len(groups) == 111       # 12 x 9 + embeddings + their layer norm + pooler
