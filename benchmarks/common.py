@@ -82,3 +82,14 @@ def timed(fn, seconds: float) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def cpu_timed(fn, seconds: float) -> float:
+    """Median process CPU seconds of ``fn()`` over at least 5 runs and about ``seconds`` of CPU."""
+    fn()
+    times: list[float] = []
+    while len(times) < 5 or sum(times) < seconds:
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times)

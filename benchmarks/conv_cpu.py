@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine_description, print_table, timed, wait_quiet  # noqa: E402
+from common import cpu_timed, machine_description, print_table, timed, wait_quiet  # noqa: E402
 
 from taskmap import ops  # noqa: E402
 from taskmap.backends.base import host_cpu_target  # noqa: E402
@@ -68,17 +68,6 @@ def peers(layer: str, bias: bool, compile_: bool) -> dict:
         out["torch.compile"] = lambda: fn(tx, tw, tb)
         out["_compile_s"] = time.perf_counter() - t0
     return out
-
-
-def cpu_timed(fn, seconds: float) -> float:
-    """Median process CPU seconds of ``fn()`` over at least 5 runs and about ``seconds`` of CPU."""
-    fn()
-    times: list[float] = []
-    while len(times) < 5 or sum(times) < seconds:
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -74,10 +74,21 @@ def first_tensor(out: Any) -> torch.Tensor:
     return first_tensor(out[0])
 
 
+class _MainOutput(torch.nn.Module):
+    """The model with its main output only (what the exporter can trace: no ModelOutput)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return first_tensor(self.model(*args))
+
+
 def onnx_runner(model: torch.nn.Module, args: tuple[torch.Tensor, ...], threads: int) -> Callable[[], Any]:
     import onnxruntime as ort
     path = Path(tempfile.mkdtemp()) / "model.onnx"
-    torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17)
+    torch.onnx.export(_MainOutput(model), args, str(path), dynamo=False, opset_version=17)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import machine_description, print_table, timed, wait_quiet
+from common import cpu_timed, machine_description, print_table, timed, wait_quiet
 
 from taskmap import ops
 from taskmap.backends import host_cpu_target
@@ -111,17 +111,6 @@ def torch_fn(case: dict, compiled: bool):
         f = torch.compile(f, dynamic=False)
         f(x)
     return lambda: f(x)
-
-
-def cpu_timed(fn, seconds: float) -> float:
-    """Median process CPU seconds of ``fn()`` over at least 5 runs and about ``seconds`` of CPU."""
-    fn()
-    times: list[float] = []
-    while len(times) < 5 or sum(times) < seconds:
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ reductions, and the block's traffic from L2 (or L3 when a head's keys and values
 L2), over the blocks each core gets (whole row blocks, dealt cyclically), plus each core's packing
 of ``K^T`` (once per head it meets) and the parallel region.
 """
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ from ..backends.base import Target, TargetKind, host_cpu_target
 from ..runtime.kernel import Kernel
 from .attention_kernels import CpuAttnConfig, build_cpu
 from .attention_problem import AttentionProblem, operand_views, scalars
-from .base import Schedule
+from .base import KernelFamily, Schedule
 from .matmul_problem import WORKSPACE
 
 BMS = (1, 2, 4, 6, 8)
@@ -64,24 +63,12 @@ def l2_per_core(target: Target) -> int:
     return (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
 
 
-class AttentionCpuTemplate:
+class AttentionCpuTemplate(KernelFamily):
     """f32 scaled-dot-product attention on the CPU (masks, causal, broadcast batches, GQA)."""
 
     name = "attention_cpu"
     version = 1
 
-    def __init__(self) -> None:
-        self._kernels: dict[CpuAttnConfig, Kernel] = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return "<AttentionCpuTemplate>"
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
     def applies(self, problem: Any, target: Target) -> bool:
         return isinstance(problem, AttentionProblem) and target.kind is TargetKind.CPU and problem.dtype == "float32"
@@ -164,11 +151,7 @@ class AttentionCpuTemplate:
 
     def instantiate(self, problem: AttentionProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
-        with self._lock:
-            kernel = self._kernels.get(cfg)
-            if kernel is None:
-                kernel = self._kernels[cfg] = build_cpu(cfg)
-            return kernel
+        return self.kernel(cfg, lambda: build_cpu(cfg))
 
     def workspace_size(self, problem: AttentionProblem, schedule: Schedule, target: Target) -> int:
         return self.config(problem, target, schedule).workspace(problem.S)

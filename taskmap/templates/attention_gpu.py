@@ -15,7 +15,6 @@ pruned by threads per block, shared memory per block, and registers per thread (
 ``RW x (ceil(EV / lanes) + KPL)``).  Cost: :func:`taskmap.schedule.cost_model.estimate_time`
 with the tiles' global and shared traffic, occupancy and a factor for FMAs per shared load.
 """
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ from ..schedule.builder import MIN_WARP
 from ..schedule.cost_model import Workload, estimate_time
 from .attention_kernels import GpuAttnConfig, build_gpu
 from .attention_problem import AttentionProblem, operand_views, scalars
-from .base import Schedule
+from .base import KernelFamily, Schedule
 
 WARPS = (1, 2, 4, 8)
 ROWS = (1, 2, 4, 8)
@@ -36,24 +35,12 @@ MAX_ACCUMULATORS = 64
 LANES = MIN_WARP
 
 
-class AttentionGpuTemplate:
+class AttentionGpuTemplate(KernelFamily):
     """f32 scaled-dot-product attention on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "attention_gpu_simt"
     version = 1
 
-    def __init__(self) -> None:
-        self._kernels: dict[GpuAttnConfig, Kernel] = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return "<AttentionGpuTemplate>"
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
     def applies(self, problem: Any, target: Target) -> bool:
         return (isinstance(problem, AttentionProblem) and target.kind in (TargetKind.CUDA, TargetKind.HIP)
@@ -105,11 +92,7 @@ class AttentionGpuTemplate:
 
     def instantiate(self, problem: AttentionProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
-        with self._lock:
-            kernel = self._kernels.get(cfg)
-            if kernel is None:
-                kernel = self._kernels[cfg] = build_gpu(cfg)
-            return kernel
+        return self.kernel(cfg, lambda: build_gpu(cfg))
 
     def arguments(self, problem: AttentionProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None) -> list[Any]:

@@ -16,7 +16,6 @@ Space: warps per block (1, 2, 4), keys per tile (32, 64); pruned by shared memor
 registers of the fragments (``BN / 2 + EVP / 2 + EP / 2`` per lane).  Cost: the cost model with
 ``matrix_units`` FLOPs and the tiles' traffic.
 """
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +55,7 @@ from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
 from .attention_kernels import NEG_INF, MaskKind
 from .attention_problem import AttentionProblem, operand_views, scalars
-from .base import Schedule
+from .base import KernelFamily, Schedule
 
 WARPS = (1, 2, 4)
 TILE_KEYS = (32, 64)
@@ -217,24 +216,12 @@ def build_tc(cfg: TcAttnConfig) -> Kernel:
     return attention_tc
 
 
-class AttentionTcTemplate:
+class AttentionTcTemplate(KernelFamily):
     """f16 / bf16 scaled-dot-product attention on tensor cores (CUDA sm_80+)."""
 
     name = "attention_gpu_tc"
     version = 1
 
-    def __init__(self) -> None:
-        self._kernels: dict[TcAttnConfig, Kernel] = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return "<AttentionTcTemplate>"
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
     def applies(self, problem: Any, target: Target) -> bool:
         return (isinstance(problem, AttentionProblem) and target.kind in (TargetKind.CUDA, TargetKind.HIP)
@@ -275,11 +262,7 @@ class AttentionTcTemplate:
 
     def instantiate(self, problem: AttentionProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
-        with self._lock:
-            kernel = self._kernels.get(cfg)
-            if kernel is None:
-                kernel = self._kernels[cfg] = build_tc(cfg)
-            return kernel
+        return self.kernel(cfg, lambda: build_tc(cfg))
 
     def arguments(self, problem: AttentionProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None) -> list[Any]:

@@ -14,8 +14,10 @@ kernels change.  ``taskmap.schedule.cost_model`` helps write ``cost``.
 """
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from ..backends.base import Target
 from ..runtime.kernel import Kernel
@@ -82,6 +84,32 @@ class Template(Protocol):
     #     (``taskmap.schedule.measure.default_example_inputs``): from ``problem.input_specs()`` and
     #     ``problem.output_specs()`` (specs with ``.shape`` and ``.dtype``, or (shape, dtype)
     #     pairs), inputs random in +-[0.5, 1.5), outputs zeros.
+
+
+class KernelFamily:
+    """Base of templates that build one kernel per configuration and keep it: ``kernel(cfg,
+    build)`` builds once per ``cfg`` (thread-safe).  Pickles empty — tuning workers rebuild the
+    kernels they measure."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[Hashable, Kernel] = {}
+        self._lock = threading.Lock()
+
+    def kernel(self, cfg: Hashable, build: Callable[[], Kernel]) -> Kernel:
+        with self._lock:
+            kernel = self._kernels.get(cfg)
+            if kernel is None:
+                kernel = self._kernels[cfg] = build()
+            return kernel
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
 
 def schedule_table(space: Sequence[Schedule], costs: Mapping[Schedule, float]) -> str:

@@ -24,13 +24,12 @@ runs on (``taskmap.ops.conv2d`` and the graph compiler both ask it).
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from ..backends.base import Target, TargetKind, host_cpu_target
 from ..runtime.kernel import Kernel
-from .base import Schedule
+from .base import KernelFamily, Schedule
 from .conv_cpu_kernel import ConvCpuConfig, build_kernel, valid
 from .conv_problem import ConvProblem
 from .matmul_cpu import (
@@ -60,25 +59,13 @@ STRIDED_PACK = 6
 PACK_BANDWIDTH = 16e9
 
 
-class ConvCpuTemplate:
+class ConvCpuTemplate(KernelFamily):
     """f32 2-D convolution (groups 1, any kernel / stride / padding; dilation with stride 1 or
     where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
     version = 1  # keys the tuning cache: bump when the kernels change
 
-    def __init__(self) -> None:
-        self._kernels: dict[ConvCpuConfig, Kernel] = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return "<ConvCpuTemplate>"
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
@@ -135,11 +122,7 @@ class ConvCpuTemplate:
 
     def instantiate(self, problem: ConvProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
-        with self._lock:
-            kernel = self._kernels.get(cfg)
-            if kernel is None:
-                kernel = self._kernels[cfg] = build_kernel(cfg)
-            return kernel
+        return self.kernel(cfg, lambda: build_kernel(cfg))
 
     def workspace_size(self, problem: ConvProblem, schedule: Schedule, target: Target) -> int:
         p = problem

@@ -18,14 +18,13 @@ panels, packing traffic, and a fixed cost per parallel region.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..backends.base import Target, TargetKind, host_cpu_target
 from ..runtime.kernel import Kernel
-from .base import Schedule
+from .base import KernelFamily, Schedule
 from .matmul_cpu_kernel import CpuConfig, build_kernel
 from .matmul_problem import WORKSPACE, MatmulProblem, operand_views
 
@@ -57,24 +56,12 @@ def vector_registers(target: Target) -> int:
     return 32 if target.vector_bytes >= 64 else 16
 
 
-class MatmulCpuTemplate:
+class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
     version = 3  # keys the tuning cache: bump when the kernels change
 
-    def __init__(self) -> None:
-        self._kernels: dict[CpuConfig, Kernel] = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return "<MatmulCpuTemplate>"
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
     def applies(self, problem: Any, target: Target) -> bool:
         return (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CPU
@@ -156,11 +143,7 @@ class MatmulCpuTemplate:
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
-        with self._lock:
-            kernel = self._kernels.get(cfg)
-            if kernel is None:
-                kernel = self._kernels[cfg] = build_kernel(cfg)
-            return kernel
+        return self.kernel(cfg, lambda: build_kernel(cfg))
 
     def workspace_sizes(self, problem: MatmulProblem, schedule: Schedule, target: Target) -> tuple[int, int]:
         cfg = self.config(problem, target, schedule)

@@ -15,7 +15,6 @@ BK (8, 16), split-K factors; pruned by threads per block, shared memory, registe
 Cost: :func:`taskmap.schedule.cost_model.estimate` (FLOPs, global traffic of the tiles, shared
 memory traffic, occupancy) with a factor for the tile's padding and its FMAs per shared load.
 """
-import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,7 +26,7 @@ from ..lang import (attrs, blockIdx, f32, register_tensor, shared_tensor, symbol
 from ..backends.base import Target, TargetKind
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
-from .base import Schedule
+from .base import KernelFamily, Schedule
 from .matmul_problem import MatmulProblem, new_like, operand_views
 from .matmul_splitk import KernelChain, ReduceConfig, build_reduce, ceil_div, splits_for
 
@@ -147,24 +146,12 @@ def lane_shape(target: Target) -> tuple[int, int]:
     return (8, 8) if target.warp_size == 64 else (4, 8)
 
 
-class MatmulSimtTemplate:
+class MatmulSimtTemplate(KernelFamily):
     """f32 matmul on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "matmul_simt"
     version = 1
 
-    def __init__(self) -> None:
-        self._kernels: dict[Any, Any] = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return "<MatmulSimtTemplate>"
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
     def applies(self, problem: Any, target: Target) -> bool:
         return (isinstance(problem, MatmulProblem) and target.kind in (TargetKind.CUDA, TargetKind.HIP)
@@ -221,11 +208,7 @@ class MatmulSimtTemplate:
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)
-        with self._lock:
-            kernel = self._kernels.get(cfg)
-            if kernel is None:
-                kernel = self._kernels[cfg] = chain(build_kernel(cfg), cfg.split, problem.out_dtype, cfg.bias)
-            return kernel
+        return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, problem.out_dtype, cfg.bias))
 
     def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None) -> list[Any]:

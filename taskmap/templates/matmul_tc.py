@@ -17,7 +17,6 @@ into ranges whose f32 partial results an epilogue kernel sums (:mod:`.matmul_spl
 Space: block tiles 32..128 x 32..128, BK 32 / 64, warp grids of 1..8 warps with warp tiles of at
 least 16 x 16, 2..4 stages, split-K; pruned by shared memory and registers per thread.
 """
-import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -31,7 +30,7 @@ from ..backends.base import Target, TargetKind
 from ..ir.dtypes import scalar_type
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
-from .base import Schedule
+from .base import KernelFamily, Schedule
 from .matmul_problem import MatmulProblem
 from .matmul_simt import chain, gpu_arguments
 from .matmul_splitk import ceil_div, splits_for
@@ -181,24 +180,12 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     return matmul_tc
 
 
-class MatmulTcTemplate:
+class MatmulTcTemplate(KernelFamily):
     """f16 / bf16 matmul on NVIDIA tensor cores (sm_80 and later)."""
 
     name = "matmul_tc"
     version = 1
 
-    def __init__(self) -> None:
-        self._kernels: dict[Any, Any] = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return "<MatmulTcTemplate>"
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
     def applies(self, problem: Any, target: Target) -> bool:
         if not (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA
@@ -260,11 +247,7 @@ class MatmulTcTemplate:
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         s = schedule.as_dict()
         cfg = self._cfg(problem, s["bm"], s["bn"], s["bk"], s["wm"], s["wn"], s["stages"], s["split"])
-        with self._lock:
-            kernel = self._kernels.get(cfg)
-            if kernel is None:
-                kernel = self._kernels[cfg] = chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias)
-            return kernel
+        return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias))
 
     def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None) -> list[Any]:
