@@ -18,9 +18,10 @@ def compare(model, x):
 
 
 @pytest.mark.slow
-def test_resnet50_batch1():
+@pytest.mark.parametrize("batch", [1, 8])
+def test_resnet50(batch):
     torch.manual_seed(0)
-    fast = compare(resnet50(), torch.randn(1, 3, 224, 224))
+    fast = compare(resnet50(), torch.randn(batch, 3, 224, 224))
     assert "fallback" not in fast.summary()
 
 
@@ -32,6 +33,7 @@ def test_mobilenet_v2(batch):
 
 
 @pytest.mark.slow
-def test_inception_v3_batch1():
+@pytest.mark.parametrize("batch", [1, 8])
+def test_inception_v3(batch):
     torch.manual_seed(0)
-    compare(inception_v3(), torch.randn(1, 3, 299, 299))
+    compare(inception_v3(), torch.randn(batch, 3, 299, 299))

@@ -19,10 +19,11 @@ def compare_outputs(got, want):
 
 
 @pytest.mark.slow
-def test_bert_base():
+@pytest.mark.parametrize("batch", [1, 8])
+def test_bert_base(batch):
     torch.manual_seed(0)
     model = transformers.BertModel(transformers.BertConfig(attn_implementation="sdpa")).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, 128))
+    ids = torch.randint(0, model.config.vocab_size, (batch, 128))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fast = taskmap.compile(model, progress=False)
@@ -34,10 +35,11 @@ def test_bert_base():
 
 
 @pytest.mark.slow
-def test_gpt2():
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpt2(batch):
     torch.manual_seed(0)
     model = transformers.GPT2Model(transformers.GPT2Config(use_cache=False)).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, 128))
+    ids = torch.randint(0, model.config.vocab_size, (batch, 128))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fast = taskmap.compile(model, progress=False)
