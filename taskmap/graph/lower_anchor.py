@@ -321,15 +321,20 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         elif name in ("wa", "wb"):
             args.append(Workspace(f"cpu_{name[1]}", wa if name == "wa" else wb))
             shapes.append(None)
-        elif name in outputs:
-            args.append(outputs[name])
-            shapes.append(kernel_shape(outputs[name].shape))
-        elif name in sources:
-            args.append(sources[name])
-            shapes.append(kernel_shape(sources[name].shape))
         else:
-            raise FusionError(f"{anchor.name}: the fused kernel has a parameter {name!r} with no source")
+            t = _graph_tensor(anchor, name, outputs, sources)
+            args.append(t)
+            shapes.append(kernel_shape(t.shape))
     return AnchorPlan(kernel, tuple(args), tuple(shapes))
+
+
+def _graph_tensor(anchor: Op, name: str, outputs: dict[str, Tensor], sources: dict[str, Tensor]) -> Tensor:
+    """The graph tensor behind a parameter that fusion added (an epilogue's output or an input
+    of a prologue / the epilogue)."""
+    t = outputs.get(name, sources.get(name))
+    if t is None:
+        raise FusionError(f"{anchor.name}: the fused kernel has a parameter {name!r} with no source")
+    return t
 
 
 def _direct_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_defs: dict[str, TensorNode],
@@ -354,14 +359,10 @@ def _direct_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_
         elif name == "xp":
             args.append(Workspace("cpu_conv_x", CONV_CPU.workspace_size(cp, sched, target)))
             shapes.append(None)
-        elif name in outputs:
-            args.append(outputs[name])
-            shapes.append(kernel_shape(outputs[name].shape))
-        elif name in sources:
-            args.append(sources[name])
-            shapes.append(kernel_shape(sources[name].shape))
         else:
-            raise FusionError(f"{anchor.name}: the fused kernel has a parameter {name!r} with no source")
+            t = _graph_tensor(anchor, name, outputs, sources)
+            args.append(t)
+            shapes.append(kernel_shape(t.shape))
     return AnchorPlan(kernel, tuple(args), tuple(shapes))
 
 
