@@ -1,6 +1,7 @@
 """Shared helpers for the benchmark runners: timing (median after warm-up) and table printing."""
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -93,3 +94,17 @@ def cpu_timed(fn, seconds: float) -> float:
         fn()
         times.append(time.process_time() - t0)
     return statistics.median(times)
+
+
+def parse_timing_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The per-op CPU benchmarks' shared options, parsed; ``--cpu-time`` pins OpenMP to one
+    thread (before any OpenMP runtime starts)."""
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=0.3, help="per peer per round")
+    parser.add_argument("--wait", type=float, default=20.0, help="seconds to wait for an idle machine per sample")
+    parser.add_argument("--cpu-time", action="store_true", help="one thread each, median process CPU time")
+    args = parser.parse_args()
+    if args.cpu_time:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    return args

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import cpu_timed, machine_description, print_table, timed, wait_quiet
+from common import cpu_timed, parse_timing_args, machine_description, print_table, timed, wait_quiet
 
 from taskmap import ops
 from taskmap.backends import host_cpu_target
@@ -116,14 +115,7 @@ def torch_fn(case: dict, compiled: bool):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help=f"some of {', '.join([*DEPTHWISE, *POOLS])} (default: all)")
-    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=0.3, help="per peer per round")
-    parser.add_argument("--wait", type=float, default=20.0, help="seconds to wait for an idle machine per sample")
-    parser.add_argument("--cpu-time", action="store_true", help="one thread each, median process CPU time")
-    args = parser.parse_args()
-    if args.cpu_time:
-        os.environ["OMP_NUM_THREADS"] = "1"  # read when the first OpenMP region starts
+    args = parse_timing_args(parser)
     import torch
     cores = 1 if args.cpu_time else host_cpu_target().num_cores
     torch.set_num_threads(cores)

@@ -28,6 +28,7 @@ from ..compute.nodes import TensorNode, compute, graph_inputs, tensor_input
 from ..errors import FusionError
 from ..fusion import fuse, fusion_key
 from ..ops.conv import ConvProblem, direct_sizes, grouped_weights, img2col
+from ..ops._dispatch import kernel_shape
 from ..ops.transform import reshape_compute
 from ..runtime.kernel import Kernel
 from ..schedule import tune
@@ -67,10 +68,6 @@ class AnchorPlan:
     kernel: Kernel
     args: tuple[Arg, ...]
     shapes: tuple[tuple[int, ...] | None, ...]
-
-
-def kernel_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(shape) or (1,)
 
 
 # ----------------------------------------------------------------------------- anchor problems

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backends import Target, TargetKind
 from ..errors import OpError, TaskmapError
+from ..runtime.args import data_ptr as _ptr
 from ..runtime.args import is_torch_tensor
 from ..schedule import tune
 from ..templates.attention_cpu import ATTENTION_CPU
@@ -245,10 +246,6 @@ def _fast_key(q: Any, k: Any, v: Any, m: Any, dropout_p: Any, is_causal: Any, sc
 
 def _torch_f32(x: Any) -> Any:
     return sys.modules["torch"].float32
-
-
-def _ptr(x: Any) -> int:
-    return x.ctypes.data if type(x) is np.ndarray else x.data_ptr()
 
 
 # ----------------------------------------------------------------------------- shapes

@@ -44,7 +44,7 @@ from ..errors import OpError, TaskmapError
 from ..fusion import fuse
 from ..ir import expr as E
 from ..ir.dtypes import i32, u32
-from ..runtime.args import bind_args
+from ..runtime.args import bind_args, data_ptr
 from ..runtime.kernel import Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
@@ -254,7 +254,7 @@ class _HostLaunch:
             bound = bind_args(compiled.func, args, compiled._written)
             self._sizes = tuple(bound.values[len(args):])
             self._fn = compiled.launcher.fn
-        status = self._fn(*(a.ctypes.data if type(a) is np.ndarray else a.data_ptr() for a in args), *self._sizes)
+        status = self._fn(*(data_ptr(a) for a in args), *self._sizes)
         if status:
             raise TaskmapError(f"{self.kernel.__name__}(): the kernel failed with status {status}")
 

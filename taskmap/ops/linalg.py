@@ -25,6 +25,7 @@ import numpy as np
 
 from ..backends import Target, TargetKind
 from ..errors import OpError, TaskmapError
+from ..runtime.args import data_ptr as _ptr
 from ..runtime.args import is_torch_tensor
 from ..schedule import tune
 from ..templates.matmul_cpu import MATMUL_CPU
@@ -281,10 +282,6 @@ def _template_for(op: str, p: MatmulProblem, target: Target) -> Any:
         return MATMUL_TC
     kinds = "float32, float16 and bfloat16" if "mma_m16n8k16" in target.features else "float32"
     raise OpError(f"{op}() on {target.name} supports {kinds}, got {p.dtype}")
-
-
-def _ptr(x: Any) -> int:
-    return x.ctypes.data if type(x) is np.ndarray else x.data_ptr()
 
 
 _ZERO_PTR = _ZERO.ctypes.data

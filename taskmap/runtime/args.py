@@ -90,6 +90,23 @@ def array_info(x: Any) -> ArrayInfo | None:
     return None
 
 
+def data_ptr(a: Any) -> int:
+    """The address of a numpy array's, torch tensor's or taskmap Tensor's first element."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data_ptr()
+
+
+def view(a: Any, shape: Sequence[int]) -> Any:
+    """``a`` (C-contiguous) seen with another shape of the same size, without copying."""
+    shape = tuple(int(s) for s in shape)
+    if isinstance(a, np.ndarray):
+        return a.reshape(shape)
+    if isinstance(a, Tensor):
+        return Tensor(a, a.data_ptr(), shape, a.dtype, a.device, a.writeable)
+    if is_torch_tensor(a):
+        return a.view(shape)
+    raise TypeError(f"cannot view a {type(a).__name__} as {shape}")
+
+
 def _torch_device(dev: Any) -> str:
     if dev.type == "cpu" or (dev.index is None and dev.type != "cuda"):
         return dev.type  # "cpu", "meta": no index

@@ -41,17 +41,14 @@ from ..graph.kinds import OpKind
 from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, lower_graph, workspace_sizes
 from ..graph.passes import debug_enabled, optimize
 from ..graph.printer import graph_str
-from ..ops._dispatch import target_for
+from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
-from ..templates.reduce import view
+from .args import data_ptr as _ptr
+from .args import view
 from .kernel import Kernel
 
 _KERNELS: dict[tuple[Any, ...], tuple[Kernel, tuple[int, ...]]] = {}
-
-
-def kernel_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(shape) or (1,)
 
 
 @dataclass
@@ -286,10 +283,6 @@ def _build_all(kernels: Sequence[Kernel], kind: ArrayKind) -> None:
         return
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(lambda k: k.build(kind.target), unique))
-
-
-def _ptr(a: Any) -> int:
-    return a.ctypes.data if isinstance(a, np.ndarray) else a.data_ptr()
 
 
 def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: Any,

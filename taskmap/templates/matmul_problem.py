@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..runtime.args import is_torch_tensor
+from ..runtime.args import is_torch_tensor, view
 from ..runtime.tensor import Tensor, empty
 
 
@@ -71,18 +71,6 @@ class MatmulProblem:
 
     def output_specs(self) -> list[tuple[tuple[int, ...], str]]:
         return [(self.c_shape, self.out_dtype)]
-
-
-def view(a: Any, shape: Sequence[int]) -> Any:
-    """``a`` (C-contiguous) seen with another shape of the same size, without copying."""
-    shape = tuple(int(s) for s in shape)
-    if isinstance(a, np.ndarray):
-        return a.reshape(shape)
-    if isinstance(a, Tensor):
-        return Tensor(a, a.data_ptr(), shape, a.dtype, a.device, a.writeable)
-    if is_torch_tensor(a):
-        return a.view(shape)
-    raise TypeError(f"cannot view a {type(a).__name__} as {shape}")
 
 
 def operand_views(p: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:

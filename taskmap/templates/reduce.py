@@ -23,9 +23,8 @@ from ..backends.base import Target, TargetKind
 from ..compute.nodes import ReduceOp, accumulator_type
 from ..ir import expr as E
 from ..ir.dtypes import ScalarType, i64, scalar_type
-from ..runtime.args import is_torch_tensor
+from ..runtime.args import view
 from ..runtime.kernel import Kernel
-from ..runtime.tensor import Tensor
 from .base import Schedule
 from .reduce_kernels import (MAX_CACHED, Let, Reduce, RowProgram, Shape, cpu_columns, cpu_rows, gpu_columns,
                              gpu_rows, lanes_of)
@@ -271,16 +270,6 @@ class RowTemplate:
 def _overlap(a: float, b: float) -> float:
     """Memory and compute overlap, imperfectly: the larger plus a quarter of the smaller."""
     return max(a, b) + 0.25 * min(a, b)
-
-
-def view(a: Any, shape: Sequence[int]) -> Any:
-    """``a`` (contiguous) seen with another shape of the same size, without copying."""
-    shape = tuple(int(s) for s in shape)
-    if isinstance(a, Tensor):
-        return Tensor(a, a.data_ptr(), shape, a.dtype, a.device, a.writeable)
-    if is_torch_tensor(a):
-        return a.view(shape)
-    return a.reshape(shape)
 
 
 REDUCE = RowTemplate("reduce", REDUCTIONS)
