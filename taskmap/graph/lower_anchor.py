@@ -145,11 +145,15 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     if n == 0 or (a.groups == cin and a.groups > 1 and cg == 1):      # depthwise: its own kernel
         return None
     p = ConvProblem(n, cin, h, wd, cout, kh, kw, a.stride[0], a.stride[1], a.padding[0], a.padding[0],
-                    a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, "float32", False)
+                    a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, "float32", False,
+                    w.data is not None)
     mp = p.matmul()
     direct = select_direct(p, target)
-    if direct is not None:
-        return _Anchor(mp, {"x": x, "wt": w}, {"x": (n, cin, h, wd), "wt": (cout, cg, kh, kw)}, {}, p, direct)
+    if direct is not None:      # the weights as the kernel takes them: packed once, here, when constant
+        wshape = CONV_CPU.weight_shape(p, direct, target)
+        wt = w if not direct.get("packed") else \
+            Tensor(wshape, w.dtype, w.device, f"{w.name}_packed", CONV_CPU.weights(p, direct, w.data, target))
+        return _Anchor(mp, {"x": x, "wt": wt}, {"x": (n, cin, h, wd), "wt": wshape}, {}, p, direct)
     ops: dict[str, Tensor] = {}
     views: dict[str, tuple[int, ...]] = {}
     if p.pointwise:                   # else the img2col prologue's input (see plan_anchor)

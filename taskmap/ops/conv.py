@@ -274,7 +274,8 @@ class _DirectPlan(_HostLaunch):
     def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
         p = self.p
         c = view(out, (p.n, p.cout, p.oh, p.ow))
-        avail = {"x": view(arrays[0], (p.n, p.cin, p.h, p.w)), "wt": arrays[1], "c": c, "y": c,
+        avail = {"x": view(arrays[0], (p.n, p.cin, p.h, p.w)), "wt": CONV_CPU.weights(p, self.schedule, arrays[1]),
+                 "c": c, "y": c,
                  "xp": WORKSPACE.get("cpu_conv_x", self.xp)}
         if p.bias:
             avail["conv_bias"] = arrays[2]

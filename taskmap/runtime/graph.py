@@ -299,6 +299,8 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
             plan.append((-1, zeros, None))
         elif isinstance(a, Scalar):
             plan.append((-1, a.value, None))
+        elif a not in slots and a.data is not None:     # a constant of the lowering's (packed weights)
+            plan.append((-1, a.data if s is None else a.data.reshape(s), None))
         else:
             plan.append((slots[a], None, s))
     volatile = tuple(dict.fromkeys([o, *(k for k, _, _ in plan if k >= 0 and k not in stable)]))

@@ -39,6 +39,9 @@ class Schedule:
                 return v
         raise KeyError(name)
 
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self.params).get(name, default)
+
     def as_dict(self) -> dict[str, Any]:
         return dict(self.params)
 

@@ -1,10 +1,17 @@
-"""CPU f32 direct-convolution template (the kernel is in :mod:`.conv_cpu_kernel`).
+"""CPU f32 direct-convolution template: two kernels, no img2col.
 
-No img2col: the input is packed once into its zero-padded stride phases (one pass over the
-image) and a register tile of ``MR`` output channels x ``NR`` output pixels accumulates over
-``C_in x kh x kw`` with contiguous vector loads of the input and broadcasts of the weights.
+* lanes along the **pixels** (:mod:`.conv_cpu_kernel`): the input is packed once into its
+  zero-padded stride phases and a register tile of ``MR`` output channels x ``NR`` output pixels
+  accumulates over ``C_in x kh x kw`` with contiguous vector loads of the input and broadcasts
+  of the weights (read in place);
+* lanes along the **output channels** (:mod:`.conv_cpu_cvec`, ``vec="channels"``): a tile of
+  ``MR`` pixels of a row x ``NR`` channels, broadcasts of the (zero-padded) input and aligned
+  vector loads of weight panels packed with the channels innermost — by the kernel, per call,
+  or once when the weights are constants (``ConvProblem.const_weights``: a compiled graph packs
+  them at compile time, :meth:`ConvCpuTemplate.weights`).  No lane is wasted on 7x7 / 14x14
+  images and strides cost nothing extra.
 
-Tuning space, in hardware terms (the problem only prunes it):
+Tuning space of the pixel kernel, in hardware terms (the problem only prunes it):
 
 * ``mr, nr`` — the register tile: ``MR * NR / V`` accumulators plus ``NR / V`` input vectors plus
   one broadcast within the vector register file (the matmul template's tiles,
@@ -13,6 +20,10 @@ Tuning space, in hardware terms (the problem only prunes it):
   each row are computed too, and never stored) or one per tap column (``True``: ``kw`` times
   the packing, no wasted columns — for small images);
 * ``cores`` — all of them, or one for tiny problems.
+
+Of the channel kernel: its register tile (:data:`CVEC_TILES`), ``kc`` — the input channels of
+a reduction block, so that a core's block of the weight panel stays in its L2 (0: all; else
+partial sums in the workspace) — and the cores.
 
 The cost model (:meth:`ConvCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel over
 whole padded tiles (the ``QW`` extra columns per row of the phase planes, the last channel
@@ -27,9 +38,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..backends.base import Target, TargetKind, host_cpu_target
+from ..runtime.args import view
 from ..runtime.kernel import Kernel
+from .attention_cpu import l2_per_core
 from .base import KernelFamily, Schedule
+from .conv_cpu_cvec import CvecConfig, pack_weights
+from .conv_cpu_cvec import build_kernel as build_cvec
 from .conv_cpu_kernel import ConvCpuConfig, build_kernel, valid
 from .conv_problem import ConvProblem
 from .matmul_cpu import (
@@ -57,6 +74,19 @@ PHASE_PENALTY = 1.25
 STRIDED_PACK = 6
 #: Bytes per second one core packs the input (reads + writes contiguous rows; measured ~17e9).
 PACK_BANDWIDTH = 16e9
+#: The channel kernel's tiles (pixels, vectors of channels): ``MR * NV`` accumulators and ``NV``
+#: weight vectors in the register file (the input broadcasts are memory operands).
+CVEC_TILES = {32: ((14, 2), (7, 4), (7, 3), (6, 4), (12, 2), (8, 3)), 16: ((6, 2), (7, 2), (4, 3))}
+#: Reduction blocks (input channels) of the channel kernel, besides 0 (all of C_in).
+CVEC_KCS = (64, 128)
+#: Seconds per weight element the channel kernel packs per call (a transposition: strided
+#: stores; measured ~0.8 ns on Zen 4), and the cycles per output element of its transposed
+#: stores (scalar, through a buffer in L1).
+WEIGHT_PACK_COST = 0.8e-9
+CVEC_STORE_CYCLES = 1.0
+#: Slow-down of the channel kernel's steps when a core's block of the weight panel does not
+#: fit half its L2 (streams from L3; measured ~15%).
+L2_SPILL = 1.15
 
 
 class ConvCpuTemplate(KernelFamily):
@@ -64,14 +94,13 @@ class ConvCpuTemplate(KernelFamily):
     where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
-    version = 1  # keys the tuning cache: bump when the kernels change
+    version = 2  # keys the tuning cache: bump when the kernels change
 
 
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
         return (isinstance(p, ConvProblem) and target.kind is TargetKind.CPU and p.dtype == "float32"
-                and p.groups == 1 and not p.pointwise and p.oh > 0 and p.ow > 0
-                and valid(self._window(p, 1, lanes_of(target), lanes_of(target), 1)))
+                and p.groups == 1 and not p.pointwise and p.oh > 0 and p.ow > 0)
 
     @staticmethod
     def _window(p: ConvProblem, mr: int, nr: int, lanes: int, cores: int, shift: bool = False) -> ConvCpuConfig:
@@ -81,18 +110,24 @@ class ConvCpuTemplate(KernelFamily):
     def space(self, problem: ConvProblem, target: Target) -> list[Schedule]:
         if not self.applies(problem, target):
             return []
-        p, V = problem, lanes_of(target)
+        p, V, regs = problem, lanes_of(target), vector_registers(target)
         flops = 2.0 * p.n * p.cout * p.oh * p.ow * p.cin * p.kh * p.kw
         cores = [target.num_cores] if flops > LARGE_FLOPS or target.num_cores == 1 else \
             [1] if flops < SMALL_FLOPS else [1, target.num_cores]
         shifts = (False, True) if p.kw > 1 else (False,)
-        return [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in TILES[vector_registers(target)]
-                for c in cores for sh in shifts]
+        pixels = [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in TILES[regs]
+                  for c in cores for sh in shifts] if valid(self._window(p, 1, V, V, 1)) else []
+        kcs = [0] + [kc for kc in CVEC_KCS if kc < p.cin]
+        channels = [Schedule.of(vec="channels", mr=mr, nr=nv * V, cores=c, kc=kc, packed=p.const_weights)
+                    for mr, nv in CVEC_TILES[regs] if mr <= max(p.ow, 7) for c in cores for kc in kcs]
+        return pixels + channels
 
     # ------------------------------------------------------------------ cost
     def cost(self, problem: ConvProblem, target: Target, schedule: Schedule) -> float:
         """Seconds: the busiest core's micro-kernel cycles over whole padded tiles, plus the
         input packing, plus the parallel regions.  Only the ranking matters."""
+        if schedule.get("vec") == "channels":
+            return self._cvec_cost(problem, target, schedule)
         p, s = problem, schedule.as_dict()
         mr, nr, cores = s["mr"], s["nr"], s["cores"]
         cfg = self.config(p, target, schedule)
@@ -115,14 +150,56 @@ class ConvCpuTemplate(KernelFamily):
         seconds += 8 * packed / (PACK_BANDWIDTH * cores) * (1 if p.sw == 1 else STRIDED_PACK)
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
 
+    def _cvec_cost(self, p: ConvProblem, target: Target, schedule: Schedule) -> float:
+        """The channel kernel: micro-kernel steps (``NV`` aligned loads and ``MR`` broadcasts
+        per ``MR x NV`` FMAs) over whole tiles (a row's last tile padded to ``MR`` pixels, the
+        last panel to ``NR`` channels), the transposed stores, partial sums between reduction
+        blocks, the input's padding pass and — unless the weights come packed — their packing."""
+        cfg = self.config(p, target, schedule)
+        mr, nr, cores, V = cfg.mr, cfg.nr, cfg.cores, lanes_of(target)
+        clock = target.clock_hz or 2.5e9
+        fmas = mr * nr // V
+        loads = nr // V + mr
+        step = (max(fmas / (2.0 * min(V, 8) / V), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        if cfg.stage(p.cin) * 4 > l2_per_core(target) // 2:
+            step *= L2_SPILL
+        blocks = -(-p.cin // cfg.kc) if cfg.kc else 1
+        tile = p.cin * cfg.taps * step + CVEC_STORE_CYCLES * mr * nr + (blocks - 1) * 3 * fmas + 40
+        panels = -(-p.cout // nr)
+        tiles = panels * p.n * p.oh * -(-p.ow // mr)
+        seconds = -(-tiles // cores) * tile / clock
+        hp, wp = cfg.padded(p.oh, p.ow)
+        seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
+        if not cfg.prepacked:
+            seconds += WEIGHT_PACK_COST * panels * cfg.panel(p.cin) / cores
+        return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
+
     # ------------------------------------------------------------------ kernels
-    def config(self, problem: ConvProblem, target: Target, schedule: Schedule) -> ConvCpuConfig:
-        s = schedule.as_dict()
-        return self._window(problem, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
+    def config(self, problem: ConvProblem, target: Target, schedule: Schedule) -> ConvCpuConfig | CvecConfig:
+        s, p = schedule.as_dict(), problem
+        if s.get("vec") == "channels":
+            return CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
+                              p.pt, p.pl, s["kc"], s["packed"])
+        return self._window(p, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
 
     def instantiate(self, problem: ConvProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
-        return self.kernel(cfg, lambda: build_kernel(cfg))
+        return self.kernel(cfg, lambda: build_cvec(cfg) if isinstance(cfg, CvecConfig) else build_kernel(cfg))
+
+    def weight_shape(self, problem: ConvProblem, schedule: Schedule, target: Target | None = None) -> tuple[int, ...]:
+        """The shape of the kernel's ``wt``: the NCHW weights (pixel kernel), seen flat, or
+        their packed panels (``packed`` schedules)."""
+        p, cfg = problem, self.config(problem, target or host_cpu_target(), schedule)
+        if not isinstance(cfg, CvecConfig):
+            return (p.cout, p.cin, p.kh, p.kw)
+        return (-(-p.cout // cfg.nr) * cfg.panel(p.cin) if cfg.prepacked else p.cout * cfg.panel(p.cin) // cfg.nr,)
+
+    def weights(self, problem: ConvProblem, schedule: Schedule, w: Any, target: Target | None = None) -> Any:
+        """The kernel's ``wt`` from the NCHW weights ``w`` (:meth:`weight_shape`): a view, or for
+        ``packed`` schedules a new host array (a compiled graph packs its constants once)."""
+        if schedule.get("packed"):
+            return pack_weights(np.asarray(w, np.float32), schedule["nr"])
+        return view(w, self.weight_shape(problem, schedule, target))
 
     def workspace_size(self, problem: ConvProblem, schedule: Schedule, target: Target) -> int:
         p = problem
@@ -135,7 +212,8 @@ class ConvCpuTemplate(KernelFamily):
         target = target or host_cpu_target()
         points = self.space(problem, target) if schedule is None else [schedule]
         size = max([self.workspace_size(problem, s, target) for s in points] or [1])
-        return [inputs[0], inputs[1], outputs[0], WORKSPACE.get("cpu_conv_x", size)]
+        w = inputs[1] if schedule is None else self.weights(problem, schedule, inputs[1], target)
+        return [inputs[0], w, outputs[0], WORKSPACE.get("cpu_conv_x", size)]
 
 
 CONV_CPU = ConvCpuTemplate()

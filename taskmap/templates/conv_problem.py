@@ -37,6 +37,8 @@ class ConvProblem:
     groups: int
     dtype: str
     bias: bool
+    #: the weights are constants (a compiled graph's): templates may take them pre-packed
+    const_weights: bool = False
 
     @property
     def oh(self) -> int:

@@ -20,6 +20,8 @@ from taskmap.ir.expr import maximum
 from taskmap.ops.conv import _plan, direct_sizes
 from taskmap.templates.base import Schedule
 from taskmap.templates.conv_cpu import CONV_CPU, select
+from taskmap.templates.conv_cpu_cvec import CvecConfig, pack_weights
+from taskmap.templates.conv_cpu_cvec import build_kernel as build_cvec
 from taskmap.templates.conv_cpu_kernel import ConvCpuConfig, build_kernel
 from taskmap.templates.conv_problem import ConvProblem
 from taskmap.testing import assert_close
@@ -105,10 +107,10 @@ def test_routing():
     grouped = ConvProblem(1, 8, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, "float32", False)
     assert not CONV_CPU.applies(grouped, CPU)
     odd = ConvProblem(1, 3, 20, 20, 5, 2, 2, 3, 3, 0, 0, 0, 0, 2, 2, 1, "float32", False)
-    assert not CONV_CPU.applies(odd, CPU)          # stride 3, dilation 2, k 2: taps skip phase 1
+    space = CONV_CPU.space(odd, CPU)       # stride 3, dilation 2, k 2: taps skip phase 1 ...
+    assert space and all(s.get("vec") == "channels" for s in space)     # ... only the channel kernel
     x, w, _ = data(odd)
     assert_close(ops.conv2d(x, w, None, 3, 0, 2), reference(odd, x, w), **tol(odd))
-    assert type(_plan(odd, CPU)).__name__ == "_Plan"
     x, w, _ = data(grouped)
     w = w[:, :4]
     got = ops.conv2d(x, w, None, 1, 1, 1, 2)
@@ -119,10 +121,11 @@ def test_routing():
 def test_space_and_cost_model():
     p = problem(1, 64, 56, 56, 64, 3, 1, 1)
     space = CONV_CPU.space(p, CPU)
-    assert 0 < len(space) <= 24
+    assert 0 < len(space) <= 48
     regs = 32 if CPU.vector_bytes >= 64 else 16
     for s in space:
-        assert s["nr"] % V == 0 and s["mr"] * s["nr"] // V + s["nr"] // V + 1 <= regs
+        extra = 0 if s.get("vec") == "channels" else 1       # the channel kernel broadcasts from memory
+        assert s["nr"] % V == 0 and s["mr"] * s["nr"] // V + s["nr"] // V + extra <= regs
         assert CONV_CPU.cost(p, CPU, s) > 0
     assert not CONV_CPU.space(ConvProblem(1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, "float16", False), CPU)
 
@@ -164,3 +167,83 @@ def test_micro_kernel_assembly():
         len(re.findall(r"vfmadd\w+\s+[-\d]*\(%\w+(,%\w+,\d)?\), %zmm", hot))
     assert loads >= 9 * 3 - 3
     assert "gather" not in hot and "scatter" not in hot
+
+
+# ----------------------------------------------------------------------------- channel kernel
+
+def channel_schedule(mr, nv, kc=0, packed=False, cores=CPU.num_cores):
+    return Schedule.of(vec="channels", mr=mr, nr=nv * V, cores=cores, kc=kc, packed=packed)
+
+
+#: (kernel, stride, padding, dilation) — any stride and dilation (no phase planes here).
+CHANNEL_WINDOWS = [(3, 1, 1, 1), (3, 2, 1, 1), (7, 2, 3, 1), (1, 2, 0, 1), (3, 3, 0, 2), (2, 1, 1, 1), (5, 1, 2, 2)]
+
+
+@pytest.mark.parametrize("window", CHANNEL_WINDOWS, ids=lambda v: "k{}s{}p{}d{}".format(*v))
+@pytest.mark.parametrize("sched", [channel_schedule(7, 2), channel_schedule(6, 1, kc=3, packed=True)],
+                         ids=["7x2v", "6x1v-kc3-packed"])
+@given(n=st.integers(1, 2), cin=st.integers(1, 9), h=st.integers(1, 19), w=st.integers(1, 23),
+       cout=st.integers(1, 37))
+@FEW
+def test_channel_kernel_matches_torch(window, sched, n, cin, h, w, cout):
+    """Lanes along the output channels: last panels and row tiles partial, reduction blocks
+    (``kc`` = 3: partial sums in the workspace), weights packed by the kernel or beforehand."""
+    k, s, pad, d = window
+    span = d * (k - 1) + 1 - 2 * pad
+    h, w = max(h, span), max(w, span)
+    p = ConvProblem(n, cin, h, w, cout, k, k, s, s, pad, pad, pad, pad, d, d, 1, "float32", False, sched["packed"])
+    run_direct(p, sched)
+
+
+def test_pack_weights_layout():
+    """Panels of NR output channels, channels innermost, zeros past C_out."""
+    w = np.random.default_rng(3).standard_normal((5, 3, 2, 2)).astype(np.float32)
+    packed = pack_weights(w, 4).reshape(2, 3 * 2 * 2, 4)
+    assert_close(packed[0], w[:4].reshape(4, -1).T)
+    assert_close(packed[1][:, 0], w[4].reshape(-1))
+    assert not packed[1][:, 1:].any()
+
+
+def test_channel_kernel_fused_epilogue_and_asymmetric_padding():
+    """A bias + ReLU epilogue spliced into the transposed stores; bottom / right padding larger
+    than top / left (ceil-style)."""
+    p = ConvProblem(2, 5, 11, 9, 19, 3, 3, 2, 2, 0, 2, 1, 2, 1, 1, 1, "float32", True, True)
+    sched = channel_schedule(7, 1, kc=2, packed=True)
+    x, w, b = data(p)
+    shape = [p.n, p.cout, p.oh, p.ow]
+    c = tensor_input("c", "float32", shape)
+    bias = tensor_input("eb", "float32", [p.cout])
+    y = compute("y", shape, lambda i, co, r, s: maximum(c[i, co, r, s] + bias[co], 0.0))
+    fused = fuse(CONV_CPU.instantiate(p, CPU, sched), {}, {"c": y}, direct_sizes(p))
+    out = np.full(shape, np.nan, np.float32)
+    avail = {"x": x, "wt": CONV_CPU.weights(p, sched, w), "eb": b, "y": out,
+             "xp": np.zeros(CONV_CPU.workspace_size(p, sched, CPU), np.float32)}
+    fused(*[avail[q.name] for q in fused.func.params])
+    ref = torch.nn.functional.conv2d(torch.nn.functional.pad(torch.from_numpy(x).double(), (1, 2, 0, 2)),
+                                     torch.from_numpy(w).double(), torch.from_numpy(b).double(), 2).numpy()
+    assert_close(out, np.maximum(ref, 0.0), **tol(p))
+
+
+def test_constant_weights_route_resnet_layers_to_packed_panels():
+    """With constant weights (a compiled graph) the cost model takes the channel kernel with
+    pre-packed panels for the 3x3 ResNet layers, stride 1 and 2, large and small images."""
+    for hw, cin, cout, s in [(56, 64, 64, 1), (56, 64, 128, 2), (14, 256, 256, 1), (7, 512, 512, 1)]:
+        p = ConvProblem(1, cin, hw, hw, cout, 3, 3, s, s, 1, 1, 1, 1, 1, 1, 1, "float32", False, True)
+        sched = select(p, CPU)
+        assert sched is not None and sched.get("vec") == "channels" and sched["packed"], (p, sched)
+
+
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_channel_micro_kernel_assembly():
+    """The channel kernel's hot loop (one tap of a 7 x 4-vector tile): 4 aligned vector loads of
+    the panel, 7 broadcasts, 28 FMAs, every accumulator in a register (nothing on the stack)."""
+    cfg = CvecConfig(7, 64, 16, 1, 3, 3, 1, 1, 1, 1, 1, 1, 0, True)
+    src = build_cvec(cfg).build("cpu").source_path
+    asm = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-std=gnu11", "-S", src, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    loops = [body.split("\tj")[0] for body in re.split(r"\n\.L\d+:\n", asm) if body.count("vfmadd") >= 28]
+    assert loops, "no loop with the tile's 28 FMAs"
+    hot = loops[0]
+    assert hot.count("vfmadd") == 28
+    assert hot.count("vbroadcastss") + hot.count("{1to16}") == 7
+    assert "(%rsp)" not in hot and "gather" not in hot

@@ -1,0 +1,206 @@
+"""The CPU f32 direct-convolution kernel vectorized over output channels (oneDNN's blocking,
+kept inside one kernel: NCHW in, NCHW out), written in the DSL with task mappings.
+
+``build_kernel(cfg)`` makes one kernel per :class:`CvecConfig` (register tile, cores, and the
+window: kernel size, stride, dilation, top / left padding); the image sizes are symbolic.
+
+* **Input**: copied once into a zero-padded image ``xq[b, ci, HP, WP]`` (one parallel pass,
+  no img2col).  ``WP`` covers whole pixel tiles, so a tile never reads past its row.  Any stride
+  and dilation: the taps are broadcasts, their addresses need no contiguity.
+* **Weights**: each core packs the channel panel it works on (``NR`` output channels) as
+  ``wq[ci, kh, kw, NR]`` (channels innermost, zeros past ``C_out``) into its own slice of the
+  workspace, once per panel: the panel is then read as aligned, contiguous vectors.
+* **Register tile** ``MR`` pixels of one output row x ``NR`` channels:
+  ``repeat(MR, NR // V) * spatial(1, V)`` (lanes along the channels): per input channel and
+  tap, ``MR`` broadcasts of the input (``{1to16}`` memory operands), ``NR / V`` vector loads of
+  the panel and ``MR * NR / V`` FMAs.  No lane is wasted on small images (``OW`` = 7 or 14 fit
+  ``MR`` = 7 or 14 exactly) and stride 2 costs nothing extra.  The reduction runs over all of
+  ``C_in`` in registers: **each output element is stored exactly once and never read** (post-
+  scheduling fusion splices epilogues into these stores, :mod:`taskmap.fusion`).
+* **Stores**: the tile is NCHW-transposed on its way out (per channel, ``MR`` consecutive
+  pixels), masked at the row's end and the last panel.
+* **Cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``CP x N x OH x OWT``
+  tiles (channel panels outermost: a core packs a panel once and sweeps the image with it).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.mapping import repeat, spatial
+from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, unroll
+from ..lang.kernel import kernel
+from ..runtime.kernel import Kernel
+
+
+@dataclass(frozen=True)
+class CvecConfig:
+    """Everything a channel-vectorized direct-convolution kernel's code depends on."""
+
+    mr: int       # pixels of one output row per tile
+    nr: int       # output channels per tile (a multiple of the lanes)
+    lanes: int
+    cores: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    kc: int = 0               # input channels per reduction block (0: all of them, no partial sums)
+    prepacked: bool = False   # ``wt`` holds the packed panels (:func:`pack_weights`), not NCHW weights
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    def padded(self, oh: int, ow: int) -> tuple[int, int]:
+        """(HP, WP): rows and columns of the zero-padded input the tiles read."""
+        owt = -(-ow // self.mr)
+        return ((oh - 1) * self.sh + (self.kh - 1) * self.dh + 1,
+                (owt * self.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1)
+
+    def panel(self, cin: int) -> int:
+        """Elements of one packed weight panel (``C_in x kh x kw x NR``)."""
+        return cin * self.taps * self.nr
+
+    def stage(self, cin: int) -> int:
+        """Elements of a core's packed block of a weight panel (``kc x kh x kw x NR``)."""
+        return (min(self.kc, cin) if self.kc else cin) * self.taps * self.nr
+
+    def workspace(self, n: int, cin: int, oh: int, ow: int) -> int:
+        """Elements: the padded input, then per core its packed block of a weight panel (unless
+        the weights come packed) and, with reduction blocks, the partial sums of its tiles."""
+        hp, wp = self.padded(oh, ow)
+        per_core = (0 if self.prepacked else self.stage(cin)) + \
+            (n * oh * -(-ow // self.mr) * self.mr * self.nr if self.kc else 0)
+        return n * cin * hp * wp + self.cores * per_core
+
+
+def pack_weights(w: np.ndarray, nr: int) -> np.ndarray:
+    """NCHW weights ``(C_out, C_in, kh, kw)`` as the kernel's panels: ``[C_out / NR (rounded up),
+    C_in, kh, kw, NR]`` flat, zeros past ``C_out`` (what ``prepacked`` kernels take as ``wt``)."""
+    cout = w.shape[0]
+    cp = -(-cout // nr)
+    padded = np.zeros((cp * nr, *w.shape[1:]), np.float32)
+    padded[:cout] = w
+    return np.ascontiguousarray(padded.reshape(cp, nr, -1).transpose(0, 2, 1)).reshape(-1)
+
+
+def build_kernel(cfg: CvecConfig) -> Kernel:
+    assert cfg.nr % cfg.lanes == 0
+    MR, NR, V, P, KC, PRE = cfg.mr, cfg.nr, cfg.lanes, cfg.cores, cfg.kc, cfg.prepacked
+    KH, KW, SH, SW, DH, DW, PT, PL = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.dh, cfg.dw, cfg.pt, cfg.pl
+    TAPS = cfg.taps
+    PAR = parallel if P > 1 else range
+    CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
+    tile = repeat(MR, NR // V) * spatial(1, V)
+    n, cin, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "h", "w", "cout", "oh", "ow", "wsx"))
+    X_T, C_T, XP_T = f32[n, cin, h, w], f32[n, cout, oh, ow], f32[wsx]
+    # the packed panels, or the NCHW weights seen flat
+    W_T = f32[(cout + NR - 1) // NR * NR * cin * TAPS] if PRE else f32[cout * cin * TAPS]
+    WQ_T = W_T if PRE else XP_T            # where the micro-kernel reads the packed panel
+
+    @func
+    def pad_plane(x: X_T, xp: XP_T, q: i32, hp: i32, wp: i32):
+        """Plane ``q`` = (b, ci) of the zero-padded input."""
+        b = q // cin
+        ci = q % cin
+        jlo = min(PL, wp)
+        jhi = max(min(w + PL, wp), jlo)
+        for i in range(hp):
+            ih = i - PT
+            row = (q * hp + i) * wp
+            if ih >= 0 and ih < h:
+                for j in range(jlo):
+                    xp[row + j] = 0.0
+                for j in range(jlo, jhi):
+                    xp[row + j] = x[b, ci, ih, j - PL]
+                for j in range(jhi, wp):
+                    xp[row + j] = 0.0
+            else:
+                for j in range(wp):
+                    xp[row + j] = 0.0
+
+    @func
+    def pack_panel(wt: W_T, xp: XP_T, base: i32, co0: i32, c0: i32, c1: i32):
+        """Output channels ``co0 .. co0 + NR``, input channels ``c0 .. c1``, as ``[ci, kh, kw,
+        NR]`` at ``xp[base:]`` (channels past C_out repeat the last one: their sums are never
+        stored).  Row by row: each reads contiguous weights."""
+        K = cin * TAPS
+        for s in range(NR):
+            src = min(co0 + s, cout - 1) * K + c0 * TAPS
+            for k in range((c1 - c0) * TAPS):
+                xp[base + k * NR + s] = wt[src + k]
+
+    @func
+    def micro(c: C_T, xp: XP_T, wq: WQ_T, woff: i32, cwoff: i32, b: i32, co0: i32, ho: i32, wo0: i32,
+              hp: i32, wp: i32, c0: i32, c1: i32, first: bool_, last: bool_):
+        """Output channels ``co0 ..`` x pixels ``wo0 ..`` of row ``ho`` of image ``b``, input
+        channels ``c0 .. c1``: from zero (``first``) or the partial sums at ``xp[cwoff:]``, to
+        ``c`` (``last``) or back there."""
+        acc = register_tensor(f32, [MR, NR])
+        plane = hp * wp
+        x0 = b * cin * plane + ho * SH * wp + wo0 * SW
+        if first:
+            for r, s in tile.vectorize():
+                acc[r, s] = 0.0
+        else:
+            for r, s in tile.vectorize():
+                acc[r, s] = xp[cwoff + r * NR + s]
+        for ci in range(c0, c1):
+            for kh in range(KH):
+                for kw in range(KW):
+                    for r, s in tile.vectorize():
+                        acc[r, s] += xp[x0 + ci * plane + kh * DH * wp + kw * DW + r * SW] * \
+                            wq[woff + (((ci - c0) * KH + kh) * KW + kw) * NR + s]
+        if last:
+            out = register_tensor(f32, [MR, NR])      # in memory: read back channel by channel
+            for r, s in tile.vectorize():
+                out[r, s] = acc[r, s]
+            for s in range(NR):
+                for r in range(MR):
+                    if co0 + s < cout and wo0 + r < ow:
+                        c[b, co0 + s, ho, wo0 + r] = out[r, s]
+        else:
+            for r, s in tile.vectorize():
+                xp[cwoff + r * NR + s] = acc[r, s]
+
+    @kernel
+    def conv_cpu_cvec(x: X_T, wt: W_T, c: C_T, xp: XP_T):
+        OWT = (ow + MR - 1) // MR
+        WP = OWT * MR * SW - SW + (KW - 1) * DW + 1
+        HP = oh * SH - SH + (KH - 1) * DH + 1
+        for q in PAR(n * cin):
+            pad_plane(x, xp, q, HP, WP)
+        PU = n * oh * OWT                      # tiles per channel panel
+        units = (cout + NR - 1) // NR * PU
+        PANEL = cin * TAPS * NR
+        KB = (cin + KC - 1) // KC if KC else 1
+        BLOCK = KC if KC else cin
+        STAGE = (min(KC, cin) if KC else cin) * TAPS * NR      # a core's packed block of a panel
+        for p in CORES:
+            u0 = p * units // P
+            u1 = (p + 1) * units // P
+            wb = n * cin * HP * WP + p * (0 if PRE else STAGE)
+            cwb = n * cin * HP * WP + P * (0 if PRE else STAGE) + p * PU * MR * NR
+            if u1 > u0:
+                for i in range(u0 // PU, (u1 - 1) // PU + 1):
+                    lo = max(u0, i * PU)
+                    hi = min(u1, i * PU + PU)
+                    for kb in range(KB):
+                        k0 = kb * BLOCK
+                        k1 = min(k0 + BLOCK, cin)
+                        if not PRE:
+                            pack_panel(wt, xp, wb, i * NR, k0, k1)
+                        for u in range(lo, hi):
+                            v = u - i * PU
+                            micro(c, xp, wt if PRE else xp, i * PANEL + k0 * TAPS * NR if PRE else wb,
+                                  cwb + (u - lo) * MR * NR, v // (oh * OWT), i * NR, v // OWT % oh, v % OWT * MR,
+                                  HP, WP, k0, k1, kb == 0, kb == KB - 1)
+
+    return conv_cpu_cvec
+
+
+__all__ = ["CvecConfig", "build_kernel", "pack_weights"]
