@@ -100,7 +100,7 @@ class ConvCpuTemplate(KernelFamily):
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
         return (isinstance(p, ConvProblem) and target.kind is TargetKind.CPU and p.dtype == "float32"
-                and p.groups == 1 and not p.pointwise and p.oh > 0 and p.ow > 0)
+                and p.groups == 1 and p.oh > 0 and p.ow > 0 and (not p.pointwise or p.const_weights))
 
     @staticmethod
     def _window(p: ConvProblem, mr: int, nr: int, lanes: int, cores: int, shift: bool = False) -> ConvCpuConfig:
@@ -116,7 +116,7 @@ class ConvCpuTemplate(KernelFamily):
             [1] if flops < SMALL_FLOPS else [1, target.num_cores]
         shifts = (False, True) if p.kw > 1 else (False,)
         pixels = [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in TILES[regs]
-                  for c in cores for sh in shifts] if valid(self._window(p, 1, V, V, 1)) else []
+                  for c in cores for sh in shifts] if valid(self._window(p, 1, V, V, 1)) and not p.pointwise else []
         kcs = [0] + [kc for kc in CVEC_KCS if kc < p.cin]
         channels = [Schedule.of(vec="channels", mr=mr, nr=nv * V, cores=c, kc=kc, packed=p.const_weights)
                     for mr, nv in CVEC_TILES[regs] if mr <= max(p.ow, 7) for c in cores for kc in kcs]
