@@ -79,10 +79,10 @@ PACK_BANDWIDTH = 16e9
 CVEC_TILES = {32: ((14, 2), (7, 4), (7, 3), (6, 4), (12, 2), (8, 3)), 16: ((6, 2), (7, 2), (4, 3))}
 #: Reduction blocks (input channels) of the channel kernel, besides 0 (all of C_in).
 CVEC_KCS = (64, 128)
-#: Seconds per weight element the channel kernel packs per call (a transposition: strided
-#: stores; measured ~0.8 ns on Zen 4), and the cycles per output element of its transposed
-#: stores (scalar, through a buffer in L1).
-WEIGHT_PACK_COST = 0.8e-9
+#: Seconds per weight element the channel kernel packs per call (a transposition in 16 x 16
+#: blocks; measured on Zen 4: ~0.45 ns into a block of the panel that stays in L2, ~0.9 ns
+#: beyond), and the cycles per output element of its transposed stores (scalar, through L1).
+WEIGHT_PACK_COST = (0.45e-9, 0.9e-9)
 CVEC_STORE_CYCLES = 1.0
 #: Slow-down of the channel kernel's steps when a core's block of the weight panel does not
 #: fit half its L2 (streams from L3; measured ~15%).
@@ -161,7 +161,8 @@ class ConvCpuTemplate(KernelFamily):
         fmas = mr * nr // V
         loads = nr // V + mr
         step = (max(fmas / (2.0 * min(V, 8) / V), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
-        if cfg.stage(p.cin) * 4 > l2_per_core(target) // 2:
+        spills = cfg.stage(p.cin) * 4 > l2_per_core(target) // 2
+        if spills:
             step *= L2_SPILL
         blocks = -(-p.cin // cfg.kc) if cfg.kc else 1
         tile = p.cin * cfg.taps * step + CVEC_STORE_CYCLES * mr * nr + (blocks - 1) * 3 * fmas + 40
@@ -171,7 +172,7 @@ class ConvCpuTemplate(KernelFamily):
         hp, wp = cfg.padded(p.oh, p.ow)
         seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
         if not cfg.prepacked:
-            seconds += WEIGHT_PACK_COST * panels * cfg.panel(p.cin) / cores
+            seconds += WEIGHT_PACK_COST[spills] * panels * cfg.panel(p.cin) / cores
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
 
     # ------------------------------------------------------------------ kernels

@@ -96,6 +96,7 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     PAR = parallel if P > 1 else range
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NR // V) * spatial(1, V)
+    square = repeat(V, 1) * spatial(1, V)
     n, cin, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "h", "w", "cout", "oh", "ow", "wsx"))
     X_T, C_T, XP_T = f32[n, cin, h, w], f32[n, cout, oh, ow], f32[wsx]
     # the packed panels, or the NCHW weights seen flat
@@ -127,12 +128,21 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     def pack_panel(wt: W_T, xp: XP_T, base: i32, co0: i32, c0: i32, c1: i32):
         """Output channels ``co0 .. co0 + NR``, input channels ``c0 .. c1``, as ``[ci, kh, kw,
         NR]`` at ``xp[base:]`` (channels past C_out repeat the last one: their sums are never
-        stored).  Row by row: each reads contiguous weights."""
+        stored).  A transposition in ``V x V`` blocks: ``V`` vector loads of weight rows into
+        a block in L1, ``V`` vector stores of its columns."""
+        blk = register_tensor(f32, [V, V])
         K = cin * TAPS
-        for s in range(NR):
-            src = min(co0 + s, cout - 1) * K + c0 * TAPS
-            for k in range((c1 - c0) * TAPS):
-                xp[base + k * NR + s] = wt[src + k]
+        k0 = c0 * TAPS
+        kn = (c1 - c0) * TAPS
+        for sb in range(NR // V):
+            for kb in range(kn // V):
+                for r, j in square.vectorize():
+                    blk[r, j] = wt[min(co0 + sb * V + r, cout - 1) * K + k0 + kb * V + j]
+                for j, r in square.vectorize():
+                    xp[base + (kb * V + j) * NR + sb * V + r] = blk[r, j]
+            for k in range(kn // V * V, kn):
+                for r in range(V):
+                    xp[base + k * NR + sb * V + r] = wt[min(co0 + sb * V + r, cout - 1) * K + k0 + k]
 
     @func
     def micro(c: C_T, xp: XP_T, wq: WQ_T, woff: i32, cwoff: i32, b: i32, co0: i32, ho: i32, wo0: i32,
