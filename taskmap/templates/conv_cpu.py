@@ -169,8 +169,9 @@ class ConvCpuTemplate(KernelFamily):
         panels = -(-p.cout // nr)
         tiles = panels * p.n * p.oh * -(-p.ow // mr)
         seconds = -(-tiles // cores) * tile / clock
-        hp, wp = cfg.padded(p.oh, p.ow)
-        seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
+        if not cfg.direct(p.h, p.w, p.oh, p.ow):
+            hp, wp = cfg.padded(p.oh, p.ow)
+            seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
         if not cfg.prepacked:
             seconds += WEIGHT_PACK_COST[spills] * panels * cfg.panel(p.cin) / cores
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST

@@ -61,6 +61,11 @@ class CvecConfig:
         return ((oh - 1) * self.sh + (self.kh - 1) * self.dh + 1,
                 (owt * self.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1)
 
+    def direct(self, h: int, w: int, oh: int, ow: int) -> bool:
+        """True when the tiles read the input itself (no padding, whole tiles inside the image)."""
+        hp, wp = self.padded(oh, ow)
+        return self.pt == self.pl == 0 and wp <= w and hp <= h
+
     def panel(self, cin: int) -> int:
         """Elements of one packed weight panel (``C_in x kh x kw x NR``)."""
         return cin * self.taps * self.nr
@@ -144,46 +149,59 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                 for r in range(V):
                     xp[base + k * NR + sb * V + r] = wt[min(co0 + sb * V + r, cout - 1) * K + k0 + k]
 
-    @func
-    def micro(c: C_T, xp: XP_T, wq: WQ_T, woff: i32, cwoff: i32, b: i32, co0: i32, ho: i32, wo0: i32,
-              hp: i32, wp: i32, c0: i32, c1: i32, first: bool_, last: bool_):
-        """Output channels ``co0 ..`` x pixels ``wo0 ..`` of row ``ho`` of image ``b``, input
-        channels ``c0 .. c1``: from zero (``first``) or the partial sums at ``xp[cwoff:]``, to
-        ``c`` (``last``) or back there."""
-        acc = register_tensor(f32, [MR, NR])
-        plane = hp * wp
-        x0 = b * cin * plane + ho * SH * wp + wo0 * SW
-        if first:
-            for r, s in tile.vectorize():
-                acc[r, s] = 0.0
-        else:
-            for r, s in tile.vectorize():
-                acc[r, s] = xp[cwoff + r * NR + s]
-        for ci in range(c0, c1):
-            for kh in range(KH):
-                for kw in range(KW):
-                    for r, s in tile.vectorize():
-                        acc[r, s] += xp[x0 + ci * plane + kh * DH * wp + kw * DW + r * SW] * \
-                            wq[woff + (((ci - c0) * KH + kh) * KW + kw) * NR + s]
-        if last:
-            out = register_tensor(f32, [MR, NR])      # in memory: read back channel by channel
-            for r, s in tile.vectorize():
-                out[r, s] = acc[r, s]
-            for s in range(NR):
-                for r in range(MR):
-                    if co0 + s < cout and wo0 + r < ow:
-                        c[b, co0 + s, ho, wo0 + r] = out[r, s]
-        else:
-            for r, s in tile.vectorize():
-                xp[cwoff + r * NR + s] = acc[r, s]
+    def make_micro(DIRECT: bool) -> func:
+        def micro(c: C_T, x: X_T, xp: XP_T, wq: WQ_T, woff: i32, cwoff: i32, b: i32, co0: i32, ho: i32,
+                  wo0: i32, hp: i32, wp: i32, c0: i32, c1: i32, first: bool_, last: bool_):
+            """Output channels ``co0 ..`` x pixels ``wo0 ..`` of row ``ho`` of image ``b``, input
+            channels ``c0 .. c1``: from zero (``first``) or the partial sums at ``xp[cwoff:]``, to
+            ``c`` (``last``) or back there.  The input from ``x`` itself (``DIRECT``: no padding
+            read) or from its padded copy."""
+            acc = register_tensor(f32, [MR, NR])
+            plane = hp * wp
+            x0 = b * cin * plane + ho * SH * wp + wo0 * SW
+            if first:
+                for r, s in tile.vectorize():
+                    acc[r, s] = 0.0
+            else:
+                for r, s in tile.vectorize():
+                    acc[r, s] = xp[cwoff + r * NR + s]
+            for ci in range(c0, c1):
+                for kh in range(KH):
+                    for kw in range(KW):
+                        if DIRECT:
+                            for r, s in tile.vectorize():
+                                acc[r, s] += x[b, ci, ho * SH + kh * DH, wo0 * SW + kw * DW + r * SW] * \
+                                    wq[woff + (((ci - c0) * KH + kh) * KW + kw) * NR + s]
+                        else:
+                            for r, s in tile.vectorize():
+                                acc[r, s] += xp[x0 + ci * plane + kh * DH * wp + kw * DW + r * SW] * \
+                                    wq[woff + (((ci - c0) * KH + kh) * KW + kw) * NR + s]
+            if last:
+                out = register_tensor(f32, [MR, NR])      # in memory: read back channel by channel
+                for r, s in tile.vectorize():
+                    out[r, s] = acc[r, s]
+                for s in range(NR):
+                    for r in range(MR):
+                        if co0 + s < cout and wo0 + r < ow:
+                            c[b, co0 + s, ho, wo0 + r] = out[r, s]
+            else:
+                for r, s in tile.vectorize():
+                    xp[cwoff + r * NR + s] = acc[r, s]
+        micro.__name__ = "micro_x" if DIRECT else "micro_xp"
+        return func(micro)
+
+    micro_x, micro_xp = make_micro(True), make_micro(False)
 
     @kernel
     def conv_cpu_cvec(x: X_T, wt: W_T, c: C_T, xp: XP_T):
         OWT = (ow + MR - 1) // MR
         WP = OWT * MR * SW - SW + (KW - 1) * DW + 1
         HP = oh * SH - SH + (KH - 1) * DH + 1
-        for q in PAR(n * cin):
-            pad_plane(x, xp, q, HP, WP)
+        # no padding and every tile's reads inside the image: the tiles read x itself
+        direct = (OWT * MR - 1) * SW + (KW - 1) * DW < w and HP <= h and PT + PL == 0
+        if not direct:
+            for q in PAR(n * cin):
+                pad_plane(x, xp, q, HP, WP)
         PU = n * oh * OWT                      # tiles per channel panel
         units = (cout + NR - 1) // NR * PU
         PANEL = cin * TAPS * NR
@@ -206,9 +224,14 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                             pack_panel(wt, xp, wb, i * NR, k0, k1)
                         for u in range(lo, hi):
                             v = u - i * PU
-                            micro(c, xp, wt if PRE else xp, i * PANEL + k0 * TAPS * NR if PRE else wb,
-                                  cwb + (u - lo) * MR * NR, v // (oh * OWT), i * NR, v // OWT % oh, v % OWT * MR,
-                                  HP, WP, k0, k1, kb == 0, kb == KB - 1)
+                            if direct:
+                                micro_x(c, x, xp, wt if PRE else xp, i * PANEL + k0 * TAPS * NR if PRE else wb,
+                                        cwb + (u - lo) * MR * NR, v // (oh * OWT), i * NR, v // OWT % oh,
+                                        v % OWT * MR, HP, WP, k0, k1, kb == 0, kb == KB - 1)
+                            else:
+                                micro_xp(c, x, xp, wt if PRE else xp, i * PANEL + k0 * TAPS * NR if PRE else wb,
+                                         cwb + (u - lo) * MR * NR, v // (oh * OWT), i * NR, v // OWT % oh,
+                                         v % OWT * MR, HP, WP, k0, k1, kb == 0, kb == KB - 1)
 
     return conv_cpu_cvec
 

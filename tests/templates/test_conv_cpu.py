@@ -2,6 +2,7 @@
 shapes (odd and prime sizes, kernels 1/3/5/7, strides 1/2, every padding, dilation, batches,
 edges), the routing between it and the implicit GEMM, a fused epilogue, and the hot loop's
 assembly."""
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -224,6 +225,17 @@ def test_channel_kernel_fused_epilogue_and_asymmetric_padding():
     assert_close(out, np.maximum(ref, 0.0), **tol(p))
 
 
+@pytest.mark.parametrize("hw, s", [(14, 1), (14, 2), (15, 1)])
+def test_channel_kernel_reads_unpadded_input_in_place(hw, s):
+    """No padding and whole tiles inside the image (14 = 2 x 7 pixels): the tiles read x itself
+    (no padded copy); 15 columns leave a partial tile, which reads the padded copy."""
+    p = ConvProblem(2, 6, hw, hw, 21, 1, 1, s, s, 0, 0, 0, 0, 1, 1, 1, "float32", False, True)
+    sched = channel_schedule(7, 2, packed=True)
+    cfg = CONV_CPU.config(p, CPU, sched)
+    assert cfg.direct(p.h, p.w, p.oh, p.ow) == (hw == 14)
+    run_direct(p, sched)
+
+
 def test_constant_weights_route_resnet_layers_to_packed_panels():
     """With constant weights (a compiled graph) the cost model takes the channel kernel with
     pre-packed panels for the 3x3 ResNet layers, stride 1 and 2, large and small images."""
@@ -231,6 +243,10 @@ def test_constant_weights_route_resnet_layers_to_packed_panels():
         p = ConvProblem(1, cin, hw, hw, cout, 3, 3, s, s, 1, 1, 1, 1, 1, 1, 1, "float32", False, True)
         sched = select(p, CPU)
         assert sched is not None and sched.get("vec") == "channels" and sched["packed"], (p, sched)
+    # 1x1 on a 7x7 image: the channel kernel (the implicit GEMM's tiles waste lanes there)
+    pointwise = ConvProblem(1, 512, 7, 7, 2048, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True)
+    assert select(pointwise, CPU) is not None
+    assert select(dataclasses.replace(pointwise, const_weights=False), CPU) is None      # no packing per call
 
 
 @pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
