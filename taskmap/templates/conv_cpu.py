@@ -81,9 +81,10 @@ CVEC_TILES = {32: ((14, 2), (7, 4), (7, 3), (6, 4), (12, 2), (8, 3)), 16: ((6, 2
 CVEC_KCS = (64, 128)
 #: Seconds per weight element the channel kernel packs per call (a transposition in 16 x 16
 #: blocks; measured on Zen 4: ~0.45 ns into a block of the panel that stays in L2, ~0.9 ns
-#: beyond), and the cycles per output element of its transposed stores (scalar, through L1).
+#: beyond), and the cycles per output element of its transposed stores (scalar, through L1;
+#: fitted to 1x1 layers, where they weigh most).
 WEIGHT_PACK_COST = (0.45e-9, 0.9e-9)
-CVEC_STORE_CYCLES = 1.0
+CVEC_STORE_CYCLES = 3.0
 #: Slow-down of the channel kernel's steps when a core's block of the weight panel does not
 #: fit half its L2 (streams from L3; measured ~15%).
 L2_SPILL = 1.15
