@@ -81,10 +81,13 @@ CVEC_TILES = {32: ((14, 2), (7, 4), (7, 3), (6, 4), (12, 2), (8, 3)), 16: ((6, 2
 CVEC_KCS = (64, 128)
 #: Seconds per weight element the channel kernel packs per call (a transposition in 16 x 16
 #: blocks; measured on Zen 4: ~0.45 ns into a block of the panel that stays in L2, ~0.9 ns
-#: beyond), and the cycles per output element of its transposed stores (scalar, through L1;
-#: fitted to 1x1 layers, where they weigh most).
+#: beyond), and the cycles per output element of its transposed stores (scalar, through L1).
 WEIGHT_PACK_COST = (0.45e-9, 0.9e-9)
-CVEC_STORE_CYCLES = 3.0
+CVEC_STORE_CYCLES = 1.0
+#: On 1x1 layers the two models are not on one scale: measured on Zen 4 (ResNet-50's 1x1 layers,
+#: one core) the channel kernel takes 1.1-1.7x (median 1.22x) its cost relative to the implicit
+#: GEMM's, so it must win by this factor.
+POINTWISE_EDGE = 1.25
 #: Slow-down of the channel kernel's steps when a core's block of the weight panel does not
 #: fit half its L2 (streams from L3; measured ~15%).
 L2_SPILL = 1.15
@@ -239,7 +242,8 @@ def select(p: ConvProblem, target: Target) -> Schedule | None:
         return None
     costs = {s: CONV_CPU.cost(p, target, s) for s in space}
     best = min(space, key=costs.__getitem__)
-    return best if costs[best] < implicit_gemm_cost(p, target) else None
+    edge = POINTWISE_EDGE if p.pointwise else 1.0
+    return best if costs[best] * edge < implicit_gemm_cost(p, target) else None
 
 
 __all__ = ["CONV_CPU", "ConvCpuTemplate", "implicit_gemm_cost", "select"]
