@@ -21,6 +21,7 @@ kernel's launch arguments are then ``template.arguments(problem, inputs, outputs
 """
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import signal
@@ -105,9 +106,14 @@ def example_inputs(template: Any, problem: Any, target: Target, seed: int = 0) -
     return default_example_inputs(problem, target, seed)
 
 
-def example_arguments(template: Any, problem: Any, target: Target, seed: int = 0) -> list[Any]:
-    """The launch arguments of ``template``'s kernels for ``problem``, on random inputs."""
+def example_arguments(template: Any, problem: Any, target: Target, seed: int = 0,
+                      schedule: Schedule | None = None) -> list[Any]:
+    """The launch arguments of ``template``'s kernels for ``problem``, on random inputs — of
+    ``schedule``'s kernel when the template's arguments depend on the schedule (its
+    ``arguments`` takes ``schedule`` and ``target``: e.g. weights packed for its tile)."""
     inputs, outputs = example_inputs(template, problem, target, seed)
+    if schedule is not None and "schedule" in inspect.signature(template.arguments).parameters:
+        return list(template.arguments(problem, inputs, outputs, schedule=schedule, target=target))
     return list(template.arguments(problem, inputs, outputs))
 
 

@@ -67,7 +67,7 @@ def measure_candidate(template: Any, problem: Any, target: Target, schedule: Sch
     compiled = build_candidate(template, problem, target, schedule)
     if compiled.launcher is None:
         raise NoDevice(f"cannot measure on {target.name}: no such device is present")
-    args = example_arguments(template, problem, target, settings.seed)
+    args = example_arguments(template, problem, target, settings.seed, schedule)
     sync = _synchronizer(target)
 
     def timed(number: int) -> float:

@@ -53,6 +53,14 @@ class ConvProblem:
         """A 1x1 convolution without stride or padding: the input is its own img2col."""
         return (self.kh, self.kw, self.sh, self.sw, self.pt, self.pb, self.pl, self.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
 
+    def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        """x (N, C_in, H, W), w (C_out, C_in / groups, kh, kw) (the tuner's example inputs)."""
+        return [((self.n, self.cin, self.h, self.w), self.dtype),
+                ((self.cout, self.cin // self.groups, self.kh, self.kw), self.dtype)]
+
+    def output_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        return [((self.n, self.cout, self.oh, self.ow), self.dtype)]
+
     def matmul(self) -> MatmulProblem:
         g = self.groups
         return MatmulProblem(self.n * g, self.cout // g, self.oh * self.ow, self.cin // g * self.kh * self.kw,

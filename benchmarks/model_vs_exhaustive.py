@@ -1,0 +1,97 @@
+"""Benchmark: how close the cost model's choice (model-only, the default) gets to exhaustive
+tuning, per template, on the benchmark shapes of the operator table.
+
+    python benchmarks/model_vs_exhaustive.py                    # every template below
+    python benchmarks/model_vs_exhaustive.py conv depthwise     # some of them
+    python benchmarks/model_vs_exhaustive.py --threads 1        # one core (shared machines)
+
+Each problem's whole tuning space is built and measured by ``taskmap.schedule.tune`` in isolated
+worker processes (``tune.compare_model_vs_exhaustive``; measured records go to the tuning cache,
+so a second run only re-reads them: clear it with ``python -m taskmap.cache clear`` or point
+``TASKMAP_CACHE_DIR`` elsewhere for fresh numbers).  The table lists the space's size, the
+measured time of the model's choice, the best measured time and their ratio (1.00: the model
+picked the fastest point; the issue's target is within 1.15).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import machine_description, print_table  # noqa: E402
+
+
+def problems() -> dict[str, list[tuple[str, object, object]]]:
+    """name -> [(label, template, problem)] on the benchmark shapes."""
+    from conv_cpu import LAYERS
+
+    from taskmap.templates.attention_cpu import ATTENTION_CPU
+    from taskmap.templates.attention_problem import AttentionProblem
+    from taskmap.templates.conv_cpu import CONV_CPU
+    from taskmap.templates.conv_problem import ConvProblem
+    from taskmap.templates.matmul_cpu import MATMUL_CPU
+    from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.window import WINDOW, WindowProblem
+
+    convs = []
+    for name, (hw, cin, cout, k, s) in LAYERS.items():
+        if k == 1:                 # 1x1 layers run on the implicit GEMM (the matmul template's space)
+            continue
+        for const in (False, True):
+            p = ConvProblem(1, cin, hw, hw, cout, k, k, s, s, k // 2, k // 2, k // 2, k // 2, 1, 1, 1, "float32",
+                            False, const)
+            convs.append((f"{name} {hw}x{hw}x{cin}->{cout} k{k} s{s}" + (" packed" if const else ""), CONV_CPU, p))
+    depthwise = []
+    for name, (hw, c, s) in {"D1": (112, 32, 1), "D2": (112, 64, 2), "D3": (56, 128, 1), "D4": (56, 128, 2),
+                             "D5": (28, 256, 1), "D6": (28, 256, 2), "D7": (14, 512, 1), "D8": (14, 512, 2),
+                             "D9": (7, 1024, 1)}.items():
+        o = (hw + 2 - 3) // s + 1
+        depthwise.append((f"{name} {hw}x{hw}x{c} k3 s{s}", WINDOW,
+                          WindowProblem("conv", 1, c, hw, hw, o, o, 3, 3, s, s, 1, 1)))
+    matmuls = [(f"{m}x{k}x{n}", MATMUL_CPU, MatmulProblem(1, m, n, k)) for m, k, n in
+               [(512, 512, 512), (1024, 1024, 1024), (128, 768, 768), (128, 768, 3072), (128, 3072, 768)]]
+    attention = [("BERT-base seq 128", ATTENTION_CPU, AttentionProblem(12, 12, 128, 128, 64, 64, scale=0.125)),
+                 ("GPT-2 causal seq 1024", ATTENTION_CPU,
+                  AttentionProblem(12, 12, 1024, 1024, 64, 64, causal=True, scale=0.125))]
+    return {"conv": convs, "depthwise": depthwise, "matmul": matmuls, "attention": attention}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("groups", nargs="*", help="conv, depthwise, matmul, attention (default: all)")
+    ap.add_argument("--threads", type=int, default=0, help="cores the kernels use (default: all)")
+    args = ap.parse_args()
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    from taskmap.backends.base import host_cpu_target
+    from taskmap.schedule import tune
+
+    target = host_cpu_target()
+    if args.threads:
+        target = dataclasses.replace(target, num_cores=args.threads)
+    table = problems()
+    rows = []
+    for group in args.groups or list(table):
+        for label, template, p in table[group]:
+            if not template.applies(p, target):
+                continue
+            r = tune.compare_model_vs_exhaustive(template, p, target, progress=True)
+            space = len(template.space(p, target))
+            rows.append([group, label, str(space), f"{r.model_time * 1e3:.3f}", f"{r.best_time * 1e3:.3f}",
+                         f"{r.ratio:.2f}"])
+            print(f"  {group} {label}: model {r.model_time * 1e3:.3f} ms, best {r.best_time * 1e3:.3f} ms "
+                  f"({r.ratio:.2f}x)", flush=True)
+    print(f"\n{machine_description()}, {datetime.date.today()}; {target.num_cores} core(s); medians of the tuner's "
+          "runs in isolated workers")
+    print_table(["group", "problem", "points", "model's choice ms", "best ms", "model / best"], rows)
+    worst = max((float(r[5]) for r in rows), default=1.0)
+    print(f"worst model / best: {worst:.2f}")
+
+
+if __name__ == "__main__":
+    main()
