@@ -76,7 +76,10 @@ STRIDED_PACK = 6
 PACK_BANDWIDTH = 16e9
 #: The channel kernel's tiles (pixels, vectors of channels): ``MR * NV`` accumulators and ``NV``
 #: weight vectors in the register file (the input broadcasts are memory operands).
-CVEC_TILES = {32: ((14, 2), (7, 4), (7, 3), (6, 4), (12, 2), (8, 3)), 16: ((6, 2), (7, 2), (4, 3))}
+#: Every ``MR x NV`` with 18+ accumulators (FMA latency x pipes) that fits; the row length and
+#: channel count decide which wastes least.
+CVEC_TILES = {32: tuple((mr, nv) for nv in (2, 3, 4) for mr in range(1, 16) if mr * nv >= 18 and (mr + 1) * nv <= 32),
+              16: ((6, 2), (7, 2), (4, 3))}
 #: Reduction blocks (input channels) of the channel kernel, besides 0 (all of C_in).
 CVEC_KCS = (64, 128)
 #: Seconds per weight element the channel kernel packs per call (a transposition in 16 x 16
