@@ -1,0 +1,73 @@
+"""Weight pre-packing at graph compile time: a conv with constant weights (BatchNorm folded in)
+lowers to the channel-vectorized direct kernel, whose weight argument is a constant packed once
+by the lowering (panels of NR output channels, channels innermost); the fused kernel matches
+PyTorch, also when the weights are a graph input (packed by the kernel on every call)."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from taskmap.backends.base import host_cpu_target
+from taskmap.graph import Conv2dAttrs, GraphBuilder, NormAttrs, OpKind, UnaryAttrs, UnaryFn
+from taskmap.graph.lower import lower_graph
+from taskmap.graph.passes import optimize
+from taskmap.ir.dtypes import f32
+from taskmap.runtime.graph import CompiledGraph
+from taskmap.templates.conv_cpu_cvec import pack_weights
+from taskmap.testing import assert_close
+
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def conv_bn_relu(const_weights: bool, shape=(1, 32, 14, 14), cout=48, stride=1):
+    b = GraphBuilder()
+    x = b.input(shape, f32)
+    w = rand(cout, shape[1], 3, 3) / 10
+    wt = b.constant(w) if const_weights else b.input(w.shape, f32)
+    y = b.op(OpKind.CONV2D, [x, wt], Conv2dAttrs((stride, stride), (1, 1), (1, 1), 1))
+    stats = [rand(cout) * 0.1, RNG.random(cout).astype(np.float32) + 0.5, RNG.random(cout).astype(np.float32) + 0.5,
+             rand(cout)]
+    y = b.op(OpKind.BATCH_NORM, [y, *(b.constant(s) for s in stats)], NormAttrs(1e-5))
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))
+    return b.build([y]), w, stats
+
+
+def reference(x, w, stats, stride):
+    t = torch.from_numpy
+    mean, var, gamma, beta = (t(s).double() for s in stats)
+    y = F.conv2d(t(x).double(), t(w).double(), stride=stride, padding=1)
+    return F.relu(F.batch_norm(y, mean, var, gamma, beta, eps=1e-5)).numpy()
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_constant_weights_are_packed_once_by_the_lowering(stride):
+    graph, w, stats = conv_bn_relu(True, stride=stride)
+    groups = lower_graph(optimize(graph), host_cpu_target())
+    assert len(groups) == 1
+    kg = groups[0]
+    assert kg.kernel.__name__.startswith("conv_cpu_cvec")
+    params = [p.name for p in kg.kernel.func.params]
+    packed = kg.args[params.index("wt")]
+    assert packed.data is not None and packed.data.ndim == 1          # a constant made by the lowering
+    # the packing is pack_weights of the BatchNorm-folded weights: check its layout on a panel
+    folded = w * (stats[2] / np.sqrt(stats[1] + 1e-5))[:, None, None, None]
+    for nr in (16, 32, 48, 64, 80, 96, 112, 128):
+        if pack_weights(folded, nr).size == packed.data.size and \
+                np.allclose(pack_weights(folded, nr), packed.data, rtol=1e-5, atol=1e-6):
+            break
+    else:
+        pytest.fail("the packed constant is not pack_weights() of the folded weights")
+    x = rand(1, 32, 14, 14)
+    out = CompiledGraph(graph, "cpu", "numpy")(x)[0]
+    assert_close(out, reference(x, w, stats, stride), rtol=1e-4, atol=1e-4)
+
+
+def test_weights_given_as_an_input_run_unpacked():
+    graph, w, stats = conv_bn_relu(False)
+    x = rand(1, 32, 14, 14)
+    out = CompiledGraph(graph, "cpu", "numpy")(x, w)[0]
+    assert_close(out, reference(x, w, stats, 1), rtol=1e-4, atol=1e-4)
