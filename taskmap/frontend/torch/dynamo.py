@@ -2,11 +2,16 @@
 
 Registered through the ``torch_dynamo_backends`` entry point (``pyproject.toml``), so it works
 without importing taskmap first.  Dynamo hands over an ``fx.GraphModule`` of torch-level calls
-(parameters arrive as inputs); unsupported operators run in PyTorch (``fallback=True``, the
+(parameters and buffers arrive as inputs); unsupported operators run in PyTorch (``fallback=True``, the
 default here).  Graphs are compiled per input signature: when dynamo marks sizes dynamic, each
 concrete shape gets its own graph.
 
-Options: ``torch.compile(m, backend="taskmap", options={"fallback": False})``.
+The model's parameters and buffers (which dynamo also passes as inputs) are compiled in as
+constants — batch norms fold into the convolutions, weights are packed for the templates — and
+an in-place change of any of them compiles again (``options={"freeze": False}`` keeps them
+inputs).
+
+Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "freeze": True})``.
 """
 from __future__ import annotations
 
@@ -18,24 +23,81 @@ from ...runtime.graph import CompiledGraph
 from .importer import Imported, import_fx
 
 
-class DynamoGraph:
-    """The callable handed back to dynamo: compiled graphs keyed by the concrete inputs."""
+def module_state(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[int, ...]:
+    """Which of dynamo's inputs are the model's parameters and buffers (dynamo lifts them to
+    graph inputs): their placeholders' sources name a module's ``_parameters`` / ``_buffers``."""
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for i, (node, a) in enumerate(zip(nodes, args)):
+        source = str(getattr(node.meta.get("grapharg"), "source", ""))
+        if isinstance(a, torch.nn.Parameter) or (isinstance(a, torch.Tensor) and
+                                                 ("_parameters" in source or "_buffers" in source)):
+            out.append(i)
+    return tuple(out)
 
-    def __init__(self, gm: torch.fx.GraphModule, fallback: bool, progress: bool | None) -> None:
+
+def freeze(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: tuple[int, ...]) -> torch.fx.GraphModule:
+    """``gm`` with the ``frozen`` inputs as constants (``get_attr`` of their current values): the
+    graph passes then fold batch norms into weights and the lowering packs them."""
+    graph = torch.fx.Graph()
+    attrs: dict[str, Any] = {}
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    index = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if index in frozen:
+                name = f"_taskmap_frozen_{index}"
+                attrs[name] = args[index].detach()
+                env[node] = graph.get_attr(name)
+            else:
+                env[node] = graph.node_copy(node, lambda n: env[n])
+            index += 1
+            continue
+        if node.op in ("get_attr", "call_module"):
+            attrs[str(node.target)] = gm.get_submodule(str(node.target)) if node.op == "call_module" else \
+                _attr(gm, str(node.target))
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    return torch.fx.GraphModule(attrs, graph)
+
+
+def _attr(root: Any, target: str) -> Any:
+    for part in target.split("."):
+        root = getattr(root, part)
+    return root
+
+
+class DynamoGraph:
+    """The callable handed back to dynamo: compiled graphs keyed by the concrete inputs.
+
+    With ``freeze`` (the default) the model's parameters and buffers are compiled in as
+    constants, keyed by their storage and version counter: an in-place update (an optimizer
+    step, ``load_state_dict``) compiles again with the new values."""
+
+    def __init__(self, gm: torch.fx.GraphModule, fallback: bool, progress: bool | None,
+                 frozen: tuple[int, ...] = ()) -> None:
         self.gm = gm
         self.fallback = fallback
         self.progress = progress
+        self.frozen = frozen
         self.graphs: dict[tuple[Any, ...], tuple[Imported, CompiledGraph]] = {}
 
     def _key(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("value", a)
-                     for a in args)
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("value", a)
+                    for a in args)
+        return key + tuple((args[i].data_ptr(), args[i]._version) for i in self.frozen)
 
     def compile_for(self, args: Sequence[Any]) -> tuple[Imported, CompiledGraph]:
         key = self._key(args)
         hit = self.graphs.get(key)
         if hit is None:
-            imported = import_fx(self.gm, args, fallback=self.fallback, name="dynamo_graph")
+            gm, live = self.gm, list(args)
+            if self.frozen:
+                gm = freeze(self.gm, args, self.frozen)
+                live = [a for i, a in enumerate(args) if i not in self.frozen]
+                shapes = key[:len(args)]       # values changed in place: the old graph is stale
+                for old in [k for k in self.graphs if k[:len(args)] == shapes]:
+                    del self.graphs[old]
+            imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
             g = imported.graph
             device = next((x.device for x in g.inputs), "cpu")
             hit = self.graphs[key] = (imported, CompiledGraph(g, device, "torch", self.progress))
@@ -43,7 +105,8 @@ class DynamoGraph:
 
     def __call__(self, *args: Any) -> Any:
         imported, cg = self.compile_for(args)
-        tensors = [a for a, k in zip(args, imported.input_kinds) if k == "tensor"]
+        live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
+        tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
         with torch.no_grad():
             return imported.outputs(cg(*tensors))
 
@@ -51,13 +114,15 @@ class DynamoGraph:
 def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                     options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """Dynamo backend entry point (see the module docstring).  ``options``: ``fallback`` (default
-    True) and ``progress`` (a progress bar; default: on a terminal)."""
+    True), ``progress`` (a progress bar; default: on a terminal) and ``freeze`` (parameters and
+    buffers as constants; default True)."""
     opts = dict(options or {})
     fallback = bool(opts.pop("fallback", True))
     progress = opts.pop("progress", None)
+    frozen = module_state(gm, example_inputs) if opts.pop("freeze", True) else ()
     if opts:
-        raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress")
-    runner = DynamoGraph(gm, fallback, progress)
+        raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze")
+    runner = DynamoGraph(gm, fallback, progress, frozen)
     if all(isinstance(a, torch.Tensor) for a in example_inputs) and \
             not any(isinstance(s, torch.SymInt) for a in example_inputs for s in a.shape):
         runner.compile_for(list(example_inputs))
