@@ -124,9 +124,11 @@ class ConvCpuTemplate(KernelFamily):
         shifts = (False, True) if p.kw > 1 else (False,)
         pixels = [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in TILES[regs]
                   for c in cores for sh in shifts] if valid(self._window(p, 1, V, V, 1)) and not p.pointwise else []
-        kcs = [0] + [kc for kc in CVEC_KCS if kc < p.cin]
+        half_l2 = l2_per_core(target) // 2       # reduction blocks only where a whole panel overflows it
         channels = [Schedule.of(vec="channels", mr=mr, nr=nv * V, cores=c, kc=kc, packed=p.const_weights)
-                    for mr, nv in CVEC_TILES[regs] if mr <= max(p.ow, 7) for c in cores for kc in kcs]
+                    for mr, nv in CVEC_TILES[regs] if mr <= max(p.ow, 7) for c in cores
+                    for kc in [0] + [kc for kc in CVEC_KCS if kc < p.cin and
+                                     p.cin * p.kh * p.kw * nv * V * 4 > half_l2]]
         return pixels + channels
 
     # ------------------------------------------------------------------ cost
