@@ -30,24 +30,14 @@ from ..ir.mapping import repeat, spatial
 from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
+from .conv_cpu_kernel import ConvKernelConfig
 
 
 @dataclass(frozen=True)
-class CvecConfig:
-    """Everything a channel-vectorized direct-convolution kernel's code depends on."""
+class CvecConfig(ConvKernelConfig):
+    """The channel-vectorized kernel's: ``mr`` pixels of one output row x ``nr`` output
+    channels (a multiple of the lanes)."""
 
-    mr: int       # pixels of one output row per tile
-    nr: int       # output channels per tile (a multiple of the lanes)
-    lanes: int
-    cores: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    pt: int
-    pl: int
     kc: int = 0               # input channels per reduction block (0: all of them, no partial sums)
     prepacked: bool = False   # ``wt`` holds the packed panels (:func:`pack_weights`), not NCHW weights
 

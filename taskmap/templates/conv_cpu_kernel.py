@@ -37,8 +37,9 @@ from ..runtime.kernel import Kernel
 
 
 @dataclass(frozen=True)
-class ConvCpuConfig:
-    """Everything a direct-convolution kernel's code depends on."""
+class ConvKernelConfig:
+    """What the direct-convolution kernels' code depends on: the register tile, the cores and
+    the window (kernel size, stride, dilation, top / left padding); the sizes are symbolic."""
 
     mr: int
     nr: int
@@ -52,6 +53,12 @@ class ConvCpuConfig:
     dw: int
     pt: int
     pl: int
+
+
+@dataclass(frozen=True)
+class ConvCpuConfig(ConvKernelConfig):
+    """The pixel-vectorized kernel's: ``mr`` output channels x ``nr`` pixels."""
+
     shift: bool = False     # planes per tap column (no padding columns computed; see the module doc)
 
     @property
@@ -187,4 +194,4 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
     return conv_cpu
 
 
-__all__ = ["ConvCpuConfig", "build_kernel", "valid"]
+__all__ = ["ConvCpuConfig", "ConvKernelConfig", "build_kernel", "valid"]

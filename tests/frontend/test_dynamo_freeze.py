@@ -22,20 +22,21 @@ class ConvBn(nn.Module):
         return torch.relu(self.bn(self.conv(x)))
 
 
-def recording(runners, **options):
-    """The taskmap backend, keeping the runners it hands back to dynamo."""
+def compile_recording(model, **options):
+    """``torch.compile`` with the taskmap backend, and the runners it hands back to dynamo."""
+    runners = []
+
     def backend(gm, example_inputs):
         runners.append(taskmap_backend(gm, example_inputs, options=options))
         return runners[-1]
-    return backend
+    torch._dynamo.reset()
+    return torch.compile(model, backend=backend), runners
 
 
 def test_parameters_and_buffers_become_constants():
-    torch._dynamo.reset()
     model = ConvBn().eval()
     x = torch.randn(2, 8, 10, 10)
-    runners = []
-    fast = torch.compile(model, backend=recording(runners))
+    fast, runners = compile_recording(model)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
     runner, = runners
@@ -46,11 +47,9 @@ def test_parameters_and_buffers_become_constants():
 
 
 def test_in_place_weight_update_recompiles():
-    torch._dynamo.reset()
     model = ConvBn().eval()
     x = torch.randn(1, 8, 9, 9)
-    runners = []
-    fast = torch.compile(model, backend=recording(runners))
+    fast, runners = compile_recording(model)
     with torch.no_grad():
         fast(x)
         model.conv.weight.mul_(-2.0)
@@ -61,11 +60,9 @@ def test_in_place_weight_update_recompiles():
 
 
 def test_freeze_off_keeps_parameters_as_inputs():
-    torch._dynamo.reset()
     model = ConvBn().eval()
     x = torch.randn(1, 8, 9, 9)
-    runners = []
-    fast = torch.compile(model, backend=recording(runners, freeze=False))
+    fast, runners = compile_recording(model, freeze=False)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
         model.conv.weight.mul_(0.5)
