@@ -7,7 +7,11 @@
   GPU-style kernels (blocks, warps, shuffles) and run them on the CPU with GPU semantics;
 * :func:`run_compute` runs a compute definition through the rule-based scheduler,
   :func:`run_template` a template problem; kernels are cached per (operator, shapes, dtypes,
-  parameters, target).
+  parameters, target);
+* :func:`host_plan` is the fast path of host calls seen before: C-contiguous numpy arrays (or
+  torch CPU tensors) whose operator, parameters, types, shapes and dtypes match a call that
+  passed every check and launched one kernel on its arrays as they came go straight to that
+  kernel (a :class:`HostPlan`: the output allocated, the kernel called by addresses).
 
 Shapes with no element are answered without a kernel; 0-d arrays run as 1-element ones.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,18 +27,18 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..backends import Target, TargetKind
+from ..backends import Target
 from ..backends.base import host_cpu_target
 from ..backends.cuda.target import cuda_target, current_cuda_target
 from ..backends.hip.target import current_hip_target, hip_target
 from ..compute.nodes import TensorInput, TensorNode, graph_inputs, tensor_input
 from ..errors import LaunchError, OpError
 from ..ir.dtypes import ScalarType, scalar_type
+from ..runtime.args import array_info, data_ptr, is_torch_tensor, numpy_ptr
 from ..runtime.kernel import Kernel
 from ..schedule import tune
 from ..schedule.rule_based import schedule
 from ..templates.reduce import view
-from ..runtime.args import array_info
 from .arrays import ArrayKind, contiguous, describe, empty_like_kind
 
 #: dtypes the operators accept (by name), as arrays of numpy or torch.
@@ -220,10 +225,23 @@ def run_compute(op: str, key: tuple[Any, ...], args: Args, out_shape: Sequence[i
     return out
 
 
-def run_template(template: Any, problem: Any, args: Args, inputs: Sequence[Any], out: Any) -> Any:
-    """Run ``problem`` with ``template`` (schedule chosen by the cost model) into ``out``."""
+def run_template(template: Any, problem: Any, args: Args, inputs: Sequence[Any], out: Any,
+                 plan: tuple[Any, ...] | None = None) -> Any:
+    """Run ``problem`` with ``template`` (schedule chosen by the cost model) into ``out``.
+
+    ``plan``: the :func:`host_plan` key of the call, when ``out`` is its result and this its only
+    launch; the launch is remembered under it if the kernel's arguments are the call's arrays as
+    they came, then ``out`` (the template's arguments are all arrays)."""
     kernel = template_kernel(template, problem, target_for(args.kind))
-    _launch(kernel, args.kind, template.arguments(problem, inputs, [out]))
+    kargs = template.arguments(problem, inputs, [out])
+    if plan is not None and len(kargs) == len(args.arrays) + 1:
+        ptrs = [data_ptr(a) for a in kargs]
+        if ptrs == [data_ptr(a) for a in (*args.arrays, out)]:
+            launch = kernel.build("cpu").bind_host(*kargs)
+            launch(*ptrs)
+            remember(plan, HostPlan(launch, out))   # run: the launch, by addresses
+            return out
+    _launch(kernel, args.kind, kargs)
     return out
 
 
@@ -239,6 +257,96 @@ def template_kernel(template: Any, problem: Any, target: Target) -> Kernel:
     return _cached(("template", template.name, problem, target), make)
 
 
-__all__ = ["Args", "Emulation", "FLOATS", "SUPPORTED", "check_dtype", "dtype_name", "emulate_gpu", "kernel_shape",
-           "filled", "new_output", "normalize_axis", "prepare", "run_compute", "run_template", "target_for",
-           "template_kernel"]
+# ----------------------------------------------------------------------------- host plans
+
+
+class PlannedCall:
+    """A host call seen before (:func:`host_plan`): ``run(*arrays, out)`` into a new output
+    allocated like the first call's."""
+
+    __slots__ = ("run", "shape", "dtype", "device", "numpy")
+
+    def __init__(self, run: Callable[..., None], out: Any) -> None:
+        self.run, self.shape, self.dtype = run, tuple(out.shape), out.dtype
+        self.numpy = type(out) is np.ndarray
+        self.device = None if self.numpy else out.device
+
+    def new(self) -> Any:
+        if self.numpy:
+            return np.empty(self.shape, self.dtype)
+        return sys.modules["torch"].empty(self.shape, dtype=self.dtype, device=self.device)
+
+    def __call__(self, *arrays: Any) -> Any:
+        out = self.new()
+        self.run(*arrays, out)
+        return out
+
+
+class HostPlan(PlannedCall):
+    """A planned call of one kernel whose arguments are the arrays, then the output: ``run`` is
+    its :class:`~taskmap.runtime.kernel.HostLaunch`, given their addresses."""
+
+    def __call__(self, *arrays: Any) -> Any:
+        out = self.new()
+        if self.numpy:
+            self.run(*[numpy_ptr(a) for a in arrays], numpy_ptr(out))
+        else:
+            self.run(*[a.data_ptr() for a in arrays], out.data_ptr())
+        return out
+
+
+_PLANS: dict[tuple[Any, ...], Callable[..., Any]] = {}
+_PLAN_LIMIT = 4096
+_TENSOR_TYPES: set[type] = set()   # torch tensor types seen (is_torch_tensor is slower)
+
+
+def host_plan(head: tuple[Any, ...], *arrays: Any) -> tuple[Callable[..., Any] | None, tuple[Any, ...] | None]:
+    """The plan of a call of the operator ``head[0]`` with parameters ``head[1:]`` on ``arrays``
+    (``plan(*arrays)`` gives the result), and its key: (None, key) when none is made yet — pass
+    the key to :func:`run_template`, or :func:`remember` a plan —, (None, None) when the call
+    cannot have one (not all C-contiguous numpy arrays or torch CPU tensors of one type,
+    unhashable parameters, inside :func:`emulate_gpu`)."""
+    if _EMULATION.get() is not None:
+        return None, None
+    t = type(arrays[0])
+    if t is np.ndarray:
+        for a in arrays:
+            if type(a) is not t or not a.flags.c_contiguous:
+                return None, None
+    elif t in _TENSOR_TYPES or is_torch_tensor(arrays[0]):
+        _TENSOR_TYPES.add(t)
+        for a in arrays:
+            if type(a) is not t or not a.is_cpu or not a.is_contiguous():
+                return None, None
+    else:
+        return None, None
+    key = (head, tuple(map(_typed, head)), t, *[(a.shape, a.dtype) for a in arrays])
+    try:
+        return _PLANS.get(key), key
+    except TypeError:   # an unhashable parameter (a list)
+        return None, None
+
+
+def remember(key: tuple[Any, ...], plan: Callable[..., Any]) -> None:
+    """Serve later calls of ``key`` (from :func:`host_plan`) with ``plan``: only for a call that
+    passed every check, whose result ``plan`` computes from arrays like its own."""
+    if len(_PLANS) >= _PLAN_LIMIT:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+def _typed(p: Any) -> Any:
+    """A parameter's type, and its items' (``True == 1 == 1.0``, but ``axis=True`` or ``1.0``
+    must fail as it did): equal keys are calls the checks treat alike."""
+    t = type(p)
+    return (t, *map(type, p)) if t is tuple else t
+
+
+def clear_plans() -> None:
+    """Forget the host plans (the kernels stay cached)."""
+    _PLANS.clear()
+
+
+__all__ = ["Args", "Emulation", "FLOATS", "HostPlan", "PlannedCall", "SUPPORTED", "check_dtype", "clear_plans",
+           "dtype_name", "emulate_gpu", "filled", "host_plan", "kernel_shape", "new_output", "normalize_axis", "prepare",
+           "remember", "run_compute", "run_template", "target_for", "template_kernel"]

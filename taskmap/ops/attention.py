@@ -22,7 +22,6 @@ tensor cores (``mma.sync``, sm_80 and later; f32 accumulation, the result in the
 from __future__ import annotations
 
 import math
-import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -30,17 +29,18 @@ from typing import Any
 import numpy as np
 
 from ..backends import Target, TargetKind
-from ..errors import OpError, TaskmapError
+from ..errors import OpError
 from ..runtime.args import data_ptr as _ptr
-from ..runtime.args import is_torch_tensor
+from ..runtime.kernel import HostLaunch
 from ..schedule import tune
 from ..templates.attention_cpu import ATTENTION_CPU
 from ..templates.attention_gpu import ATTENTION_GPU
 from ..templates.attention_kernels import MaskKind
-from ..templates.attention_problem import AttentionProblem, scalars
+from ..templates.attention_problem import AttentionProblem
 from ..templates.attention_tc import ATTENTION_TC
 from ..templates.matmul_problem import WORKSPACE, view
-from ._dispatch import _EMULATION, FLOATS, SUPPORTED, filled, new_output, prepare, run_template, target_for
+from ._dispatch import (FLOATS, SUPPORTED, PlannedCall, filled, host_plan, new_output, prepare, remember, run_template,
+                        target_for)
 from .transform import broadcast_to
 
 OP = "scaled_dot_product_attention"
@@ -51,21 +51,16 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
                                  is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Any:
     """``torch.nn.functional.scaled_dot_product_attention`` (inference: ``dropout_p`` must be 0)."""
-    fast = _fast_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if fast is not None and _EMULATION.get() is None:
-        hit = _FAST.get(fast)
-        if hit is not None:                           # seen before: straight to the kernel
-            plan, out_shape = hit
-            out = np.empty(out_shape, np.float32) if type(query) is np.ndarray else query.new_empty(out_shape)
-            plan(query, key, value, attn_mask, out)
-            return out
+    arrays = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    planned, plan_key = host_plan((OP, dropout_p, is_causal, scale, enable_gqa), *arrays)
+    if planned is not None:                           # seen before: straight to the kernel
+        return planned(*arrays)
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or dropout_p != 0.0:
         raise OpError(f"{OP}(): dropout_p must be 0 (taskmap runs inference only), got {dropout_p!r}")
     if is_causal and attn_mask is not None:
         raise OpError(f"{OP}(): an explicit attn_mask cannot be combined with is_causal=True (as in torch)")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise OpError(f"{OP}(): scale must be a number or None, got {scale!r}")
-    arrays = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     args = prepare(OP, *arrays, allowed=SUPPORTED)
     (sq, sk, sv), dts = args.shapes[:3], args.dtypes
     for name, s in (("query", sq), ("key", sk), ("value", sv)):
@@ -133,9 +128,9 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     inputs = [q, k, v] + ([mask] if mask is not None else [])
     if target.kind is TargetKind.CPU:
         plan = _host_plan(problem, target)
-        plan(q, k, v, mask, out)
-        if fast is not None and all(x is y for x, y in zip(inputs, args.arrays)) and len(_FAST) < _FAST_LIMIT:
-            _FAST[fast] = (plan, out_shape)           # the operands went in as they came
+        plan(*inputs, out)
+        if plan_key is not None and all(x is y for x, y in zip(inputs, args.arrays)):
+            remember(plan_key, PlannedCall(plan, out))      # the operands went in as they came
         return out
     return run_template(template, problem, args, inputs, out)
 
@@ -187,23 +182,24 @@ def attention_problem(sq: Sequence[int], sk: Sequence[int], sv: Sequence[int], m
 
 
 class _HostPlan:
-    """A CPU kernel called straight through its C entry (the operator checked the shapes)."""
+    """A CPU kernel launched by addresses (``CompiledKernel.bind_host``; the operator checked
+    the shapes, the first call binds the launch)."""
 
     def __init__(self, problem: AttentionProblem, target: Target) -> None:
-        schedule = tune.choose(ATTENTION_CPU, problem, target)     # TASKMAP_TUNE picks the mode
-        compiled = ATTENTION_CPU.instantiate(problem, target, schedule).build("cpu")
-        self.ws = ATTENTION_CPU.workspace_size(problem, schedule, target)
-        sizes = dict(bh=problem.bh, bk=problem.bk, mb=problem.mb, ml=problem.ml, L=problem.L, S=problem.S,
-                     ws=self.ws, ms=1)
-        self.tail = scalars(problem) + [sizes[sv.name] for sv in compiled.func.size_vars]
-        self.fn, self.name = compiled.launcher.fn, compiled.func.name
+        self.problem, self.target = problem, target
+        self.schedule = tune.choose(ATTENTION_CPU, problem, target)     # TASKMAP_TUNE picks the mode
+        self.compiled = ATTENTION_CPU.instantiate(problem, target, self.schedule).build("cpu")
+        self.ws = ATTENTION_CPU.workspace_size(problem, self.schedule, target)
+        self.launch: HostLaunch | None = None
 
-    def __call__(self, q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+    def __call__(self, q: Any, k: Any, v: Any, *rest: Any) -> None:
+        """On ``q, k, v, [mask], out``."""
+        mask, out = rest if len(rest) == 2 else (None, rest[0])
+        if self.launch is None:
+            args = ATTENTION_CPU.arguments(self.problem, [q, k, v, *rest[:-1]], [out], self.schedule, self.target)
+            self.launch = self.compiled.bind_host(*args)
         kt = WORKSPACE.get("attn_kt", self.ws)
-        status = self.fn(_ptr(q), _ptr(k), _ptr(v), _DUMMY_PTR if mask is None else _ptr(mask), _ptr(out),
-                         kt.ctypes.data, *self.tail)
-        if status:
-            raise TaskmapError(f"{self.name}(): the kernel failed with status {status}")
+        self.launch(_ptr(q), _ptr(k), _ptr(v), _DUMMY_PTR if mask is None else _ptr(mask), _ptr(out), _ptr(kt))
 
 
 _PLANS: dict[tuple[AttentionProblem, Target], _HostPlan] = {}
@@ -219,33 +215,6 @@ def _host_plan(problem: AttentionProblem, target: Target) -> _HostPlan:
         with _LOCK:
             plan = _PLANS.setdefault((problem, target), plan)
     return plan
-
-
-#: (kind, shapes, dtypes, flags) of host calls whose operands go to the kernel as they are.
-_FAST: dict[tuple, tuple[_HostPlan, tuple[int, ...]]] = {}
-_FAST_LIMIT = 4096
-
-
-def _fast_key(q: Any, k: Any, v: Any, m: Any, dropout_p: Any, is_causal: Any, scale: Any, gqa: Any) -> tuple | None:
-    """A key for contiguous float32 host arrays (numpy, or torch on the CPU), else None."""
-    if dropout_p != 0 or type(dropout_p) not in (int, float) or type(scale) not in (float, int, type(None)):
-        return None
-    arrs = (q, k, v) if m is None else (q, k, v, m)
-    t = type(q)
-    if t is np.ndarray:
-        if not all(type(a) is t and a.flags.c_contiguous for a in arrs) or q.dtype != np.float32:
-            return None
-    elif is_torch_tensor(q):
-        if not all(type(a) is t and a.is_cpu and a.is_contiguous() and not a.requires_grad for a in arrs) or \
-                q.dtype is not _torch_f32(q):
-            return None
-    else:
-        return None
-    return (t, tuple(tuple(a.shape) for a in arrs), tuple(a.dtype for a in arrs), bool(is_causal), scale, bool(gqa))
-
-
-def _torch_f32(x: Any) -> Any:
-    return sys.modules["torch"].float32
 
 
 # ----------------------------------------------------------------------------- shapes

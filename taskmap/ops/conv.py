@@ -40,12 +40,12 @@ import numpy as np
 
 from ..backends import Target, TargetKind
 from ..compute.nodes import compute, tensor_input
-from ..errors import OpError, TaskmapError
+from ..errors import OpError
 from ..fusion import fuse
 from ..ir import expr as E
 from ..ir.dtypes import i32, u32
-from ..runtime.args import bind_args, data_ptr
-from ..runtime.kernel import Kernel
+from ..runtime.args import data_ptr
+from ..runtime.kernel import HostLaunch, Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
 from ..templates.conv_cpu import CONV_CPU
@@ -55,7 +55,16 @@ from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, new_like, view
 from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
-from ._dispatch import FLOATS, _launch, new_output, prepare, target_for
+from ._dispatch import (
+    FLOATS,
+    PlannedCall,
+    _launch,
+    host_plan,
+    new_output,
+    prepare,
+    remember,
+    target_for,
+)
 from .arrays import ArrayKind
 from .depthwise import depthwise_conv2d
 
@@ -106,6 +115,9 @@ def conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any 
     """``torch.nn.functional.conv2d``: implicit GEMM (img2col prologue + matmul template + bias
     epilogue, spliced into one kernel)."""
     arrays = [x, weight] + ([bias] if bias is not None else [])
+    planned, key = host_plan((OP, stride, padding, dilation, groups), *arrays)
+    if planned is not None:
+        return planned(*arrays)
     args = prepare(OP, *arrays, allowed=FLOATS)
     n, cin, h, w = _planes(tuple(args.shapes[0]))
     wshape = tuple(args.shapes[1])
@@ -144,7 +156,11 @@ def conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any 
     out = new_output(args.kind, (*args.shapes[0][:-3], cout, oh, ow), args.dtypes[0])
     if n == 0:
         return out
-    _plan(problem, target)(args.kind, args.arrays, out)
+    plan = _plan(problem, target)
+    plan(args.kind, args.arrays, out)
+    if key is not None:       # contiguous host arrays: args.arrays are the arrays as they came
+        kind = args.kind
+        remember(key, PlannedCall(lambda *a: plan(kind, a[:-1], a[-1]), out))
     return out
 
 
@@ -239,27 +255,15 @@ def _suits(s: dict[str, Any], packed_a: bool, packed_b: bool) -> bool:
     return (not packed_a or s.get("pack_a", True)) and (not packed_b or s.get("pack_b", True))
 
 
-class _HostLaunch:
-    """Launches a CPU kernel through its ctypes entry (see :meth:`_host_launch`)."""
-
-    kernel: Kernel
-    _fn: Any = None
-    _sizes: tuple[int, ...] = ()
-
-    def _host_launch(self, args: list[Any]) -> None:
-        """The CPU kernel through its ctypes entry (pointers, then sizes): arguments are checked
-        once (the plan fixes every shape), later calls only pass the pointers."""
-        if self._fn is None:
-            compiled = self.kernel.build("cpu")
-            bound = bind_args(compiled.func, args, compiled._written)
-            self._sizes = tuple(bound.values[len(args):])
-            self._fn = compiled.launcher.fn
-        status = self._fn(*(data_ptr(a) for a in args), *self._sizes)
-        if status:
-            raise TaskmapError(f"{self.kernel.__name__}(): the kernel failed with status {status}")
+def _launch_host(plan: Any, args: list[Any]) -> None:
+    """``plan.kernel`` on the CPU by addresses (``CompiledKernel.bind_host``): the arguments are
+    checked on the plan's first call, later calls pass the pointers (the plan fixes every shape)."""
+    if plan.launch is None:
+        plan.launch = plan.kernel.build("cpu").bind_host(*args)
+    plan.launch(*[data_ptr(a) for a in args])
 
 
-class _DirectPlan(_HostLaunch):
+class _DirectPlan:
     """The direct-convolution template (:mod:`taskmap.templates.conv_cpu`), with the bias as an
     epilogue spliced into its stores."""
 
@@ -270,6 +274,7 @@ class _DirectPlan(_HostLaunch):
         self.kernel = fuse(anchor, {}, epilogues, direct_sizes(p))
         self.names = [q.name for q in self.kernel.func.params]
         self.xp = CONV_CPU.workspace_size(p, schedule, target)
+        self.launch: HostLaunch | None = None
 
     def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
         p = self.p
@@ -279,10 +284,10 @@ class _DirectPlan(_HostLaunch):
                  "xp": WORKSPACE.get("cpu_conv_x", self.xp)}
         if p.bias:
             avail["conv_bias"] = arrays[2]
-        self._host_launch([avail[name] for name in self.names])
+        _launch_host(self, [avail[name] for name in self.names])
 
 
-class _Plan(_HostLaunch):
+class _Plan:
     """A fused kernel and how to lay out its arguments."""
 
     def __init__(self, p: ConvProblem, target: Target) -> None:
@@ -306,6 +311,7 @@ class _Plan(_HostLaunch):
         self.kernel: Kernel = fuse(anchor, prologues, epilogues, sizes)
         self.names = [q.name for q in self.kernel.func.params]
         self.cpu = cpu
+        self.launch: HostLaunch | None = None
         if cpu:
             self.wa, self.wb = MATMUL_CPU.workspace_sizes(mp, self.schedule, target)
 
@@ -331,7 +337,7 @@ class _Plan(_HostLaunch):
             avail["wb"] = WORKSPACE.get("cpu_b", self.wb)
         args = [avail[name] for name in self.names]
         if self.cpu and kind.target == "cpu":
-            self._host_launch(args)
+            _launch_host(self, args)
         else:
             _launch(self.kernel, kind, args)
 

@@ -13,7 +13,7 @@ must be float32 (the template :mod:`taskmap.templates.matmul_cpu`); on a GPU —
 tensor-core one (f32 accumulation, result in the input dtype).  A stack whose right operand is
 one matrix is one tall matmul.  A kernel is chosen (``taskmap.schedule.tune.choose``) and built
 once per (problem, target), cached in the process (and its binary on disk); host launches skip
-argument re-checking.
+argument re-checking (``CompiledKernel.bind_host``).
 """
 from __future__ import annotations
 
@@ -24,19 +24,29 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..backends import Target, TargetKind
-from ..errors import OpError, TaskmapError
+from ..errors import OpError
 from ..runtime.args import data_ptr as _ptr
 from ..runtime.args import is_torch_tensor
+from ..runtime.kernel import HostLaunch
 from ..schedule import tune
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, view
 from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
-from ._dispatch import FLOATS, _record, new_output, prepare, target_for
+from ._dispatch import (
+    FLOATS,
+    PlannedCall,
+    _record,
+    clear_plans,
+    host_plan,
+    new_output,
+    prepare,
+    remember,
+    target_for,
+)
 from .arrays import ArrayKind
 
 _NUMPY_CPU = ArrayKind("numpy", "cpu")
-_F32 = np.dtype(np.float32)
 INT32_LIMIT = 2**31 - 1
 _ZERO = np.zeros(1, np.float32)
 
@@ -46,11 +56,9 @@ _ZERO = np.zeros(1, np.float32)
 
 def matmul(a: Any, b: Any) -> Any:
     """``a @ b`` like ``torch.matmul`` (vectors, matrices, broadcast stacks of matrices)."""
-    if type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2 and a.dtype is _F32 \
-            and b.dtype is _F32 and a.shape[1] == b.shape[0] and a.flags.c_contiguous and b.flags.c_contiguous:
-        out = _host_fast(a, b, None, a.shape[0], b.shape[1], a.shape[1], False)
-        if out is not None:
-            return out
+    planned, key = host_plan(("matmul",), a, b)
+    if planned is not None:
+        return planned(a, b)
     kind, (a, b), (sa, sb), dt = _operands("matmul", a, b)
     if len(sa) == 0 or len(sb) == 0:
         raise OpError(f"matmul(): both arguments need at least 1 dimension, got shapes {sa} and {sb}")
@@ -68,6 +76,8 @@ def matmul(a: Any, b: Any) -> Any:
     if vb and not va and len(sa2) > 2 and _elems(sb2[:-2]) == 1:   # stack @ vector: one tall matrix-vector
         out = _product("matmul", kind, dt, a, b, 1, _elems(batch) * m, 1, k, False)
         return _reshape(out, out_shape)
+    if len(sa) == len(sb) == 2:
+        return _reshape(_product("matmul", kind, dt, a, b, 1, m, n, k, False, plan=(key, out_shape)), out_shape)
     return _reshape(_batched("matmul", kind, dt, a, b, sa2, sb2, batch, m, n, k), out_shape)
 
 
@@ -86,14 +96,10 @@ def bmm(a: Any, b: Any) -> Any:
 def linear(x: Any, weight: Any, bias: Any = None) -> Any:
     """``torch.nn.functional.linear``: ``x @ weight.T + bias``; ``x (..., in)``, ``weight (out, in)``
     (or ``(in,)``), ``bias (out,)``."""
-    if type(x) is np.ndarray and type(weight) is np.ndarray and x.ndim == 2 and weight.ndim == 2 \
-            and x.dtype is _F32 and weight.dtype is _F32 and x.shape[1] == weight.shape[1] and x.flags.c_contiguous \
-            and weight.flags.c_contiguous and (bias is None or (type(bias) is np.ndarray and bias.dtype is _F32
-                                                                and bias.shape == (weight.shape[0],))):
-        out = _host_fast(x, weight, bias, x.shape[0], weight.shape[0], x.shape[1], True)
-        if out is not None:
-            return out
     arrays = (x, weight) if bias is None else (x, weight, bias)
+    planned, key = host_plan(("linear",), *arrays)
+    if planned is not None:
+        return planned(*arrays)
     kind, arrs, shapes, dt = _operands("linear", *arrays)
     sx, sw = shapes[0], shapes[1]
     if len(sx) == 0 or len(sw) not in (1, 2):
@@ -108,8 +114,8 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Any:
     m, k = _elems(sx[:-1]), sx[-1]
     out_shape = sx[:-1] + ((n,) if len(sw) == 2 else ())
     bias_arr = None if bias is None else _reshape(arrs[2], (n,))
-    out = _product("linear", kind, dt, arrs[0], arrs[1], 1, m, n, k, True, bias_arr)
-    return _reshape(out, out_shape)
+    plan = (key, out_shape) if len(sw) == 2 else None       # a bias (n,) goes in as it came
+    return _reshape(_product("linear", kind, dt, arrs[0], arrs[1], 1, m, n, k, True, bias_arr, plan=plan), out_shape)
 
 
 # ----------------------------------------------------------------------------- shapes and checks
@@ -179,9 +185,12 @@ def _batched(op: str, kind: ArrayKind, dt: str, a: Any, b: Any, sa: tuple[int, .
 
 
 def _product(op: str, kind: ArrayKind, dt: str, a: Any, b: Any, batch: int, m: int, n: int, k: int,
-             trans_b: bool, bias: Any = None, a_batched: bool = True, b_batched: bool = True) -> Any:
+             trans_b: bool, bias: Any = None, a_batched: bool = True, b_batched: bool = True,
+             plan: tuple[Any, tuple[int, ...]] | None = None) -> Any:
     """``c (batch, m, n) = a @ b (+ bias)`` (``b`` is ``(n, k)`` with ``trans_b``), a new array of
-    ``kind``; ``a_batched`` / ``b_batched``: whether the operand has the batch dimension."""
+    ``kind``; ``a_batched`` / ``b_batched``: whether the operand has the batch dimension.
+    ``plan``: the call's :func:`host_plan` key (or None) and result shape, when ``a``, ``b`` and
+    ``bias`` are its arrays as they came: host calls like it then go straight to the kernel."""
     out = new_output(kind, (batch, m, n), dt)
     if batch * m * n == 0:
         return out
@@ -200,9 +209,22 @@ def _product(op: str, kind: ArrayKind, dt: str, a: Any, b: Any, batch: int, m: i
         a, b = b, a
     else:
         problem = MatmulProblem(batch, m, n, k, dt, dt, a_batched, b_batched, trans_b, bias is not None)
-    plan = _plan(op, problem, target, (m, n, k, trans_b, bias is not None, swap))
-    plan(kind, a, b, bias, out)
+    run = _plan(op, problem, target)
+    run(kind, a, b, bias, out)
+    if plan is not None and plan[0] is not None and target.kind is TargetKind.CPU:
+        remember(plan[0], PlannedCall(_host_call(run, kind, swap, bias is not None), _reshape(out, plan[1])))
     return out
+
+
+def _host_call(plan: Any, kind: ArrayKind, swap: bool, bias: bool) -> Any:
+    """``run(a, b, [bias], out)`` of a planned host call (operands swapped when the plan was)."""
+    if bias:
+        if swap:
+            return lambda a, b, c, out: plan(kind, b, a, c, out)
+        return lambda a, b, c, out: plan(kind, a, b, c, out)
+    if swap:
+        return lambda a, b, out: plan(kind, b, a, None, out)
+    return lambda a, b, out: plan(kind, a, b, None, out)
 
 
 def _swapped(target: Target, batch: int, m: int, n: int, trans_b: bool) -> bool:
@@ -226,12 +248,10 @@ def _fill(out: Any, bias: Any) -> None:
 
 
 _PLANS: dict[tuple[MatmulProblem, Target], Any] = {}
-#: 2-D problems on the host target: (m, n, k, trans_b, bias) -> (plan, operands swapped).
-_HOST_PLANS: dict[tuple[int, int, int, bool, bool], tuple["_HostPlan", bool]] = {}
 _LOCK = threading.Lock()
 
 
-def _plan(op: str, problem: MatmulProblem, target: Target, host_key: tuple | None = None) -> Any:
+def _plan(op: str, problem: MatmulProblem, target: Target) -> Any:
     key = (problem, target)
     plan = _PLANS.get(key)
     if plan is None:
@@ -242,33 +262,7 @@ def _plan(op: str, problem: MatmulProblem, target: Target, host_key: tuple | Non
             _DevicePlan(template, problem, target, schedule, kernel)
         with _LOCK:
             plan = _PLANS.setdefault(key, plan)
-    if host_key is not None and target.kind is TargetKind.CPU and problem.batch == 1 and target is _host_target():
-        _HOST_PLANS[host_key[:5]] = (plan, host_key[5])
     return plan
-
-
-def _host_target() -> Target:
-    return target_for(_NUMPY_CPU) if not _HOST else _HOST[0]
-
-
-_HOST: list[Target] = []
-
-
-def _host_fast(a: np.ndarray, b: np.ndarray, bias: Any, m: int, n: int, k: int, trans_b: bool) -> Any:
-    """2-D float32 numpy operands on the host: a planned kernel straight away (None: take the
-    general path — empty shapes, GPU emulation, a plan not made yet)."""
-    hit = _HOST_PLANS.get((m, n, k, trans_b, bias is not None))
-    if hit is None or target_for(_NUMPY_CPU) is not hit[0].target:
-        if not _HOST and target_for(_NUMPY_CPU).kind is TargetKind.CPU:
-            _HOST.append(target_for(_NUMPY_CPU))
-        return None
-    plan, swap = hit
-    out = np.empty((m, n), _F32)
-    if swap:
-        plan(_NUMPY_CPU, b, a, bias, out)
-    else:
-        plan(_NUMPY_CPU, a, b, bias, out)
-    return out
 
 
 def _template_for(op: str, p: MatmulProblem, target: Target) -> Any:
@@ -288,29 +282,28 @@ _ZERO_PTR = _ZERO.ctypes.data
 
 
 class _HostPlan:
-    """A CPU kernel launched directly: the shapes were checked by the operator."""
+    """A CPU kernel launched by addresses (``CompiledKernel.bind_host``): the operator checked
+    the shapes, the first call binds the launch (the plan fixes every shape)."""
 
     def __init__(self, template: Any, problem: MatmulProblem, target: Target, schedule: Any, kernel: Any) -> None:
-        self.problem, self.schedule, self.kernel, self.target = problem, schedule, kernel, target
-        compiled = kernel.build("cpu")
+        self.template, self.problem, self.schedule = template, problem, schedule
+        self.kernel, self.target = kernel, target
         self.wa, self.wb = template.workspace_sizes(problem, schedule, target)
-        sizes = dict(batch=problem.batch, m=problem.m, n=problem.n, k=problem.k, wsa=self.wa, wsb=self.wb, nbias=1)
-        self.sizes = [sizes[sv.name] for sv in compiled.func.size_vars]
-        self.fn = compiled.launcher.fn       # the ctypes entry: pointers, then the sizes
-        self.name = compiled.func.name
-        self._workspace: dict[int, tuple[int, Any, Any, int, int]] = {}   # thread -> buffers and pointers
+        self.launch: HostLaunch | None = None
+        self._workspace: dict[int, tuple[int, int, int]] = {}   # thread -> generation, workspace pointers
 
     def __call__(self, kind: ArrayKind, a: Any, b: Any, bias: Any, c: Any) -> None:
+        if self.launch is None:
+            inputs = [a, b] if bias is None else [a, b, bias]
+            args = self.template.arguments(self.problem, inputs, [c], self.schedule, self.target)
+            self.launch = self.kernel.build("cpu").bind_host(*args)
         tid = threading.get_ident()
         ws = self._workspace.get(tid)
         if ws is None or ws[0] != WORKSPACE.generation():
             wa, wb = WORKSPACE.get("cpu_a", self.wa), WORKSPACE.get("cpu_b", self.wb)
-            ws = self._workspace[tid] = (WORKSPACE.generation(), wa, wb, wa.ctypes.data, wb.ctypes.data)
+            ws = self._workspace[tid] = (WORKSPACE.generation(), _ptr(wa), _ptr(wb))
         pc = _ptr(c)          # c is also cw, the partial sums (write-once c: see matmul_cpu_kernel)
-        status = self.fn(_ptr(a), _ptr(b), _ZERO_PTR if bias is None else _ptr(bias), pc, pc, ws[3], ws[4],
-                         *self.sizes)
-        if status:
-            raise TaskmapError(f"{self.name}(): the kernel failed with status {status}")
+        self.launch(_ptr(a), _ptr(b), _ZERO_PTR if bias is None else _ptr(bias), pc, pc, ws[1], ws[2])
 
 
 class _DevicePlan:
@@ -331,7 +324,7 @@ def clear_cache() -> None:
     """Forget the planned kernels (their binaries stay in the on-disk cache)."""
     with _LOCK:
         _PLANS.clear()
-        _HOST_PLANS.clear()
+    clear_plans()
     WORKSPACE.clear()
 
 

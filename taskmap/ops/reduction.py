@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from ..errors import OpError
 from ..templates.reduce import RowProblem, accumulate_type, template_for, view
-from ._dispatch import FLOATS, SUPPORTED, Args, filled, new_output, normalize_axis, prepare, run_template, target_for
+from ._dispatch import (FLOATS, SUPPORTED, Args, filled, host_plan, new_output, normalize_axis, prepare, run_template,
+                        target_for)
 from .transform import permute
 
 
@@ -53,6 +54,9 @@ def _rows(args: Args, axes: tuple[int, ...], op: str) -> tuple[Any, int, int, in
 
 def _reduce(op: str, x: Any, axis: Any, keepdim: bool, dim: Any = None, correction: int = 0,
             allowed: Sequence[str] = SUPPORTED) -> Any:
+    plan, key = host_plan((op, axis, keepdim, dim, correction), x)
+    if plan is not None:
+        return plan(x)
     args = prepare(op, x, allowed=allowed)
     shape, dtype = args.shapes[0], args.dtypes[0]
     axes = _axes(op, axis, dim, len(shape))
@@ -75,7 +79,7 @@ def _reduce(op: str, x: Any, axis: Any, keepdim: bool, dim: Any = None, correcti
         second = RowProblem(op, outer, chunks, 1, first.out_dtype, out_dtype)
         return run_template(template_for(op), second, args, [partial], out)
     problem = RowProblem(op, outer, extent, inner, dtype, out_dtype, correction=correction)
-    return run_template(template_for(op), problem, args, [data], out)
+    return run_template(template_for(op), problem, args, [data], out, plan=key)
 
 
 #: Rows at least this long are split into chunks when there are too few rows for the machine.
@@ -131,6 +135,9 @@ def var(x: Any, axis: Any = None, unbiased: bool = True, keepdim: bool = False, 
 
 
 def _softmax(op: str, x: Any, axis: Any, dim: Any) -> Any:
+    plan, key = host_plan((op, axis, dim), x)
+    if plan is not None:
+        return plan(x)
     args = prepare(op, x, allowed=FLOATS)
     shape, dtype = args.shapes[0], args.dtypes[0]
     if axis is not None and dim is not None:
@@ -140,7 +147,7 @@ def _softmax(op: str, x: Any, axis: Any, dim: Any) -> Any:
     problem = softmax_problem(op, shape, dtype, ax)
     if problem is None:
         return out
-    return run_template(template_for(op), problem, args, [args.arrays[0]], out)
+    return run_template(template_for(op), problem, args, [args.arrays[0]], out, plan=key)
 
 
 def softmax_problem(op: str, shape: Sequence[int], dtype: str, axis: int) -> RowProblem | None:
@@ -174,8 +181,13 @@ def log_softmax(x: Any, axis: int | None = None, *, dim: int | None = None) -> A
     return _softmax("log_softmax", x, axis, dim)
 
 
-def _norm(op: str, x: Any, normalized_shape: Any, weight: Any, bias: Any, eps: float) -> Any:
+def _norm(op: str, x: Any, normalized_shape: Any, weight: Any, bias: Any, eps: float,
+          head: tuple[Any, ...] | None = None) -> Any:
+    """``head``: the call's parameters as given, when some were defaults computed by the caller."""
     params = [p for p in (weight, bias) if p is not None]
+    plan, key = host_plan(head or (op, normalized_shape, weight is None, bias is None, eps), x, *params)
+    if plan is not None:
+        return plan(x, *params)
     args = prepare(op, x, *params, allowed=FLOATS)
     shape, dtype = args.shapes[0], args.dtypes[0]
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -194,7 +206,7 @@ def _norm(op: str, x: Any, normalized_shape: Any, weight: Any, bias: Any, eps: f
     if problem is None:
         return out
     flat = [_flat(a) for a in args.arrays[1:]]
-    return run_template(template_for(op), problem, args, [args.arrays[0], *flat], out)
+    return run_template(template_for(op), problem, args, [args.arrays[0], *flat], out, plan=key)
 
 
 def _flat(a: Any) -> Any:
@@ -210,6 +222,10 @@ def rms_norm(x: Any, normalized_shape: Any = None, weight: Any = None, eps: floa
     """torch.nn.functional.rms_norm: ``x / sqrt(mean(x^2) + eps) * weight`` over the trailing
     ``normalized_shape`` dims (default: the weight's shape, else the last dim); ``eps`` defaults
     to the machine epsilon of the dtype, as in torch."""
+    head = ("rms_norm", normalized_shape, weight is None, eps)
+    plan, _ = host_plan(head, x, *([] if weight is None else [weight]))
+    if plan is not None:
+        return plan(x, *([] if weight is None else [weight]))
     if normalized_shape is None:
         normalized_shape = tuple(weight.shape) if weight is not None else None
     if normalized_shape is None:
@@ -220,7 +236,7 @@ def rms_norm(x: Any, normalized_shape: Any = None, weight: Any = None, eps: floa
     if eps is None:
         args = prepare("rms_norm", x, allowed=FLOATS)
         eps = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "float64": 2.0 ** -52}[args.dtypes[0]]
-    return _norm("rms_norm", x, normalized_shape, weight, None, eps)
+    return _norm("rms_norm", x, normalized_shape, weight, None, eps, head)
 
 
 __all__ = ["amax", "amin", "layer_norm", "log_softmax", "max", "mean", "min", "norm_problem", "prod", "rms_norm",

@@ -23,8 +23,9 @@ from ..ir import expr as E
 from ..ir.func import FuncKind, Function, Module
 from ..ir.functor import substitute
 from ..ir.simplify import simplify_expr
+from ..ir.types import TensorType
 from ..passes import lower
-from .args import BoundArgs, array_info, bind_args
+from .args import ArrayInfo, BoundArgs, array_info, bind_args
 
 _STATUS = {1: "out of memory while setting up thread blocks on the CPU",
            2: "grid and block dimensions must be positive",
@@ -119,6 +120,23 @@ class CompiledKernel:
                                    ".binary, .source_path), launching is not")
         return PreparedLaunch(self, bound.values, grid, block, kind, int(index or 0), tuple(args))
 
+    def bind_host(self, *args: Any) -> HostLaunch:
+        """Check ``args`` once, as a call does, and return this CPU build's launch by addresses:
+        ``launch(ptr, ...)`` takes one data pointer per tensor parameter, in order; the scalars and
+        symbolic sizes are the ones bound here.
+
+        For operators that launch the same kernel on new arrays of the same shapes (about a
+        microsecond of Python).  An address carries no shape, so the later calls cannot be checked:
+        the caller keys the launch on what was checked here (shapes, dtypes, layout, device), as
+        the plans of ``taskmap.ops`` do; :meth:`HostLaunch.checked` re-checks arrays when that is
+        not known."""
+        if self.target.kind is not TargetKind.CPU:
+            raise UnsupportedError(f"{self.func.name}(): bind_host() launches CPU builds; this one is for "
+                                   f"{self.target.name} (use prepare())")
+        prepared = self.prepare(*args)
+        infos = [array_info(a) for a, p in zip(args, self.func.params) if isinstance(p.type, TensorType)]
+        return HostLaunch(self, prepared.values, infos)
+
 
 class PreparedLaunch:
     """One launch of a compiled kernel with its arguments checked and packed (``CompiledKernel.prepare``)."""
@@ -135,7 +153,64 @@ class PreparedLaunch:
         status = k._launcher(self.values, self.grid, self.block, k.smem_bytes,
                              _current_stream(self.kind, self.device), self.device)
         if status:
-            raise TaskmapError(f"{k.func.name}(): {_STATUS.get(status, f'error {status}')}")
+            raise status_error(k.func.name, status)
+
+
+def status_error(name: str, status: int) -> TaskmapError:
+    """The error of a kernel whose launch returned the non-zero ``status``."""
+    return TaskmapError(f"{name}(): {_STATUS.get(status, f'the kernel failed with status {status}')}")
+
+
+class HostLaunch:
+    """A CPU kernel launched by the addresses of its tensors (``CompiledKernel.bind_host``)."""
+
+    __slots__ = ("_fn", "_infos", "_slots", "_tail", "_values", "_written", "arity", "name")
+
+    def __init__(self, kernel: CompiledKernel, values: tuple[Any, ...], infos: list[ArrayInfo]) -> None:
+        func = kernel.func
+        self._fn = kernel.launcher.fn       # the ctypes entry: parameters, then the sizes
+        self.name = func.name
+        slots = [i for i, p in enumerate(func.params) if isinstance(p.type, TensorType)]
+        self.arity = len(slots)
+        prefix = slots == list(range(len(slots)))   # tensors first (the templates' kernels): no shuffling
+        self._tail = values[len(slots):] if prefix else ()
+        self._slots, self._values = (None, ()) if prefix else (slots, values)
+        self._infos = tuple((func.params[i].name, info) for i, info in zip(slots, infos))
+        self._written = frozenset(func.params[i].name for i in slots if func.params[i].name in kernel._written)
+
+    def __call__(self, *ptrs: int) -> None:
+        """Launch on the tensors at ``ptrs`` (one per tensor parameter, arrays like the bound ones)."""
+        if len(ptrs) != self.arity:
+            raise LaunchError(f"{self.name}(): the bound launch takes {self.arity} addresses, got {len(ptrs)}")
+        if self._slots is None:
+            status = self._fn(*ptrs, *self._tail)
+        else:
+            values = list(self._values)
+            for i, ptr in zip(self._slots, ptrs):
+                values[i] = ptr
+            status = self._fn(*values)
+        if status:
+            raise status_error(self.name, status)
+
+    def checked(self, *arrays: Any) -> None:
+        """Launch on ``arrays`` after checking that each is like the one bound: the same shape,
+        dtype and device, C-contiguous, writeable where the kernel writes."""
+        if len(arrays) != self.arity:
+            raise LaunchError(f"{self.name}(): the bound launch takes {self.arity} arrays, got {len(arrays)}")
+        ptrs = []
+        for (name, want), a in zip(self._infos, arrays):
+            got = array_info(a)
+            if got is None or (got.shape, got.dtype, got.device) != (want.shape, want.dtype, want.device):
+                what = f"{got.dtype}{list(got.shape)} on {got.device}" if got is not None else type(a).__name__
+                raise LaunchError(f"{self.name}(): argument '{name}' must be like the bound one, "
+                                  f"{want.dtype}{list(want.shape)} on {want.device}; got {what}")
+            if not got.contiguous:
+                raise LaunchError(f"{self.name}(): argument '{name}' must be C-contiguous (row-major)")
+            if name in self._written and not got.writeable:
+                raise LaunchError(f"{self.name}(): argument '{name}' is written by the kernel but the array "
+                                  "is read-only")
+            ptrs.append(got.ptr)
+        self(*ptrs)
 
 
 _MOVE_HINT = {
