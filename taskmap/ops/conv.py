@@ -274,13 +274,13 @@ class _DirectPlan:
         self.kernel = fuse(anchor, {}, epilogues, direct_sizes(p))
         self.names = [q.name for q in self.kernel.func.params]
         self.xp = CONV_CPU.workspace_size(p, schedule, target)
+        self.wshape = CONV_CPU.weight_shape(p, schedule, target)     # the weights as the kernel sees them
         self.launch: HostLaunch | None = None
 
     def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
         p = self.p
         c = view(out, (p.n, p.cout, p.oh, p.ow))
-        avail = {"x": view(arrays[0], (p.n, p.cin, p.h, p.w)), "wt": CONV_CPU.weights(p, self.schedule, arrays[1]),
-                 "c": c, "y": c,
+        avail = {"x": view(arrays[0], (p.n, p.cin, p.h, p.w)), "wt": view(arrays[1], self.wshape), "c": c, "y": c,
                  "xp": WORKSPACE.get("cpu_conv_x", self.xp)}
         if p.bias:
             avail["conv_bias"] = arrays[2]
