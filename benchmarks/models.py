@@ -12,13 +12,16 @@ GPT-2 (``transformers`` configurations with random weights; sequence 128), image
 for Inception), f32.  Every compiled model's output is checked against eager first.  Latencies are
 medians of repeated runs after warm-up, the peers taking turns over ``--rounds`` rounds.  The
 compile times run in fresh processes: "cold" with an empty taskmap cache directory, "cached"
-with the cache the cold run filled (tracing, graph passes and loading the kernels remain).
+with the cache the cold run filled (tracing, graph passes and loading the kernels remain); each
+with its CPU seconds (the process's and its compilers'), which other load on the machine
+disturbs less than the wall time.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -96,21 +99,28 @@ def onnx_runner(model: torch.nn.Module, args: tuple[torch.Tensor, ...], threads:
     return lambda: sess.run(None, feed)
 
 
-def compile_seconds(name: str, batch: int, device: str, cache: str) -> float:
-    """Seconds of ``taskmap.compile`` + first call in a fresh process using ``cache``."""
+def compile_seconds(name: str, batch: int, device: str, cache: str) -> tuple[float, float]:
+    """Seconds of ``taskmap.compile`` + first call in a fresh process using ``cache``: wall
+    time and CPU time (the process's and its compilers'; steadier on a shared machine)."""
     env = dict(os.environ, TASKMAP_CACHE_DIR=cache)
     out = subprocess.run([sys.executable, __file__, "--compile-only", name, "--batch", str(batch),
                           "--device", device], env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def compile_only(name: str, batch: int, device: str) -> None:
     model, args = make_model(name, batch, device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     fast = taskmap.compile(model, args)
     with torch.no_grad():
         fast(*args)
-    print(time.perf_counter() - t0)
+    print(time.perf_counter() - t0, _cpu_seconds() - c0)
 
 
 def check(name: str, got: Any, want: Any) -> None:
@@ -147,7 +157,8 @@ def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers
     row = [name, str(batch)] + [f"{t[c] * 1e3:.1f}" if c in t else "-" for c in cols]
     row += [f"{t[c] / t['taskmap']:.2f}" if c in t else "-" for c in cols[1:]]
     steps = [st for e in fast.entries.values() for st in e.compiled.steps]
-    row += [f"{cold:.1f}", f"{cached:.2f}", f"{sum(st.kernel is not None for st in steps)}/{len(steps)}"]
+    row += [f"{cold[0]:.1f} (cpu {cold[1]:.1f})", f"{cached[0]:.2f} (cpu {cached[1]:.2f})",
+            f"{sum(st.kernel is not None for st in steps)}/{len(steps)}"]
     print("  " + " | ".join(row), flush=True)
     return row
 

@@ -29,7 +29,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-import networkx as nx
 import numpy as np
 
 from ..errors import IRError as GraphError
@@ -37,6 +36,9 @@ from ..ir.dtypes import ScalarType
 
 from .kinds import OpDef, OpKind
 from .printer import graph_str
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _IDS = itertools.count()
 
@@ -217,10 +219,12 @@ class Graph:
     def constants(self) -> list[Tensor]:
         return [t for t in self.tensors() if t.is_constant]
 
-    def to_networkx(self) -> nx.DiGraph:
+    def to_networkx(self) -> "nx.DiGraph":
         """A DiGraph whose nodes are the ops (attribute ``op``) plus one node per graph input and
         constant (attribute ``tensor``); an edge ``a -> b`` carries ``tensor`` and ``index`` (which
         input of ``b`` it is)."""
+        import networkx as nx  # noqa: PLC0415 - for analyses only: importing it costs compiles ~0.1 s
+
         g = nx.DiGraph()
         for t in self.tensors():
             if self.producer(t) is None:

@@ -199,22 +199,19 @@ def _prologue_inputs(op: Op) -> tuple[int, ...]:
 
 
 def graph_groups(graph: Graph, target: Target) -> list[FusionGroup]:
-    """The graph's fusion groups for ``target`` (anchors fused where the lowering can)."""
-    return partition(graph, lambda op: fusable(op, target) or reduction_fusable(op) or template_fusable(op, target),
-                     _prologue_inputs)
+    """The graph's fusion groups for ``target`` (anchors fused where the lowering can).
+
+    With ``TASKMAP_DEBUG=groups`` the groups are printed to stderr."""
+    groups = partition(graph, lambda op: fusable(op, target) or reduction_fusable(op) or template_fusable(op, target),
+                       _prologue_inputs)
+    if debug_enabled("groups"):
+        print(f"// fusion groups of {graph.name}: {len(groups)}\n{groups_str(groups)}", file=sys.stderr)
+    return groups
 
 
 def lower_graph(graph: Graph, target: Target) -> list[KernelGroup]:
-    """Every group of ``graph`` lowered for ``target`` (see the module docstring).
-
-    With ``TASKMAP_DEBUG=groups`` the groups are printed to stderr."""
-    groups = graph_groups(graph, target)
-    if debug_enabled("groups"):
-        print(f"// fusion groups of {graph.name}: {len(groups)}\n{groups_str(groups)}", file=sys.stderr)
-    out: list[KernelGroup] = []
-    for g in groups:
-        out.extend(lower_group(g, target))
-    return out
+    """Every group of ``graph`` lowered for ``target`` (see the module docstring)."""
+    return [kg for g in graph_groups(graph, target) for kg in lower_group(g, target)]
 
 
 def workspace_sizes(groups: Sequence[KernelGroup]) -> dict[str, int]:

@@ -19,8 +19,10 @@ per-group weights come from there.  :func:`plan_anchor` returns an :class:`Ancho
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends import Target, TargetKind
@@ -163,12 +165,22 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     return _Anchor(mp, ops, views, {}, p)
 
 
+_ANCHORS: "weakref.WeakKeyDictionary[Op, dict[Target, _Anchor | None]]" = weakref.WeakKeyDictionary()
+_ANCHORS_LOCK = threading.Lock()
+
+
 def anchor_problem(op: Op, target: Target) -> _Anchor | None:
+    """The anchor's problem on ``target``, made once per op (the partition asks, then the plan:
+    a conv's schedule is selected and its constant weights packed only once)."""
     if target.kind is not TargetKind.CPU:
         return None                                   # GPU graphs: the anchors' own runners for now
-    if op.kind is OpKind.CONV2D:
-        return conv_anchor(op, target)
-    return matmul_anchor(op, target)
+    with _ANCHORS_LOCK:
+        per_op = _ANCHORS.setdefault(op, {})
+        if target in per_op:
+            return per_op[target]
+    anc = conv_anchor(op, target) if op.kind is OpKind.CONV2D else matmul_anchor(op, target)
+    with _ANCHORS_LOCK:
+        return per_op.setdefault(target, anc)
 
 
 def fusable(op: Op, target: Target) -> bool:
@@ -260,6 +272,7 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
     if anc is None:
         raise FusionError(f"{anchor.name}: no fused lowering for {anchor.kind.name} with these shapes on "
                           f"{target.name}")
+    anc = replace(anc, operands=dict(anc.operands), views=dict(anc.views))   # the memoised one stays as it is
     p = anc.problem
     pro_defs: dict[str, TensorNode] = {}
     sources: dict[str, Tensor] = {}

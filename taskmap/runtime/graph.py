@@ -1,7 +1,7 @@
 """A compiled graph: a list of steps (kernel launches over buffer slots) and a static memory plan.
 
 ``CompiledGraph(graph, device)`` runs the graph passes (:mod:`taskmap.graph.passes`), then
-turns every **fusion group** (:func:`taskmap.graph.lower.lower_graph`) into a :class:`Step`:
+turns every **fusion group** (:func:`taskmap.graph.lower.lower_group`) into a :class:`Step`:
 
 * a fused kernel (a matmul / linear / conv2d anchor with its prologues and epilogue, or a
   chain of injective ops composed and scheduled by the rule-based scheduler): the step
@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -38,7 +38,7 @@ from ..compute.nodes import graph_inputs, tensor_input
 from ..errors import LaunchError
 from ..graph.ir import Graph, Op, Tensor
 from ..graph.kinds import OpKind
-from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, lower_graph, workspace_sizes
+from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, graph_groups, lower_group, workspace_sizes
 from ..graph.passes import debug_enabled, optimize
 from ..graph.printer import graph_str
 from ..ops._dispatch import kernel_shape, target_for
@@ -220,7 +220,7 @@ def _contiguous(a: Any) -> bool:
 
 def build_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: ArrayKind,
                 progress: bool | None = None, fuse: bool = True) -> list[Step]:
-    """One step per fusion group (:func:`taskmap.graph.lower.lower_graph`); with ``fuse=False``
+    """One step per fusion group (:func:`taskmap.graph.lower.lower_group`); with ``fuse=False``
     one step per op (injective ops as rule-based kernels, the others through their runners)."""
     if fuse:
         return _group_steps(graph, slots, target, kind, progress)
@@ -243,8 +243,7 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
     """Steps of the fused kernel groups.  Kernels launch through ``CompiledKernel.prepare``:
     arguments are checked once and re-checked only when an array that is not in the memory
     plan (a graph input or output, a runner's result) has moved."""
-    groups = lower_graph(graph, target)
-    _build_all([kg.kernel for kg in groups if kg.kernel is not None], kind)
+    groups = _lower_and_build(graph, target, kind, progress)
     if debug_enabled("source"):
         for kg in groups:
             where = kg.kernel.build(kind.target).source_path if kg.kernel is not None else "taskmap.ops runner"
@@ -258,9 +257,7 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
         if kg.kernel is not None:
             stable.update(slots[t] for t in kg.outputs if t not in outputs)
     steps = []
-    bar = tqdm(groups, desc=f"taskmap: compiling {graph.name}", unit="kernel", leave=False,
-               disable=not progress if progress is not None else None)
-    for kg in bar:
+    for kg in groups:
         ins = tuple(slots[t] for t in kg.inputs)
         outs = tuple(slots[t] for t in kg.outputs)
         if kg.kernel is not None:
@@ -272,17 +269,32 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
     return steps
 
 
-def _build_all(kernels: Sequence[Kernel], kind: ArrayKind) -> None:
-    """Build the distinct kernels on a few threads (the compilers run in parallel; binaries
-    already in the disk cache are only loaded)."""
-    unique = list(dict.fromkeys(kernels))
-    workers = min(len(unique), os.cpu_count() or 1, 16)
-    if workers <= 1:
-        for k in unique:
-            k.build(kind.target)
-        return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda k: k.build(kind.target), unique))
+def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool | None) -> list[KernelGroup]:
+    """Every fusion group lowered (:func:`taskmap.graph.lower.lower_group`) and its kernel built.
+
+    The builds overlap the lowering: each new kernel goes to a few threads as soon as its group
+    is lowered (the compilers run as processes, in parallel with each other and with the
+    lowering of the next groups; binaries already in the disk cache are only loaded).  The
+    progress bar counts the fusion groups whose kernels are built."""
+    groups = graph_groups(graph, target)
+    bar = tqdm(total=len(groups), desc=f"taskmap: compiling {graph.name}", unit="group", leave=False,
+               disable=not progress if progress is not None else None)
+    out: list[KernelGroup] = []
+    futures: dict[Kernel, Future[Any]] = {}
+    with bar, ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 16)) as pool:
+        for g in groups:
+            kgs = lower_group(g, target)
+            out.extend(kgs)
+            new = [kg.kernel for kg in kgs if kg.kernel is not None and kg.kernel not in futures]
+            for k in new:
+                futures[k] = pool.submit(k.build, kind.target)
+            if new:
+                futures[new[-1]].add_done_callback(lambda _: bar.update(1))
+            else:
+                bar.update(1)
+        for f in futures.values():
+            f.result()          # a build's error surfaces here
+    return out
 
 
 def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: Any,

@@ -71,3 +71,15 @@ def test_weights_given_as_an_input_run_unpacked():
     x = rand(1, 32, 14, 14)
     out = CompiledGraph(graph, "cpu", "numpy")(x, w)[0]
     assert_close(out, reference(x, w, stats, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_partition_and_plan_pack_the_weights_once(monkeypatch):
+    """The partition asks whether each conv fuses, then the plan lowers it: one anchor problem
+    per op, so the conv's schedule is selected and its weights packed once."""
+    from taskmap.templates.conv_cpu import CONV_CPU
+    calls = []
+    real = CONV_CPU.weights
+    monkeypatch.setattr(CONV_CPU, "weights", lambda *a, **k: calls.append(1) or real(*a, **k))
+    graph, _, _ = conv_bn_relu(True)
+    (kg,) = lower_graph(optimize(graph), host_cpu_target())
+    assert kg.kernel.__name__.startswith("conv_cpu_cvec") and len(calls) == 1

@@ -5,6 +5,12 @@ cannot trace (Python control flow on tensors, as in transformers' models) is cap
 ``torch._dynamo.export`` for the concrete example inputs, which also handles nested inputs and
 outputs (``ModelOutput`` dataclasses) through its pytree specs.
 
+Capturing stays cheap: each fx node records only the model's source line that created it (for
+messages; fx's own ``record_stack_traces`` symbolizes whole stacks and imports
+``torch._dynamo``, seconds per model), and the model is not run: the importer infers shapes
+itself.  ``TASKMAP_DEBUG=shapes`` also propagates the example inputs through the fx graph
+(``ShapeProp``) so that the importer checks every shape it infers against PyTorch's.
+
 A :class:`Capture` maps a call's bound arguments to the graph's flat inputs and the graph's
 outputs back to the model's output structure; it is picklable (``save``/``load``).
 """
@@ -13,6 +19,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import linecache
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -21,7 +30,10 @@ import torch
 import torch.fx
 from torch.fx.passes.shape_prop import ShapeProp
 
+from ...graph.passes import debug_enabled
 from .importer import Imported, import_fx
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 @dataclass
@@ -55,12 +67,28 @@ def bind(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) ->
     return out
 
 
+class _Tracer(torch.fx.Tracer):
+    """``torch.fx.Tracer`` recording, per node, the innermost frame outside torch and this
+    module (the model's line) as its ``stack_trace``, in the traceback format."""
+
+    def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = super().create_node(*args, **kwargs)
+        frame = sys._getframe(1)
+        while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                     or frame.f_code.co_filename == __file__):
+            frame = frame.f_back
+        if frame is not None:
+            code = frame.f_code
+            line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+            node.stack_trace = f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n'
+        return node
+
+
 def try_symbolic_trace(model: torch.nn.Module) -> torch.fx.GraphModule | None:
     """``torch.fx.symbolic_trace`` recording each node's source line (for messages), or None
     when the model cannot be traced symbolically."""
     try:
-        tracer = torch.fx.Tracer()
-        tracer.record_stack_traces = True
+        tracer = _Tracer()
         graph = tracer.trace(model)
         return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception:  # noqa: BLE001 - any tracing failure means: capture with dynamo instead
@@ -74,8 +102,9 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
         names = tuple(str(n.target) for n in traced.graph.nodes if n.op == "placeholder")
         cap = Capture("fx", names)
         examples = cap.flat_inputs(arguments)
-        with torch.no_grad():
-            ShapeProp(traced).propagate(*examples)
+        if debug_enabled("shapes"):
+            with torch.no_grad():
+                ShapeProp(traced).propagate(*examples)
         return import_fx(traced, examples, fallback=fallback, name=name), cap
     sig_names = [n for n, p in inspect.signature(model.forward).parameters.items()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]

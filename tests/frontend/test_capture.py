@@ -1,0 +1,65 @@
+"""Capturing a model for ``taskmap.compile`` stays cheap: the fx trace records only the model's
+source line per node (without importing ``torch._dynamo``), and the model is not run eagerly —
+unless ``TASKMAP_DEBUG=shapes`` asks for every inferred shape to be checked against PyTorch's."""
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+import taskmap
+from taskmap.frontend.torch.capture import try_symbolic_trace
+
+
+class Counting(nn.Module):
+    """Counts the calls of its layer on real tensors (a forward hook; tracing does not run it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.eager_calls = 0
+        self.lin.register_forward_hook(self._count)
+
+    def _count(self, module, args, out) -> None:
+        if isinstance(args[0], torch.Tensor):
+            self.eager_calls += 1
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2.0
+
+
+def test_nodes_record_the_models_source_line():
+    gm = try_symbolic_trace(Counting())
+    (relu,) = [n for n in gm.graph.nodes if n.target is torch.relu]
+    assert 'test_capture.py", line' in relu.stack_trace
+    assert "in forward" in relu.stack_trace and "return torch.relu(self.lin(x)) * 2.0" in relu.stack_trace
+
+
+def test_compile_does_not_run_the_model(monkeypatch):
+    monkeypatch.delenv("TASKMAP_DEBUG", raising=False)
+    model = Counting().eval()
+    x = torch.randn(3, 8)
+    fast = taskmap.compile(model, x, progress=False)
+    got = fast(x)
+    assert model.eager_calls == 0
+    torch.testing.assert_close(got, torch.relu(model.lin(x)) * 2.0)
+    graph_module = fast._traced
+    assert all("tensor_meta" not in n.meta for n in graph_module.graph.nodes)
+
+
+def test_debug_shapes_checks_against_pytorch(monkeypatch):
+    monkeypatch.setenv("TASKMAP_DEBUG", "shapes")
+    model = Counting().eval()
+    fast = taskmap.compile(model, torch.randn(3, 8), progress=False)
+    assert model.eager_calls == 1
+    metas = [n.meta["tensor_meta"] for n in fast._traced.graph.nodes if n.op == "call_function"]
+    assert metas and all(tuple(m.shape) == (3, 4) for m in metas)
+
+
+def test_tracing_does_not_import_dynamo():
+    code = ("import sys, torch\n"
+            "from taskmap.frontend.torch.capture import try_symbolic_trace\n"
+            "gm = try_symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))\n"
+            "assert gm is not None\n"
+            "assert 'torch._dynamo' not in sys.modules, 'tracing imported torch._dynamo'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
