@@ -10,7 +10,8 @@ One kernel of the sliding-window template (:mod:`taskmap.templates.window`): on 
 workers over the cores each stage the padded input rows of a chunk of output rows (split into
 ``stride`` phases, so every tap reads contiguous lanes), then compute the outputs in SIMD lanes
 along the row, one vector FMA per tap with the weight broadcast; on GPUs a thread per output.
-16-bit floats accumulate in f32.
+16-bit floats accumulate in f32.  A host call like one seen before (C-contiguous arrays of the
+same shapes, dtypes and parameters) goes straight to its kernel (:func:`._dispatch.host_plan`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..errors import OpError
 from ..templates.window import WINDOW, WindowProblem, output_size
-from ._dispatch import FLOATS, new_output, prepare, run_template
+from ._dispatch import FLOATS, host_plan, new_output, prepare, run_template
 from .pool import memoized, pair, planes
 
 OP = "depthwise_conv2d"
@@ -43,12 +44,15 @@ def depthwise_conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, pad
                      dilation: Any = 1) -> Any:
     """``conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` for ``x`` of C channels."""
     arrays = [x, weight] + ([bias] if bias is not None else [])
+    planned, key = host_plan((OP, stride, padding, dilation), *arrays)
+    if planned is not None:  # a call like one seen before: straight to its kernel
+        return planned(*arrays)
     args = prepare(OP, *arrays, allowed=FLOATS)
     problem, out_shape = plan_depthwise(args.shapes, args.dtypes, stride, padding, dilation)
     out = new_output(args.kind, out_shape, args.dtypes[0])
     if problem.n == 0:
         return out
-    return run_template(WINDOW, problem, args, list(args.arrays), out)
+    return run_template(WINDOW, problem, args, list(args.arrays), out, plan=key)
 
 
 @memoized

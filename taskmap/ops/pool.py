@@ -12,7 +12,9 @@ fixed-window pooling; other adaptive windows run one output at a time.
 Semantics are torch's: ``ceil_mode``'s last window (kept only when it starts inside the input
 or the left padding), padding at most half the kernel, average divisors with and without the
 padding (``count_include_pad``) or ``divisor_override``; NaN wins a max.  16-bit floats are
-computed in f32.  Indices (``return_indices``) are not supported.
+computed in f32.  Indices (``return_indices``) are not supported.  A host call like one seen
+before (C-contiguous arrays of the same shape, dtype and parameters) goes straight to its kernel
+(:func:`._dispatch.host_plan`).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any, TypeVar
 from ..backends import TargetKind
 from ..errors import OpError
 from ..templates.window import WINDOW, WindowProblem, output_size
-from ._dispatch import FLOATS, Args, new_output, prepare, run_template, target_for
+from ._dispatch import FLOATS, Args, host_plan, new_output, prepare, run_template, target_for
 from .reduction import amax, mean
 
 T = TypeVar("T")
@@ -96,14 +98,16 @@ def plan_pool(op: str, kind: str, shape: tuple[int, ...], dtype: str, kernel_siz
     return problem, _out_shape(shape, oh, ow)
 
 
-def _run(args: Args, problem: WindowProblem, out_shape: tuple[int, ...]) -> Any:
+def _run(args: Args, problem: WindowProblem, out_shape: tuple[int, ...], key: tuple[Any, ...] | None) -> Any:
+    """The pooling into a new output; ``key``: the call's :func:`host_plan` key (its launch is
+    remembered under it)."""
     out = new_output(args.kind, out_shape, problem.dtype)
     if problem.n == 0:
         return out
     if problem.is_global and target_for(args.kind).kind is not TargetKind.CPU and problem.divisor is None:
         x = args.arrays[0]  # GPUs: the reduction templates' warp-per-row kernels
         return mean(x, (-2, -1), keepdim=True) if problem.op == "avg" else amax(x, (-2, -1), keepdim=True)
-    return run_template(WINDOW, problem, args, [args.arrays[0]], out)
+    return run_template(WINDOW, problem, args, [args.arrays[0]], out, plan=key)
 
 
 def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
@@ -112,10 +116,13 @@ def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, d
     op = "max_pool2d"
     if return_indices:
         raise OpError(f"{op}(): return_indices=True is not supported")
+    planned, key = host_plan((op, kernel_size, stride, padding, dilation, ceil_mode), x)
+    if planned is not None:  # a call like one seen before: straight to its kernel
+        return planned(x)
     args = prepare(op, x, allowed=FLOATS)
     problem, out_shape = plan_pool(op, "max", args.shapes[0], args.dtypes[0], kernel_size, stride, padding, dilation,
                                ceil_mode)
-    return _run(args, problem, out_shape)
+    return _run(args, problem, out_shape, key)
 
 
 def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
@@ -125,10 +132,13 @@ def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, c
     if divisor_override is not None and (isinstance(divisor_override, bool) or not isinstance(divisor_override, int)
                                          or divisor_override == 0):
         raise OpError(f"{op}(): divisor_override must be a non-zero int or None, got {divisor_override!r}")
+    planned, key = host_plan((op, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override), x)
+    if planned is not None:
+        return planned(x)
     args = prepare(op, x, allowed=FLOATS)
     problem, out_shape = plan_pool(op, "avg", args.shapes[0], args.dtypes[0], kernel_size, stride, padding, 1, ceil_mode,
                                count_include_pad, divisor_override)
-    return _run(args, problem, out_shape)
+    return _run(args, problem, out_shape, key)
 
 
 @memoized
@@ -157,11 +167,14 @@ def plan_adaptive(op: str, kind: str, shape: tuple[int, ...], dtype: str,
 
 
 def _adaptive(op: str, kind: str, x: Any, output_size: Any) -> Any:
+    planned, key = host_plan((op, output_size), x)
+    if planned is not None:
+        return planned(x)
     args = prepare(op, x, allowed=FLOATS)
     problem, out_shape = plan_adaptive(op, kind, args.shapes[0], args.dtypes[0], output_size)
     if problem is None:
         return new_output(args.kind, out_shape, args.dtypes[0])
-    return _run(args, problem, out_shape)
+    return _run(args, problem, out_shape, key)
 
 
 def adaptive_avg_pool2d(x: Any, output_size: Any) -> Any:

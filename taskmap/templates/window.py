@@ -10,8 +10,10 @@ full-width loads mostly cross cache lines, and a 512-bit operation is two 256-bi
 cores) and output rows computed together (they share the loads of the input rows their windows
 cover; more rows, more accumulator registers); GPU — threads per block.  ``cost`` is a
 roofline: the bytes read and written against bandwidth, and per vector of outputs the larger of
-the taps' FMAs (max: three operations) and the loads, plus the staging copy, against the cores'
-throughput.
+the taps' FMAs (max: three operations) and the loads, plus the staging copy (a few cycles a
+staged row: short rows cost more than their bytes), against the cores' throughput.  Not in the
+space (chosen from the problem): output rows per worker (:func:`chunk_rows`), planes staged
+ahead (:func:`plane_block`), one core below ``PARALLEL_MIN_WORK``.
 """
 from __future__ import annotations
 
@@ -29,10 +31,19 @@ from .reduce_kernels import lanes_of
 from .window_kernels import cpu_global, cpu_window, gpu_window, staging
 
 OPS = ("max", "avg", "conv")
-#: Below this many taps of work a CPU kernel runs on one core (OpenMP's fork costs more).
+#: Below this many taps of work a CPU kernel runs on one core.  Measured (3x3, 7x7 planes): on idle
+#: cores two threads pay from ~20k taps (the fork / join of a warm OpenMP team is ~1 us), but a
+#: team whose second core is taken by another job can wait a whole time slice; 64k taps (~4 us
+#: on one core) keeps that risk to kernels with something to gain.
 PARALLEL_MIN_WORK = 1 << 16
 #: A CPU worker's staged input rows should fit in its share of L2 (bytes).
 STAGING_TARGET_BYTES = 48 * 1024
+#: Planes whose staged input is under ``STAGE_AHEAD_BYTES / 4`` (7x7 and smaller images) are
+#: staged in blocks of at least ``STAGE_AHEAD_BYTES`` before the first tap: the taps' loads each
+#: span two staging stores, which cannot be forwarded, and a tiny plane's taps start before its
+#: stores have drained from the store queue (Zen 4: 64 stores).  Measured: 14% off 1024x7x7;
+#: no gain (or a loss) from 14x14 planes on, whose own staging takes long enough.
+STAGE_AHEAD_BYTES = 4 * 1024
 
 
 @dataclass(frozen=True)
@@ -157,8 +168,12 @@ class WindowTemplate:
             loads = p.kw * ((group - 1) * p.sh + (p.kh - 1) * p.dh + 1) / group
             crossing = (vbytes - p.compute_type.nbytes) / target.transaction_bytes
             cycles = max(compute, loads * halves * (1 + crossing) / 2) + 1  # + the store
-            staging = p.h * p.w * p.compute_type.nbytes / (p.oh * 32)  # copying the input: per row, 32 B a cycle
-            work = p.n * p.c_out * p.oh * (vectors * cycles + staging) / (clock * cores)
+            # staging, per output row: each staged row costs a few cycles (pads, short and
+            # de-interleaving copies; measured ~4) plus its bytes at 32 B a cycle
+            chunk = chunk_rows(p, cores)
+            ir, wb = staging(p, chunk)
+            stage = ir * (4 + wb * p.compute_type.nbytes / 32) / chunk
+            work = p.n * p.c_out * p.oh * (vectors * cycles + stage) / (clock * cores)
             return max(traffic / bw, work) + 0.25 * min(traffic / bw, work) + 2e-6
         block = schedule["block"]
         sms = max(1, target.num_cores)
@@ -175,21 +190,27 @@ class WindowTemplate:
             parallel = target.num_cores > 1 and work >= PARALLEL_MIN_WORK and p.n * p.c_out * p.oh > 1
             if p.is_global:
                 return Kernel(cpu_global(p, _pow2_floor(schedule["lanes"]), parallel))
-            lanes = schedule["lanes"]
-            rows = chunk_rows(p, target.num_cores if parallel else 1)
-            return Kernel(cpu_window(p, lanes, rows, schedule["rows"], parallel))
+            cores = target.num_cores if parallel else 1
+            rows = chunk_rows(p, cores)
+            planes = plane_block(p, rows, cores)
+            return Kernel(cpu_window(p, schedule["lanes"], rows, schedule["rows"], parallel, planes))
         return Kernel(gpu_window(p, schedule["block"]))
 
     def arguments(self, problem: WindowProblem, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
         p = problem
         if p.is_global:
-            return [view(inputs[0], (p.n * p.c_in, p.h * p.w)), view(outputs[0], (p.n * p.c_out,))]
-        args = [view(inputs[0], (p.n, p.c_in, p.h, p.w))]
+            return [_as(inputs[0], (p.n * p.c_in, p.h * p.w)), _as(outputs[0], (p.n * p.c_out,))]
+        args = [_as(inputs[0], (p.n, p.c_in, p.h, p.w))]
         if p.op == "conv":
-            args.append(view(inputs[1], (p.c_out, p.kh * p.kw)))
+            args.append(_as(inputs[1], (p.c_out, p.kh * p.kw)))
             if p.bias:
                 args.append(inputs[2])
-        return [*args, view(outputs[0], (p.n, p.c_out, p.oh, p.ow))]
+        return [*args, _as(outputs[0], (p.n, p.c_out, p.oh, p.ow))]
+
+
+def _as(a: Any, shape: tuple[int, ...]) -> Any:
+    """``a`` seen as ``shape`` (itself when it has that shape: a view costs a microsecond a call)."""
+    return a if tuple(getattr(a, "shape", ())) == shape else view(a, shape)
 
 
 def chunk_rows(p: WindowProblem, cores: int) -> int:
@@ -205,6 +226,22 @@ def chunk_rows(p: WindowProblem, cores: int) -> int:
     while rows > 1 and (p.n * p.c_out * -(-p.oh // rows) < 4 * cores or staged(rows) > STAGING_TARGET_BYTES):
         rows = -(-rows // 2)
     return rows
+
+
+def plane_block(p: WindowProblem, rows: int, cores: int) -> int:
+    """Planes a CPU worker stages before computing them (chunks of whole, small planes only): the
+    largest divisor of ``N*C`` up to the planes whose staged input fills ``STAGE_AHEAD_BYTES``,
+    leaving a few blocks per core."""
+    if rows < p.oh:
+        return 1
+    ir, wb = staging(p, rows)
+    per_plane = (ir + 1) * wb * p.compute_type.nbytes
+    if 4 * per_plane >= STAGE_AHEAD_BYTES:
+        return 1
+    want = min(-(-STAGE_AHEAD_BYTES // per_plane), STAGING_TARGET_BYTES // per_plane)
+    total = p.n * p.c_out
+    return max(g for g in range(1, max(1, want) + 1)
+               if total % g == 0 and (g == 1 or cores == 1 or total // g >= 4 * cores))
 
 
 def _pow2_floor(n: int) -> int:

@@ -4,10 +4,11 @@ Every output ``y[n, c, oh, ow]`` combines a window of one input plane ``x[n, ci,
 (``ci = c // mult`` for a depthwise convolution with channel multiplier ``mult``, ``c`` for
 pooling): a max, a sum divided by the window's divisor, or a dot product with ``w[c, :]``.
 
-* ``cpu_window``: workers ``spatial(N*C, chunks).parallel()`` over the cores, a chunk being
-  some output rows of one plane.  A worker stages the input rows its chunk reads in a buffer on
-  its stack — padded (0, or -inf for max), in the compute type, and split into ``stride``
-  phases so that every tap reads contiguous lanes — then computes each output row as blocks of
+* ``cpu_window``: workers ``spatial(N*C / planes, chunks).parallel()`` over the cores, a chunk
+  being some output rows of one plane (or whole planes of a block of small ones).  A worker
+  stages the input rows its chunk reads in a buffer on its stack — padded (0, or -inf for max),
+  in the compute type, and split into ``stride`` phases so that every tap reads contiguous
+  lanes; all the block's planes before the first tap — then computes each output row as blocks of
   ``lanes`` outputs, ``spatial(lanes).vectorize()``: one vector FMA (max, add) per tap, the
   weight broadcast, no predicate, no scalar tail (the last block overlaps the one before).
   A group of output rows shares the loads of the input rows their windows cover.
@@ -181,14 +182,17 @@ def phase_width(p: WindowProblem) -> int:
     return -(-((p.ow - 1) * p.sw + (p.kw - 1) * p.dw + 1) // p.sw)
 
 
-def cpu_window(p: WindowProblem, lanes: int, rows: int, row_group: int, parallel: bool) -> Module:
-    """Workers ``spatial(N*C, chunks)`` over the cores, a chunk being ``rows`` output rows of one
-    plane.  A worker first stages the input rows its chunk reads, padded (0, or -inf for max) and
-    in the compute type, in a buffer on its stack; then every output row is blocks of ``lanes``
-    outputs, ``spatial(lanes).vectorize()``, each lane summing its window's taps in a register
-    (the last block overlaps the one before instead of a scalar tail).  ``row_group`` output rows
-    are computed together: each load of an input row feeds every output row whose window covers
-    it (fewer loads per FMA).  No tap is predicated."""
+def cpu_window(p: WindowProblem, lanes: int, rows: int, row_group: int, parallel: bool, planes: int = 1) -> Module:
+    """Workers ``spatial(N*C / planes, chunks)`` over the cores, a chunk being ``rows`` output
+    rows of ``planes`` planes (``planes > 1``: whole planes).  A worker first stages the input
+    rows its chunk reads, padded (0, or -inf for max) and in the compute type, in a buffer on its
+    stack — every plane of its block before computing any, so that the taps' loads do not wait
+    for the staging stores to leave the store queue (a load spanning two recent stores cannot be
+    forwarded).  Then every output row is blocks of ``lanes`` outputs,
+    ``spatial(lanes).vectorize()``, each lane summing its window's taps in a register (the last
+    block overlaps the one before instead of a scalar tail).  ``row_group`` output rows are
+    computed together: each load of an input row feeds every output row whose window covers it
+    (fewer loads per FMA).  No tap is predicated."""
     k = _Kernel(p)
     b = Builder()
     ct = k.ct
@@ -196,105 +200,127 @@ def cpu_window(p: WindowProblem, lanes: int, rows: int, row_group: int, parallel
     if p.adaptive or p.taps > MAX_UNROLLED_TAPS or ir1 * wb1 * ct.nbytes > MAX_STAGING_BYTES:
         return _cpu_per_output(p, k, b, parallel)
     chunks = -(-p.oh // rows)
+    assert planes == 1 or chunks == 1, (planes, chunks)
     ir, wb = staging(p, rows)
     pad = k.identity() if p.op == "max" else E.const(0.0, ct)
-    workers = spatial(p.n * p.c_out, chunks)
-    with b.mapping(workers.parallel() if parallel else workers.sequential(), "rq") as (nc, q):
-        n, c, ci = k.channels(nc)
+    workers = spatial(p.n * p.c_out // planes, chunks)
+    with b.mapping(workers.parallel() if parallel else workers.sequential(), "rq") as (blk, q):
         r0 = q * rows if chunks > 1 else E.const(0)
         # a row shorter than the lanes is computed in a vector of ``short`` lanes (a power of
         # two): the spare lanes read past the last staged row, into one padded slack row
         short = min(lanes, 1 << (p.ow - 1).bit_length()) if p.ow < lanes else p.ow
         slack = 1 if short > p.ow else 0
-        buf = b.register("buf", ct, [ir + slack, wb])
-        nq = phase_width(p)
-        if slack:
-            with b.loop("j", 0, wb, S.ForKind.VECTORIZE) as j:
-                b.store(buf, (E.const(ir), j), pad)
-        top = b.let("top", r0 * p.sh - p.ph)
-        with b.loop("i", 0, ir) as i:
-            ih = top + i
-            ok = _within(ih, p.h)
-            with b.if_(ok):
-                _stage_row(b, k, buf, i, n, ci, ih, wb, lanes, pad)
-            with b.if_(E.logical_not(ok)), b.loop("j", 0, wb, S.ForKind.VECTORIZE) as j:
-                b.store(buf, (i, j), pad)
-        weights = {}
-        if k.wt is not None:
-            for kh in range(p.kh):
-                for kw in range(p.kw):
-                    weights[kh, kw] = b.let("wv", E.cast(E.Load(k.wt, (c, E.const(kh * p.kw + kw))), ct))
-        first = b.let("first", k.start(c), ct) if k.bias is not None else k.identity()
-        count = E.minimum(rows, p.oh - r0) if p.oh % rows else E.const(rows)
-        group = min(row_group, rows)
+        buf = b.register("buf", ct, [planes, ir + slack, wb])
 
-        def rows_of(r: Expr, nrows: int) -> None:
-            """Output rows ``r .. r + nrows`` of the chunk, sharing the loads of their input rows."""
-            scales: list[Expr | None] = []
-            for j in range(nrows):
-                if p.op == "avg" and p.divisor is None:
-                    oh = r0 + r + j
-                    scales.append(b.let("hcount", E.cast(k.count(oh * p.sh - p.ph, p.kh, p.h, p.ph), ct)))
-                else:
-                    scales.append(None)
-
-            def block(base: Expr, width: int, stored: int) -> None:
-                """Outputs ``base .. base + width`` of the rows; the first ``stored`` go to ``y``
-                (``width > stored``: a short row computed in a full vector, the spare lanes
-                reading the buffer's slack)."""
-                tiles = [b.register("res", k.y_t, [width]) for _ in range(nrows)] if width > stored else None
-                with b.loop("l", 0, width, S.ForKind.VECTORIZE) as l:
-                    ow = base + l
-                    accs = [b.let("acc", first, ct) for _ in range(nrows)]
-                    users: dict[int, list[tuple[int, int]]] = {}  # input row -> (output row, kh)
-                    for j in range(nrows):
-                        for kh in range(p.kh):
-                            users.setdefault(j * p.sh + kh * p.dh, []).append((j, kh))
-                    for ii in sorted(users):
-                        for kw in range(p.kw):
-                            phase, shift = divmod(kw * p.dw, p.sw)[::-1]
-                            col = ow + (phase * nq + shift)
-                            v = b.let("v", E.Load(buf, (r * p.sh + ii, col)))
-                            for j, kh in users[ii]:
-                                acc = accs[j]
-                                b.assign(acc, acc + v * weights[kh, kw] if k.wt is not None else k.rop.combine(acc, v))
-                    for j, acc in enumerate(accs):
-                        out: Expr = acc
-                        if p.op == "avg":
-                            if p.divisor is not None:
-                                out = acc * E.const(1.0 / p.divisor, ct)
-                            else:
-                                hs = scales[j]
-                                assert hs is not None
-                                out = acc / (hs * E.cast(k.count(ow * p.sw - p.pw, p.kw, p.w, p.pw), ct))
-                        if tiles is not None:
-                            b.store(tiles[j], (l,), E.cast(out, k.y_t))
-                        else:
-                            b.store(k.y, (n, c, r0 + r + j, ow), E.cast(out, k.y_t))
-                if tiles is not None:
-                    for j, tile in enumerate(tiles):
-                        with b.loop("l", 0, stored, S.ForKind.VECTORIZE) as l:
-                            b.store(k.y, (n, c, r0 + r + j, base + l), E.Load(tile, (l,)))
-
-            if p.ow >= lanes:
-                with b.loop("t", 0, p.ow // lanes) as t:
-                    block(t * lanes, lanes, lanes)
-                if p.ow % lanes:
-                    block(E.const(p.ow - lanes), lanes, lanes)  # overlaps the previous block
+        def each_plane(body: Callable[[Expr, Expr], None]) -> None:
+            """``body(pl, nc)`` for the worker's planes (``pl``: the plane's place in ``buf``)."""
+            if planes == 1:
+                body(E.const(0), blk)
             else:
-                block(E.const(0), short, p.ow)
+                with b.loop("pl", 0, planes) as pl:
+                    body(pl, blk * planes + pl)
 
-        with b.loop("g", 0, count // group if group > 1 else count) as g:
-            rows_of(g * group if group > 1 else g, group)
-        if group > 1 and (p.oh % group or rows % group):
-            with b.loop("r", count // group * group, count) as r:
-                rows_of(r, 1)
+        def stage(pl: Expr, nc: Expr) -> None:
+            n, _, ci = k.channels(nc)
+            if slack:
+                with b.loop("j", 0, wb, S.ForKind.VECTORIZE) as j:
+                    b.store(buf, (pl, E.const(ir), j), pad)
+            top = b.let("top", r0 * p.sh - p.ph)
+            with b.loop("i", 0, ir) as i:
+                ih = top + i
+                ok = _within(ih, p.h)
+                with b.if_(ok):
+                    _stage_row(b, k, buf, (pl, i), n, ci, ih, wb, lanes, pad)
+                with b.if_(E.logical_not(ok)), b.loop("j", 0, wb, S.ForKind.VECTORIZE) as j:
+                    b.store(buf, (pl, i, j), pad)
+
+        each_plane(stage)
+        each_plane(lambda pl, nc: _compute_rows(b, k, buf, pl, nc, r0, rows, row_group, lanes, short))
     return _module(p, k, b, None)
 
 
-def _stage_row(b: Builder, k: _Kernel, buf: Var, i: Expr, n: Expr, ci: Expr, ih: Expr, wb: int, lanes: int,
-               pad: Expr) -> None:
-    """``buf[i, :] = `` input row ``ih``, padded, split into ``sw`` phases (see
+def _compute_rows(b: Builder, k: _Kernel, buf: Var, pl: Expr, nc: Expr, r0: Expr, rows: int, row_group: int,
+                  lanes: int, short: int) -> None:
+    """Output rows ``r0 .. r0 + rows`` of plane ``nc`` from its staged input ``buf[pl]`` (see
+    :func:`cpu_window`)."""
+    p, ct = k.p, k.ct
+    n, c, _ = k.channels(nc)
+    nq = phase_width(p)
+    weights = {}
+    if k.wt is not None:
+        for kh in range(p.kh):
+            for kw in range(p.kw):
+                weights[kh, kw] = b.let("wv", E.cast(E.Load(k.wt, (c, E.const(kh * p.kw + kw))), ct))
+    first = b.let("first", k.start(c), ct) if k.bias is not None else k.identity()
+    count = E.minimum(rows, p.oh - r0) if p.oh % rows else E.const(rows)
+    group = min(row_group, rows)
+
+    def rows_of(r: Expr, nrows: int) -> None:
+        """Output rows ``r .. r + nrows`` of the chunk, sharing the loads of their input rows."""
+        scales: list[Expr | None] = []
+        for j in range(nrows):
+            if p.op == "avg" and p.divisor is None:
+                oh = r0 + r + j
+                scales.append(b.let("hcount", E.cast(k.count(oh * p.sh - p.ph, p.kh, p.h, p.ph), ct)))
+            else:
+                scales.append(None)
+
+        def block(base: Expr, width: int, stored: int) -> None:
+            """Outputs ``base .. base + width`` of the rows; the first ``stored`` go to ``y``
+            (``width > stored``: a short row computed in a full vector, the spare lanes
+            reading the buffer's slack)."""
+            tiles = [b.register("res", k.y_t, [width]) for _ in range(nrows)] if width > stored else None
+            with b.loop("l", 0, width, S.ForKind.VECTORIZE) as l:
+                ow = base + l
+                accs = [b.let("acc", first, ct) for _ in range(nrows)]
+                users: dict[int, list[tuple[int, int]]] = {}  # input row -> (output row, kh)
+                for j in range(nrows):
+                    for kh in range(p.kh):
+                        users.setdefault(j * p.sh + kh * p.dh, []).append((j, kh))
+                for ii in sorted(users):
+                    for kw in range(p.kw):
+                        phase, shift = divmod(kw * p.dw, p.sw)[::-1]
+                        col = ow + (phase * nq + shift)
+                        v = b.let("v", E.Load(buf, (pl, r * p.sh + ii, col)))
+                        for j, kh in users[ii]:
+                            acc = accs[j]
+                            b.assign(acc, acc + v * weights[kh, kw] if k.wt is not None else k.rop.combine(acc, v))
+                for j, acc in enumerate(accs):
+                    out: Expr = acc
+                    if p.op == "avg":
+                        if p.divisor is not None:
+                            out = acc * E.const(1.0 / p.divisor, ct)
+                        else:
+                            hs = scales[j]
+                            assert hs is not None
+                            out = acc / (hs * E.cast(k.count(ow * p.sw - p.pw, p.kw, p.w, p.pw), ct))
+                    if tiles is not None:
+                        b.store(tiles[j], (l,), E.cast(out, k.y_t))
+                    else:
+                        b.store(k.y, (n, c, r0 + r + j, ow), E.cast(out, k.y_t))
+            if tiles is not None:
+                for j, tile in enumerate(tiles):
+                    with b.loop("l", 0, stored, S.ForKind.VECTORIZE) as l:
+                        b.store(k.y, (n, c, r0 + r + j, base + l), E.Load(tile, (l,)))
+
+        if p.ow >= lanes:
+            with b.loop("t", 0, p.ow // lanes) as t:
+                block(t * lanes, lanes, lanes)
+            if p.ow % lanes:
+                block(E.const(p.ow - lanes), lanes, lanes)  # overlaps the previous block
+        else:
+            block(E.const(0), short, p.ow)
+
+    with b.loop("g", 0, count // group if group > 1 else count) as g:
+        rows_of(g * group if group > 1 else g, group)
+    if group > 1 and (p.oh % group or rows % group):
+        with b.loop("r", count // group * group, count) as r:
+            rows_of(r, 1)
+
+
+def _stage_row(b: Builder, k: _Kernel, buf: Var, at_row: tuple[Expr, ...], n: Expr, ci: Expr, ih: Expr, wb: int,
+               lanes: int, pad: Expr) -> None:
+    """``buf[*at_row, :] = `` input row ``ih``, padded, split into ``sw`` phases (see
     :func:`phase_width`).  Stride 1 copies in blocks of ``lanes`` (the last overlapping the one
     before), each a fixed-size copy — one vector move, where a whole-row copy would become a slow
     ``rep movs``; larger strides gather each phase in one vectorized loop."""
@@ -307,7 +333,7 @@ def _stage_row(b: Builder, k: _Kernel, buf: Var, i: Expr, n: Expr, ci: Expr, ih:
         for a, z in ((0, lo), (hi, nq)):
             if z > a:
                 with b.loop("j", a + ph * nq, z + ph * nq, S.ForKind.VECTORIZE) as j:
-                    b.store(buf, (i, j), pad)
+                    b.store(buf, (*at_row, j), pad)
         width = hi - lo
         if width <= 0:
             continue
@@ -316,7 +342,7 @@ def _stage_row(b: Builder, k: _Kernel, buf: Var, i: Expr, n: Expr, ci: Expr, ih:
         def block(base: Expr, count: int, at: int = ph * nq + lo, first: int = first) -> None:
             with b.loop("j", 0, count, S.ForKind.VECTORIZE) as j:
                 q = base + j
-                b.store(buf, (i, q + at), E.cast(E.Load(k.x, (n, ci, ih, q * p.sw + first)), k.ct))
+                b.store(buf, (*at_row, q + at), E.cast(E.Load(k.x, (n, ci, ih, q * p.sw + first)), k.ct))
 
         if p.sw > 1:
             block(E.const(0), width)

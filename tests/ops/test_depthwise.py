@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taskmap import ops
+from taskmap.ops import _dispatch
 from taskmap.backends.hip import hiprtc_available
 from taskmap.errors import OpError
 from taskmap.ir.func import FuncKind
@@ -88,6 +89,22 @@ def test_cpu_kernel_vectorizes_along_the_row():
     target = host_cpu_target()
     src = repr(WINDOW.instantiate(p, target, WINDOW.space(p, target)[0]).module)
     assert "vectorize" in src and "buf" in src  # staged rows, lanes along the output row
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_repeated_calls_run_their_host_plan(lib):
+    conv = (lambda a: a.numpy()) if lib == "numpy" else (lambda a: a)
+    for bias in (True, False):
+        for _ in range(3):  # the first call plans, the others run the plan on new data
+            x, w, b = _data((2, 24, 9, 9)), _data((48, 1, 3, 3)), _data((48,))
+            y = ops.depthwise_conv2d(conv(x), conv(w), conv(b) if bias else None, 2, 1)
+            assert type(y) is type(conv(x)) and tuple(y.shape) == (2, 48, 5, 5)
+            ref = F.conv2d(x.double(), w.double(), b.double() if bias else None, 2, 1, 1, 24).float()
+            assert_close(y, conv(ref), rtol=1e-5, atol=1e-5)
+    x, w = _data((2, 24, 9, 9)), _data((48, 1, 3, 3))
+    assert _dispatch.host_plan(("depthwise_conv2d", 2, 1, 1), conv(x), conv(w))[0] is not None
+    with pytest.raises(OpError, match="weight must have shape"):  # checks still run on new shapes
+        ops.depthwise_conv2d(conv(x), conv(w[:47]), None, 2, 1)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx90a"])  # emulated; built with NVRTC / hipRTC (no GPU needed)

@@ -139,6 +139,23 @@ def test_bad_input(call, message):
         call(torch.zeros(1, 2, 8, 8))
 
 
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_repeated_calls_run_their_host_plan(lib):
+    conv = (lambda a: a.numpy()) if lib == "numpy" else (lambda a: a)
+    calls = [(lambda x: ops.max_pool2d(x, 3, 2, 1), lambda x: F.max_pool2d(x, 3, 2, 1)),
+             (lambda x: ops.avg_pool2d(x, 2, 2, 0, True, False), lambda x: F.avg_pool2d(x, 2, 2, 0, True, False)),
+             (lambda x: ops.adaptive_avg_pool2d(x, 1), lambda x: F.adaptive_avg_pool2d(x, 1)),
+             (lambda x: ops.adaptive_max_pool2d(x, (3, 2)), lambda x: F.adaptive_max_pool2d(x, (3, 2)))]
+    for ours, theirs in calls:
+        for _ in range(3):  # the first call plans, the others run the plan on new data
+            x = _data((2, 20, 11, 9))
+            y = ours(conv(x))
+            assert type(y) is type(conv(x))
+            assert_close(y, conv(theirs(x.double()).float()), rtol=1e-5, atol=1e-6)
+    with pytest.raises(OpError):  # a bad call like a planned one still fails its checks
+        ops.max_pool2d(conv(_data((2, 20, 11, 9))), 3, 2, 2)
+
+
 def test_taskmap_tensors_in_taskmap_tensors_out():
     x = _data((1, 2, 9, 9)).numpy()
     t = taskmap.tensor(x, device="cpu")
