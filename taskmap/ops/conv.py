@@ -149,6 +149,9 @@ def conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any 
         raise OpError(f"{OP}(): the padded input ({h + pt + pb}, {w + pl + pr}) is smaller than the dilated kernel "
                       f"({d[0] * (kh - 1) + 1}, {d[1] * (kw - 1) + 1})")
     if groups == cin and groups > 1 and cg == 1:
+        if key is not None:       # later calls go straight to depthwise_conv2d's own plan
+            remember(key, lambda *a: depthwise_conv2d(a[0], a[1], a[2] if len(a) > 2 else None, stride, padding,
+                                                      dilation))
         return depthwise_conv2d(x, weight, bias, stride, padding, dilation)
     target = target_for(args.kind)
     if target.kind is TargetKind.CPU and args.dtypes[0] != "float32":

@@ -107,6 +107,15 @@ def test_repeated_calls_run_their_host_plan(lib):
         ops.depthwise_conv2d(conv(x), conv(w[:47]), None, 2, 1)
 
 
+def test_conv2d_with_groups_equal_channels_plans_the_depthwise_route():
+    """conv2d(groups=C) remembers a plan that goes straight to depthwise_conv2d's own."""
+    for _ in range(3):
+        x, w, b = _data((1, 16, 7, 7)), _data((16, 1, 3, 3)), _data((16,))
+        y = ops.conv2d(x.numpy(), w.numpy(), b.numpy(), 1, 1, 1, 16)
+        assert_close(y, F.conv2d(x.double(), w.double(), b.double(), 1, 1, 1, 16).float().numpy(), rtol=1e-5, atol=1e-5)
+    assert _dispatch.host_plan(("conv2d", 1, 1, 1, 16), x.numpy(), w.numpy(), b.numpy())[0] is not None
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "gfx90a"])  # emulated; built with NVRTC / hipRTC (no GPU needed)
 def test_gpu_schedule(arch):
     x, w, b = _data((2, 3, 11, 14)), _data((6, 1, 3, 2)), _data((6,))
