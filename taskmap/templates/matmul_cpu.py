@@ -10,26 +10,47 @@ Tuning space, in hardware terms (the problem only prunes it):
   stays in L2 and must fit half of it; with ``split="m"`` the A block does, by construction);
 * ``split`` — cores take row panels ("m") or column panels ("n"); ``pack_a`` / ``pack_b`` — pack
   the operand or read it in place (B only when its rows are less than a page apart; its last,
-  partial panel is always packed); ``cores`` — all of them, or one for tiny problems.
+  partial panel is then shifted left onto whole vectors); ``cores`` — all of them, or one for tiny problems.
+
+Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add two kinds of points:
+
+* ``trans_b``: ``dot=True`` — the dot-product kernel (:mod:`.matmul_cpu_dot`), ``mr`` rows of A
+  by ``nr`` rows of B per tile (:data:`DOT_TILES`: the small side by a few rows of the big one),
+  vectorized along K, nothing packed;
+* plain B: register tiles with ``MR`` in 1..4 and a wide ``NR`` (:data:`SMALL_TILES`), B read in
+  place whatever its row pitch (copying B costs as much as the whole product).
 
 The cost model (:meth:`MatmulCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel
 (padded tiles, its loads per FMA, the per-tile C traffic), load balance over cores in whole
-panels, packing traffic, and a fixed cost per parallel region.
+panels, packing traffic, and a fixed cost per parallel region; the operands' memory traffic (at
+:data:`STREAM_BANDWIDTH` per core) bounds it from below, which is what ranks small-M points.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..backends.base import Target, TargetKind, host_cpu_target
 from ..runtime.kernel import Kernel
 from .base import KernelFamily, Schedule
+from .matmul_cpu_dot import DotConfig, build_dot_kernel
 from .matmul_cpu_kernel import CpuConfig, build_kernel
+from .matmul_cpu_rows import ROW_BLOCK, build_rows_kernel
 from .matmul_problem import WORKSPACE, MatmulProblem, operand_views
 
 #: Register tiles (MR, NR in vectors) by vector register count.
 TILES = {32: ((6, 4), (8, 3), (12, 2), (14, 2)), 16: ((6, 2), (4, 3), (8, 1))}
+#: Rows of A (MR) of the row-streaming kernel, and the rows of B it streams per step (KU).
+ROW_TILES, ROW_STEP = (1, 2, 4, 8), 8
+#: Small-M register tiles (MR, NR in vectors): B in place, one wide row of C per K step.
+SMALL_TILES = {32: ((1, 8), (2, 8), (4, 6)), 16: ((1, 4), (2, 4), (4, 2))}
+#: Dot-product tiles (rows of the small side, rows of the big side): ``s * b`` accumulators and
+#: ``s + b`` loads within the vector register file.
+DOT_TILES = {32: ((1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (8, 2)), 16: ((1, 4), (2, 4), (4, 2))}
+#: Problems whose smaller side (m, or n for ``trans_b``) is at most this get the small-M points.
+SMALL_SIDE = 8
 KCS = (256, 384, 512, 768)
 #: The A micro-panel (MR x KC floats) stays in L1 (32 KiB on current x86 cores).
 L1_BYTES = 32 * 1024
@@ -43,6 +64,8 @@ CALL_COST = 3e-6
 #: bytes per second one core packs (reads + writes, from DRAM / L3).
 MICRO_EFFICIENCY = 0.95
 COPY_BANDWIDTH = 8e9
+#: Bytes per second one core streams an operand from L3 / DRAM (measured: ~50 GB/s on Zen 4).
+STREAM_BANDWIDTH = 40e9
 #: Below this many FLOPs one core is considered too; above it, only all of them.
 SMALL_FLOPS, LARGE_FLOPS = 2e5, 2e7
 _ZERO = np.zeros(1, np.float32)
@@ -56,11 +79,28 @@ def vector_registers(target: Target) -> int:
     return 32 if target.vector_bytes >= 64 else 16
 
 
+def fma_rate(lanes: int) -> float:
+    """Vector FMAs per cycle: two pipes of at most 256 bits."""
+    return 2.0 * min(lanes, 8) / lanes
+
+
+def memory_seconds(p: MatmulProblem, a_reads: int, b_reads: int, cores: int) -> float:
+    """Streaming A ``a_reads`` times, B ``b_reads`` times and C once, at a core's bandwidth each."""
+    a = (p.batch if p.a_batched else 1) * p.m * p.k
+    b = (p.batch if p.b_batched else 1) * p.k * p.n
+    return 4 * (a * a_reads + b * b_reads + p.batch * p.m * p.n) / (STREAM_BANDWIDTH * cores)
+
+
+def overlap(compute: float, memory: float) -> float:
+    """Seconds of a kernel that computes while it streams its operands (not perfectly)."""
+    return max(compute, memory) + 0.2 * min(compute, memory)
+
+
 class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 3  # keys the tuning cache: bump when the kernels change
+    version = 4  # keys the tuning cache: bump when the kernels change
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -71,13 +111,36 @@ class MatmulCpuTemplate(KernelFamily):
     def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
         if not self.applies(problem, target):
             return []
-        p, V = problem, lanes_of(target)
-        l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
+        p, regs = problem, vector_registers(target)
         cores = [target.num_cores] if p.flops > LARGE_FLOPS or target.num_cores == 1 else \
             [1] if p.flops < SMALL_FLOPS else [1, target.num_cores]
+        in_place = not p.trans_b and p.n * 4 < PAGE
+        gemv = not p.trans_b and p.m <= SMALL_SIDE
+        tiles = [t for t in TILES[regs] if not gemv or t[0] < 2 * p.m]    # GEMV: no tile mostly padding
+        out = self._blocked(p, target, tiles, cores, (True, False) if in_place else (True,))
+        if gemv:          # GEMV-like: B in place whatever its pitch (packed: for prologues that need it)
+            out += self._blocked(p, target, [t for t in SMALL_TILES[regs] if t[0] < 2 * p.m], cores, (True, False),
+                                 any_block=True)
+            if p.n >= lanes_of(target):                # ... or streamed by rows
+                out += [Schedule.of(rows=True, mr=mr, nr=ROW_STEP, pack_a=False, pack_b=False, cores=c)
+                        for mr in ROW_TILES if mr < 2 * p.m for c in cores]
+        small = min(p.m, p.n)
+        if p.trans_b and small <= SMALL_SIDE:          # rows by rows: dot products along K
+            for s, b in DOT_TILES[regs]:
+                if s < 2 * small:
+                    mr, nr = (s, b) if p.m <= p.n else (b, s)
+                    out += [Schedule.of(dot=True, mr=mr, nr=nr, pack_a=False, pack_b=False, cores=c) for c in cores]
+        return out
+
+    def _blocked(self, p: MatmulProblem, target: Target, tiles: Sequence[tuple[int, int]], cores: list[int],
+                 pack_bs: tuple[bool, ...], any_block: bool = False) -> list[Schedule]:
+        """The blocked kernel's points with these register tiles (MR, NR in vectors);
+        ``any_block``: B in place needs no B block in L2 (GEMV-like: A is a few rows)."""
+        V = lanes_of(target)
+        l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
         kcs = sorted(set([kc for kc in KCS if kc < p.k] + [next((kc for kc in KCS if kc >= p.k), KCS[-1])]))[-3:]
         out = []
-        for mr, nv in TILES[vector_registers(target)]:
+        for mr, nv in tiles:
             nr = nv * V
             np_ = -(-p.n // nr)
             for kc in kcs:
@@ -87,10 +150,11 @@ class MatmulCpuTemplate(KernelFamily):
                     if ncb > 4 and ncb // 2 >= np_:        # a block wider than B: same as a smaller one
                         continue
                     for split in ("m", "n"):
-                        if split == "n" and kc * ncb * nr * 4 > l2 // 2:   # its B block stays in L2
-                            continue
+                        big = split == "n" and kc * ncb * nr * 4 > l2 // 2       # its B block not in L2
                         for pack_a in (True, False):
-                            for pack_b in (True, False) if not p.trans_b and p.n * 4 < PAGE else (True,):
+                            for pack_b in pack_bs:
+                                if big and (pack_b or not any_block):
+                                    continue
                                 for c in cores:
                                     out.append(Schedule.of(mr=mr, nr=nr, kc=kc, ncb=ncb, split=split, pack_a=pack_a,
                                                            pack_b=pack_b, cores=c))
@@ -100,8 +164,13 @@ class MatmulCpuTemplate(KernelFamily):
     def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
         """Seconds: the busiest core's micro-kernel cycles (whole padded tiles, its FMA and load
         rates, stalls for operands read in place, the C tile in and out per K block), plus
-        packing traffic, plus the parallel regions.  Only the ranking matters."""
+        packing traffic, plus the parallel regions; at least the operands' memory traffic.
+        Only the ranking matters."""
         p, s = problem, schedule.as_dict()
+        if s.get("dot", False):
+            return self._dot_cost(p, target, s)
+        if s.get("rows", False):
+            return self._rows_cost(p, target, s)
         mr, nr, kc, ncb, split, pack_a, pack_b, cores = (s[x] for x in ("mr", "nr", "kc", "ncb", "split", "pack_a",
                                                                          "pack_b", "cores"))
         pack_b = pack_b or p.trans_b
@@ -112,9 +181,8 @@ class MatmulCpuTemplate(KernelFamily):
         # One K step of the micro-kernel: MR*NR/V FMAs at the FMA rate (two 256-bit pipes), or
         # its loads (MR broadcasts, NR/V vectors) at two per cycle, whichever is slower.
         fmas = mr * nr // V
-        fma_rate = 2.0 * min(V, 8) / V
         loads = mr + nr / V
-        step = (max(fmas / fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        step = (max(fmas / fma_rate(V), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
         if not pack_a:            # rows of A in place: their addresses spill; rows one page apart alias
             step *= 1.03 if (p.k * 4) % 4096 else 1.0 + 0.03 * mr
         if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags
@@ -122,7 +190,13 @@ class MatmulCpuTemplate(KernelFamily):
         tile = p.k * step + kb * (5 * fmas + 40)
         units = p.batch * (mp if split == "m" else np_)
         other = np_ if split == "m" else mp
-        seconds = -(-units // cores) * other * tile / clock
+        l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
+        # GEMV-like, B in place: streamed again by every row panel unless its block stays in L2,
+        # a few lines of each row at a time (the prefetchers lag: measured ~1.3x the row kernel).
+        b_reads = 1
+        if not pack_b and p.m <= SMALL_SIDE:
+            b_reads = (mp if kc * ncb * nr * 4 > l2 // 2 else 1) * 1.3
+        seconds = overlap(-(-units // cores) * other * tile / clock, memory_seconds(p, 1, b_reads, min(cores, units)))
         # Packing: every element read and written once, at a per-core copy bandwidth.
         a_elems = (p.batch if p.a_batched else 1) * p.m * p.k
         b_elems = (p.batch if p.b_batched else 1) * p.k * p.n
@@ -132,9 +206,40 @@ class MatmulCpuTemplate(KernelFamily):
         regions = 1 + (split == "m" and (pack_b or p.n % nr != 0)) + (split == "n" and pack_a)
         return seconds + FORK_COST * regions * (cores > 1) + CALL_COST
 
+    def _dot_cost(self, p: MatmulProblem, target: Target, s: dict[str, Any]) -> float:
+        """The dot-product kernel: per tile, ``ceil(k / V)`` steps of ``MR * NR`` FMAs and
+        ``MR + NR`` loads, then the lane tree; the big operand streamed once per tile row of the
+        small side."""
+        mr, nr, cores, V = s["mr"], s["nr"], s["cores"], lanes_of(target)
+        mp, np_ = -(-p.m // mr), -(-p.n // nr)
+        step = max(mr * nr / fma_rate(V), (mr + nr) / 2.0) / MICRO_EFFICIENCY
+        tile = -(-p.k // V) * step + 12 * mr * nr + 40
+        tiles = p.batch * mp * np_
+        compute = -(-tiles // cores) * tile / (target.clock_hz or 2.5e9)
+        a_reads, b_reads = (1, mp) if p.m <= p.n else (np_, 1)
+        memory = memory_seconds(p, a_reads, b_reads, min(cores, tiles))
+        return overlap(compute, memory) + FORK_COST * (cores > 1) + CALL_COST
+
+    def _rows_cost(self, p: MatmulProblem, target: Target, s: dict[str, Any]) -> float:
+        """The row-streaming kernel: per vector of C and group of ``KU`` rows of B, ``MR * KU``
+        FMAs, ``KU`` loads of B and C in and out of L1; B streamed once per group of MR rows."""
+        mr, ku, cores, V = s["mr"], s["nr"], s["cores"], lanes_of(target)
+        mp = -(-p.m // mr)
+        pieces = -(-cores // (p.batch * mp))                 # column blocks so that every core gets one
+        nb = min(max(V, ROW_BLOCK // mr // V * V), -(-p.n // (pieces * V)) * V)
+        units = p.batch * mp * -(-p.n // nb)
+        # (measured: C through L1 and A re-broadcast cost up to 2x the FMAs at MR = 8)
+        step = (max(mr * ku / fma_rate(V), (ku + 2 * mr) / 2.0) * (1 + mr / 8) + 2) / MICRO_EFFICIENCY
+        compute = -(-units // cores) * (nb // V) * -(-p.k // ku) * step / (target.clock_hz or 2.5e9)
+        memory = memory_seconds(p, 1, mp, min(cores, units))
+        return overlap(compute, memory) + FORK_COST * (cores > 1) + CALL_COST
+
     # ------------------------------------------------------------------ kernels
-    def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> CpuConfig:
+    def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> CpuConfig | DotConfig:
         s = schedule.as_dict()
+        if s.get("dot", False) or s.get("rows", False):
+            return DotConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], problem.a_batched, problem.b_batched,
+                             problem.bias, problem.trans_c, s.get("rows", False))
         l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
         mcb = max(1, l2 // 2 // (s["mr"] * s["kc"] * 4))          # the A block: half of L2
         return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], s["pack_b"] or problem.trans_b,
@@ -143,6 +248,8 @@ class MatmulCpuTemplate(KernelFamily):
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
+        if isinstance(cfg, DotConfig):
+            return self.kernel(cfg, lambda: build_rows_kernel(cfg) if cfg.rows else build_dot_kernel(cfg))
         return self.kernel(cfg, lambda: build_kernel(cfg))
 
     def workspace_sizes(self, problem: MatmulProblem, schedule: Schedule, target: Target) -> tuple[int, int]:

@@ -19,7 +19,9 @@ and ``NP = ceil(n / NR)`` column panels of B:
   (A packed before — or read in place with ``pack_a=False`` — and each core packs the B block it
   is about to use into its own part of the workspace).
 * **edges**: tiles inside C load and store whole vectors; the last row / column panels take a
-  predicated path (masked loads and stores), outside the K loop.
+  predicated path (masked loads and stores), outside the K loop.  With B in place its last,
+  partial panel is shifted left to end at ``n`` (whole-vector loads, no copy); it stores only
+  its own columns.
 * **write-once output** (for post-scheduling fusion, :mod:`taskmap.fusion`): the kernel takes
   two C parameters, ``c`` and ``cw`` (same type).  The partial sums of every K block but the
   last are stored to ``cw`` and read back from it by the next K block; the last K block
@@ -31,11 +33,10 @@ and ``NP = ceil(n / NR)`` column panels of B:
 """
 from dataclasses import dataclass
 
-from ..lang.kernel import kernel
-from ..lang import func
-from ..runtime.kernel import Kernel
 from ..ir.mapping import repeat, spatial
-from ..lang import bool_, f32, i32, parallel, register_tensor, symbol, unroll
+from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, unroll
+from ..lang.kernel import kernel
+from ..runtime.kernel import Kernel
 
 #: Rows of K packed by one parallel task of the up-front packing loops.
 PACK_CHUNK = 256
@@ -114,10 +115,12 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
             for kk in range(kc):
                 for s in row.vectorize():
                     wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s]
-        else:
-            for kk in range(kc):
-                for s in row.vectorize():
-                    wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s] if j * NR + s < n else 0.0
+        else:                                 # the partial panel: a copy loop and a zero loop per row
+            for kk in range(kc):              # (gcc makes predicated loads of one loop gathers)
+                for s in range(n - j * NR):
+                    wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s]
+                for s in range(n - j * NR, NR):
+                    wb[off + kk * NR + s] = 0.0
 
     @func
     def micro(a: A_T, b: B_T, wa: f32[wsa], wb: f32[wsb], bias: BIAS_T, c: C_T, cw: C_T, aoff: i32, boff: i32,
@@ -127,6 +130,8 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
         acc = register_tensor(f32, [MR, NR])
         r0 = i * MR
         c0 = j * NR
+        if not PACK_B:                        # B in place: the last, partial panel shifts left onto
+            c0 = min(j * NR, max(n - NR, 0))  # whole vectors (only its own columns are stored)
         full = i < m // MR and j < n // NR
         if first:
             if BIAS and TRANS_C:
@@ -147,7 +152,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
         else:
             for r, s in tile.vectorize():
                 acc[r, s] = cw[ci, r0 + r, c0 + s] if r0 + r < m and c0 + s < n else 0.0
-        if PACK_B or j >= n // NR:            # B packed (the last, partial panel always is)
+        if PACK_B or n < NR:                  # B packed (or narrower than one panel)
             if PACK_A:
                 for kk in range(kc):
                     for r, s in tile.vectorize():
@@ -175,14 +180,14 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                         c[ci, c0 + s, r0 + r] = acc[r, s]
                 else:
                     for s, r in tile_t.vectorize():
-                        if r0 + r < m and c0 + s < n:
+                        if r0 + r < m and c0 + s < n and c0 + s >= j * NR:
                             c[ci, c0 + s, r0 + r] = acc[r, s]
             elif full:
                 for r, s in tile.vectorize():
                     c[ci, r0 + r, c0 + s] = acc[r, s]
             else:
                 for r, s in tile.vectorize():
-                    if r0 + r < m and c0 + s < n:
+                    if r0 + r < m and c0 + s < n and c0 + s >= j * NR:
                         c[ci, r0 + r, c0 + s] = acc[r, s]
         elif TRANS_C:                         # partial sums: the same stores, to cw
             if full:
@@ -190,14 +195,14 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                     cw[ci, c0 + s, r0 + r] = acc[r, s]
             else:
                 for s, r in tile_t.vectorize():
-                    if r0 + r < m and c0 + s < n:
+                    if r0 + r < m and c0 + s < n and c0 + s >= j * NR:
                         cw[ci, c0 + s, r0 + r] = acc[r, s]
         elif full:
             for r, s in tile.vectorize():
                 cw[ci, r0 + r, c0 + s] = acc[r, s]
         else:
             for r, s in tile.vectorize():
-                if r0 + r < m and c0 + s < n:
+                if r0 + r < m and c0 + s < n and c0 + s >= j * NR:
                     cw[ci, r0 + r, c0 + s] = acc[r, s]
 
     @kernel
@@ -206,8 +211,8 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
         NP = (n + NR - 1) // NR
         KB = (k + KC - 1) // KC               # K blocks of nearly equal size, at most KC
         CH = (k + PACK_CHUNK - 1) // PACK_CHUNK
-        if SPLIT_M:           # B packed once, by all cores (without PACK_B: only its partial panel)
-            PJ = NP if PACK_B else NP - n // NR
+        if SPLIT_M:           # B packed once, by all cores (without PACK_B: only when narrower than a panel)
+            PJ = NP if PACK_B or n < NR else 0
             for q in PAR((batch if B_BATCHED else 1) * PJ * CH):
                 bj = q // (PJ * CH)
                 j = q // CH % PJ + NP - PJ
@@ -247,7 +252,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                         for pb in range(KB):
                             k0 = pb * k // KB
                             kc = (pb + 1) * k // KB - k0
-                            for j in range(jb if PACK_B else max(jb, n // NR), je):
+                            for j in range(jb if PACK_B or n < NR else je, je):
                                 pack_b(b, wb, (p * NCB + j - jb) * KC * NR, bj, j, k0, kc)
                             for i in range(MP):
                                 for j in range(jb, je):
@@ -258,4 +263,4 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     return matmul_cpu
 
 
-__all__ = ["CpuConfig", "PACK_CHUNK", "build_kernel"]
+__all__ = ["PACK_CHUNK", "CpuConfig", "build_kernel"]

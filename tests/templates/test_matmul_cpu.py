@@ -1,7 +1,9 @@
 """The CPU matmul template: its space and cost model, every code path of the kernel (splits,
 packing choices, edges, batches, broadcast operands, transposed B and C, bias, AVX2 tiles)
-against numpy in float64 on odd and prime shapes, and the micro-kernel's assembly."""
+against numpy in float64 on odd and prime shapes, the small-M paths (the dot-product kernel for
+``trans_b``, narrow tiles over B in place), and the micro-kernels' assembly."""
 import dataclasses
+import itertools
 import re
 import shutil
 import subprocess
@@ -11,10 +13,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taskmap import ops
 from taskmap.backends.base import host_cpu_target
+from taskmap.compute import compute, tensor_input
+from taskmap.fusion import fuse
+from taskmap.ir import expr as E
 from taskmap.schedule.tune import choose
 from taskmap.templates.base import Schedule
-from taskmap.templates.matmul_cpu import MATMUL_CPU, TILES, lanes_of
+from taskmap.templates.matmul_cpu import (
+    DOT_TILES,
+    MATMUL_CPU,
+    ROW_STEP,
+    ROW_TILES,
+    SMALL_TILES,
+    TILES,
+    lanes_of,
+)
+from taskmap.templates.matmul_cpu_dot import DotConfig, build_dot_kernel
 from taskmap.templates.matmul_cpu_kernel import CpuConfig, build_kernel
 from taskmap.templates.matmul_problem import MatmulProblem
 from taskmap.testing import assert_close
@@ -109,16 +124,23 @@ def test_avx2_tiles(tile):
 
 
 def test_space_is_small_pruned_and_hardware_centric():
-    for shape in [(2048, 2048, 2048), (256, 256, 256), (128, 768, 3072), (3, 5, 7)]:
-        p = MatmulProblem(1, *shape)
+    for shape, trans_b in itertools.product([(2048, 2048, 2048), (256, 256, 256), (128, 768, 3072), (3, 5, 7),
+                                             (1, 1000, 2048), (1000, 4, 2048)], [False, True]):
+        p = MatmulProblem(1, *shape, trans_b=trans_b)
         space = MATMUL_CPU.space(p, CPU)
         assert 0 < len(space) <= 200
         V = lanes_of(CPU)
         regs = 32 if CPU.vector_bytes >= 64 else 16
         for s in space:
+            if s.get("dot", False):                                         # accumulators + loads
+                assert s["mr"] * s["nr"] + s["mr"] + s["nr"] <= regs
+                continue
+            if s.get("rows", False):                                        # GEMV-like plain B only
+                assert not trans_b and shape[0] <= 8 and s["mr"] in ROW_TILES and s["nr"] == ROW_STEP
+                continue
             assert s["nr"] % V == 0 and s["mr"] * s["nr"] // V + s["nr"] // V + 1 <= regs
             assert s["mr"] * s["kc"] * 4 <= 32 * 1024                       # the A micro-panel fits L1
-            if s["split"] == "n":                                           # the B block, half of L2
+            if s["split"] == "n" and s["pack_b"]:                           # the packed B block, half of L2
                 assert s["kc"] * s["ncb"] * s["nr"] * 4 <= (CPU.l2_bytes or 2 << 20) // CPU.num_cores // 2
     assert {s["nr"] // 8 * 8 for s in MATMUL_CPU.space(MatmulProblem(1, 64, 64, 64), AVX2)} <= {8, 16, 24}
     assert not MATMUL_CPU.space(MatmulProblem(1, 4, 4, 4, "float16", "float16"), CPU)
@@ -152,3 +174,150 @@ def test_micro_kernel_assembly():
     assert hot.count("vbroadcastss") == 12
     assert len(re.findall(r"vmovups\s+[-\d]*\(%\w+\), %zmm", hot)) == 2
     assert "gather" not in hot and "scatter" not in hot and "{%k" not in hot
+
+
+# ----------------------------------------------------------------------------- small M (GEMV-like)
+
+
+def dot(mr, nr, cores=CPU.num_cores):
+    return Schedule.of(dot=True, mr=mr, nr=nr, pack_a=False, pack_b=False, cores=cores)
+
+
+@given(batch=st.integers(1, 3), small=st.integers(1, 8), big=st.integers(1, 90), k=st.integers(1, 300),
+       tile=st.sampled_from(DOT_TILES[32]), m_small=st.booleans(), bias=st.booleans(), trans_c=st.booleans(),
+       a_batched=st.booleans(), cores=st.sampled_from([1, CPU.num_cores]))
+@settings(max_examples=25, deadline=None)
+def test_dot_kernel_matches_numpy(batch, small, big, k, tile, m_small, bias, trans_c, a_batched, cores):
+    """``trans_b`` with a small side: rows of A by rows of B, dot products along K (masked tail,
+    lane tree), either side small, C stored either way, batched and broadcast operands."""
+    m, n = (small, big) if m_small else (big, small)
+    mr, nr = tile if m_small else tile[::-1]
+    b_batched = not a_batched or batch == 1 or bool(k % 2)
+    p = MatmulProblem(batch, m, n, k, a_batched=a_batched, b_batched=b_batched, trans_b=True, bias=bias,
+                      trans_c=trans_c)
+    check(p, dot(mr, nr, cores))
+
+
+@given(batch=st.integers(1, 3), m=st.integers(1, 8), n=st.integers(1, 300), k=st.integers(1, 300),
+       tile=st.sampled_from(SMALL_TILES[32]), split=st.sampled_from("mn"), pack_a=st.booleans(), bias=st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_small_tiles_read_b_in_place(batch, m, n, k, tile, split, pack_a, bias):
+    """Narrow register tiles over B in place, several K blocks (partial sums in cw), the last,
+    partial column panel shifted onto whole vectors (or packed when B is narrower than a panel)."""
+    mr, nv = tile
+    p = MatmulProblem(batch, m, n, k, bias=bias)
+    check(p, sched(mr=mr, nr=nv * 16, kc=64, ncb=2, split=split, pack_a=pack_a, pack_b=False))
+
+
+@given(batch=st.integers(1, 3), m=st.integers(1, 8), n=st.integers(16, 300), k=st.integers(1, 100),
+       mr=st.sampled_from(ROW_TILES), a_batched=st.booleans(), bias=st.booleans(), cores=st.sampled_from([1, 2]))
+@settings(max_examples=25, deadline=None)
+def test_row_kernel_matches_numpy(batch, m, n, k, mr, a_batched, bias, cores):
+    """B streamed by rows: groups of rows (the last one partial), column blocks split over
+    cores, the last vector of a row shifted onto whole vectors, several row groups of A."""
+    b_batched = not a_batched or batch == 1 or bool(k % 2)
+    p = MatmulProblem(batch, m, n, k, a_batched=a_batched, b_batched=b_batched, bias=bias)
+    check(p, Schedule.of(rows=True, mr=mr, nr=ROW_STEP, pack_a=False, pack_b=False, cores=cores))
+
+
+def test_row_kernel_infinite_weights_in_the_last_partial_group():
+    """The last, partial group of rows of B adds nothing for the missing rows: an inf in B's
+    last row gives numpy's inf, not inf * 0 = NaN."""
+    p = MatmulProblem(1, 2, 40, ROW_STEP + 3)
+    a, b, _ = operands(p)
+    a = np.abs(a) + 0.5                       # every product with the inf is +inf
+    b[0, -1, 5] = np.inf
+    c = np.full(p.c_shape, np.nan, np.float32)
+    s = Schedule.of(rows=True, mr=2, nr=ROW_STEP, pack_a=False, pack_b=False, cores=1)
+    MATMUL_CPU.instantiate(p, CPU, s)(*MATMUL_CPU.arguments(p, [a, b], [c], s, CPU))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.isposinf(c[0, :, 5]).all() and np.isfinite(np.delete(c, 5, axis=2)).all()
+    assert_close(np.delete(c, 5, axis=2), np.delete(ref, 5, axis=2), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("tile", DOT_TILES[16], ids=str)
+def test_avx2_dot_tiles(tile):
+    for m, n in [(tile[0], 45), (37, tile[0])]:
+        mr, nr = tile if m <= n else tile[::-1]
+        check(MatmulProblem(2, m, n, 70, trans_b=True, bias=True), dot(mr, nr), AVX2)
+
+
+@pytest.mark.parametrize("p, s", [
+    (MatmulProblem(1, 3, 100, 200, bias=True), sched(mr=2, nr=128, kc=64, split="n", pack_a=False, pack_b=False)),
+    (MatmulProblem(2, 3, 1000, 77, bias=True), Schedule.of(rows=True, mr=2, nr=ROW_STEP, pack_a=False, pack_b=False,
+                                                           cores=2)),
+], ids=["shifted-panel", "rows"])
+def test_small_m_kernels_write_c_once(p, s):
+    """With a separate ``cw`` (as fused kernels get) ``c`` is written only by the last K block
+    (or group of rows of B), each element once: a NaN-filled ``cw`` never leaks into ``c``."""
+    a, b, bias = operands(p)
+    c, cw = np.full(p.c_shape, np.nan, np.float32), np.full(p.c_shape, np.nan, np.float32)
+    args = MATMUL_CPU.arguments(p, [a, b, bias], [c], s, CPU)
+    args[4] = cw
+    MATMUL_CPU.instantiate(p, CPU, s)(*args)
+    assert_close(c, reference(p, a, b, bias), rtol=1e-5, atol=1e-3)
+
+
+def test_cost_model_picks_the_small_m_paths():
+    """GEMV-like problems: the dot kernel for ``trans_b`` (``linear``'s weight, in its swapped
+    form ``c^T = w x^T`` too), B streamed by rows (or narrow tiles over B in place) otherwise —
+    never a copy of the big operand; square problems keep the blocked kernel."""
+    for p in [MatmulProblem(1, 1000, 1, 2048, trans_b=True, bias=True, trans_c=True),
+              MatmulProblem(1, 1, 1000, 2048, trans_b=True), MatmulProblem(3, 4, 768, 768, trans_b=True)]:
+        s = choose(MATMUL_CPU, p, CPU, mode="model")
+        assert s.get("dot", False) and s["mr"] * s["nr"] <= 32, (p, s)
+    for m in (1, 2, 4, 8):
+        for n in (1000, 3072):
+            s = choose(MATMUL_CPU, MatmulProblem(1, m, n, 2048), CPU, mode="model")
+            assert not s["pack_b"] and s["mr"] <= max(m, 4), (m, n, s)
+    assert choose(MATMUL_CPU, MatmulProblem(1, 1, 1000, 2048), CPU, mode="model").get("rows", False)
+    for shape in [(1024, 1024, 1024), (128, 3072, 768)]:
+        s = choose(MATMUL_CPU, MatmulProblem(1, *shape, trans_b=True), CPU, mode="model")
+        assert not s.get("dot", False) and s["mr"] >= 6
+
+
+@given(lead=st.sampled_from([(), (3,)]), m=st.integers(1, 8), n=st.integers(1, 200), k=st.integers(1, 300),
+       bias=st.booleans())
+@FEW
+def test_small_m_ops_match_torch_semantics(lead, m, n, k, bias):
+    """End to end through ``ops.linear`` / ``ops.matmul`` (which swap small-M ``linear``)."""
+    x = RNG.standard_normal(lead + (m, k)).astype(np.float32)
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32) if bias else None
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + (b if bias else 0.0)
+    assert_close(ops.linear(x, w, b), ref, rtol=1e-5, atol=2e-6 * k + 1e-5)
+    wt = np.ascontiguousarray(w.T)
+    assert_close(ops.matmul(x, wt), x.astype(np.float64) @ wt.astype(np.float64), rtol=1e-5, atol=2e-6 * k + 1e-5)
+
+
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_dot_kernel_assembly():
+    """The hot loop of the 1 x 8 dot tile: 8 FMAs on 16-lane vectors of K, 9 loads, no gathers."""
+    src = build_dot_kernel(DotConfig(1, 8, 16, 1, True, True, True)).build("cpu").source_path
+    asm = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-std=gnu11", "-S", src, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    loops = [body for body in re.split(r"\n\.L\d+:\n", asm) if body.count("vfmadd231ps") == 8 and "%zmm" in body]
+    assert loops, "no loop with 8 FMAs (the 1 x 8 dot tile)"
+    hot = loops[0].split("\n\tj")[0]
+    assert "gather" not in hot and "(%rsp)" not in hot and hot.count("vmovups") + hot.count("vfmadd231ps\t(") >= 8
+
+
+@pytest.mark.parametrize("p, schedule", [
+    (MatmulProblem(1, 37, 3, 101, trans_b=True, bias=True), dot(8, 1)),
+    (MatmulProblem(1, 37, 3, 101, trans_b=True, bias=True, trans_c=True), dot(8, 1)),
+    (MatmulProblem(1, 3, 37, 101, bias=True), Schedule.of(rows=True, mr=2, nr=8, pack_a=False, pack_b=False, cores=2)),
+], ids=["dot", "dot-trans-c", "rows"])
+def test_small_m_kernels_fuse_an_epilogue(p, schedule):
+    """The small-M kernels store each element of ``c`` once: a residual + ReLU epilogue spliced
+    into their stores (what the graph compiler does for ``linear`` at batch 1..8)."""
+    cs = p.c_shape
+    c_in, res = tensor_input("c", "float32", list(cs)), tensor_input("res", "float32", list(cs))
+    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + res[b, i, j], 0.0))
+    fused = fuse(MATMUL_CPU.instantiate(p, CPU, schedule), {}, {"c": y})
+    a, b, bias = operands(p)
+    arrays = {"a": a, "b": b, "bias": bias, "res": RNG.standard_normal(cs).astype(np.float32),
+              "y": np.full(cs, np.nan, np.float32), "cw": np.full(cs, np.nan, np.float32),
+              "wa": np.zeros(1, np.float32), "wb": np.zeros(1, np.float32)}
+    fused(*(arrays[q.name] for q in fused.func.params))
+    expect = np.maximum(reference(p, a, b, bias) + arrays["res"], 0.0)
+    assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
