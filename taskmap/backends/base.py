@@ -126,11 +126,16 @@ def host_cpu_target() -> Target:
     cost model's peak numbers derived from them.  FLOP/s: two FMA pipes of at most 256 bits per
     core (what AMD Zen 4 runs AVX-512 on; Intel parts with two 512-bit pipes get half their
     peak here, close to what they sustain at AVX-512 clocks) at the nominal clock.  Memoized:
-    the host does not change while a process runs."""
+    the host does not change while a process runs.  Cores: the CPUs, or fewer when
+    ``OMP_NUM_THREADS`` says so (the kernels' parallel regions run that many threads: the cost
+    models must plan for them)."""
     flags = _cpu_flags()
     simd = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
     keep = tuple(f for f in flags if f.startswith(("avx", "fma", "sse", "f16c", "amx")))
     cores = os.cpu_count() or 1
+    threads = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if threads.isdigit() and int(threads) > 0:
+        cores = min(cores, int(threads))
     clock = _cpu_clock_hz()
     lanes = min(simd, 32) // 4
     flops_per_cycle = 2 * 2 * lanes if "fma" in flags else 2 * lanes
