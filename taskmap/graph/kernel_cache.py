@@ -1,12 +1,14 @@
 """An on-disk cache of the kernels the graph lowering makes (fused template kernels,
 rule-based kernels of composed injective ops), so that compiling a model again — in a new
-process — skips instantiating templates, splicing prologues / epilogues and the lowering
-passes: the lowered IR module is stored (pickled) under a key of everything it depends on,
-and its binary comes from the backend's own cache.
+process — skips instantiating templates, splicing prologues / epilogues, the lowering
+passes and rendering the source: the lowered IR module and its source for the target are
+stored (pickled) under a key of everything they depend on, and the binary comes from the
+backend's own cache (keyed by the source).
 
 The key holds the caller's description of the kernel (template, configuration, the fusion's
-definitions as text, sizes, target) and a fingerprint of taskmap's own source files, so an
-edited compiler never reads a stale module.  ``TASKMAP_GRAPH_CACHE=0`` turns the cache off.
+definitions as text, sizes), the target and a fingerprint of taskmap's own source files (the
+lowering passes and the renderers included), so an edited compiler never reads a stale module
+or source.  ``TASKMAP_GRAPH_CACHE=0`` turns the cache off.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ..backends import Target
+from ..ir.func import Module
 from ..runtime.cache import DiskCache, cache_key
 from ..runtime.kernel import Kernel
 
@@ -43,33 +47,48 @@ def enabled() -> bool:
     return os.environ.get("TASKMAP_GRAPH_CACHE", "1") != "0"
 
 
-def cached_kernel(parts: tuple[object, ...], make: Callable[[], Kernel]) -> Kernel:
-    """The kernel described by ``parts`` (everything it depends on): from this process, from
-    the disk cache, or ``make()``-d and stored."""
-    key = cache_key("graph-kernel", code_fingerprint(), parts)
+def cached_kernel(parts: tuple[object, ...], make: Callable[[], Kernel], target: Target) -> Kernel:
+    """The kernel described by ``parts`` (everything it depends on) for ``target``: from this
+    process, from the disk cache (with its source for ``target``, which is not rendered again),
+    or ``make()``-d, lowered, rendered and stored."""
+    key = cache_key("graph-kernel", code_fingerprint(), parts, target)
     with _LOCK:
         hit = _MEMORY.get(key)
     if hit is not None:
         return hit
-    kernel = None
-    if enabled():
-        path = _DISK.get(key, ".pkl")
-        if path is not None:
-            try:
-                kernel = Kernel.from_lowered(pickle.loads(path.read_bytes()))
-            except Exception:  # noqa: BLE001 - an unreadable entry is rebuilt and overwritten
-                kernel = None
+    kernel = _load(key, target) if enabled() else None
     if kernel is None:
         kernel = make()
         if enabled():
-            try:
-                data = pickle.dumps(kernel.lower(), protocol=pickle.HIGHEST_PROTOCOL)
-            except (pickle.PicklingError, TypeError, AttributeError):
-                data = None
-            if data is not None:
-                _DISK.put_bytes(key, ".pkl", data)
+            _store(key, kernel, target)
     with _LOCK:
         return _MEMORY.setdefault(key, kernel)
+
+
+def _load(key: str, target: Target) -> Kernel | None:
+    path = _DISK.get(key, ".pkl")
+    if path is None:
+        return None
+    try:
+        module, sources = pickle.loads(path.read_bytes())
+    except Exception:  # noqa: BLE001 - an unreadable entry is rebuilt and overwritten
+        return None
+    if not isinstance(module, Module) or not isinstance(sources, dict):
+        return None
+    source = sources.get(target)
+    return Kernel.from_lowered(module, {target: source} if isinstance(source, str) else None)
+
+
+def _store(key: str, kernel: Kernel, target: Target) -> None:
+    try:
+        sources = {target: kernel.render(target)}
+    except Exception:  # noqa: BLE001 - the build renders it again and reports the error
+        sources = {}
+    try:
+        data = pickle.dumps((kernel.lower(), sources), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return
+    _DISK.put_bytes(key, ".pkl", data)
 
 
 __all__ = ["cached_kernel", "code_fingerprint", "enabled"]

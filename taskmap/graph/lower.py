@@ -111,7 +111,7 @@ def injective_kernel(ops: Sequence[Op], target: Target, squeeze: bool = False
     name = "_".join(dict.fromkeys(op.kind.name.lower() for op in ops))[:60]
     parts = ("rule_based", dag_str(root), repr(root.dtype), root._shape_str(), tuple(n.name for n in used), name,
              target)
-    kernel = cached_kernel(parts, lambda: schedule(root, target, inputs=used, name=name))
+    kernel = cached_kernel(parts, lambda: schedule(root, target, inputs=used, name=name), target)
     return kernel, [leaves[n.name] for n in used], tuple(root.shape)
 
 

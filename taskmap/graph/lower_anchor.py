@@ -312,7 +312,8 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
     sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
     kernel = cached_kernel((MATMUL_CPU.name, MATMUL_CPU.version, MATMUL_CPU.config(p, target, sched),
                             fusion_key(pro_defs, epi_defs, sizes), target),
-                           lambda: fuse(MATMUL_CPU.instantiate(p, target, sched), pro_defs, epi_defs, sizes))
+                           lambda: fuse(MATMUL_CPU.instantiate(p, target, sched), pro_defs, epi_defs, sizes),
+                           target)
     wa, wb = MATMUL_CPU.workspace_sizes(p, sched, target)
     args: list[Arg] = []
     shapes: list[tuple[int, ...] | None] = []
@@ -359,7 +360,8 @@ def _direct_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_
     sizes = direct_sizes(cp)
     kernel = cached_kernel((CONV_CPU.name, CONV_CPU.version, CONV_CPU.config(cp, target, sched),
                             fusion_key(pro_defs, epi_defs, sizes), target),
-                           lambda: fuse(CONV_CPU.instantiate(cp, target, sched), pro_defs, epi_defs, sizes))
+                           lambda: fuse(CONV_CPU.instantiate(cp, target, sched), pro_defs, epi_defs, sizes),
+                           target)
     args: list[Arg] = []
     shapes: list[tuple[int, ...] | None] = []
     for param in kernel.func.params:

@@ -216,7 +216,7 @@ def plan_template(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epi
     if pro_defs or epi_defs:
         kernel = cached_kernel((tp.template.name, tp.template.version, tp.problem, _ir_text(base),
                                 fusion_key(pro_defs, epi_defs), target),
-                               lambda: fuse(base, pro_defs, epi_defs))
+                               lambda: fuse(base, pro_defs, epi_defs), target)
     args: list[Any] = []
     shapes: list[tuple[int, ...] | None] = []
     for param in kernel.func.params:

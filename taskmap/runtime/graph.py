@@ -5,8 +5,11 @@ turns every **fusion group** (:func:`taskmap.graph.lower.lower_group`) into a :c
 
 * a fused kernel (a matmul / linear / conv2d anchor with its prologues and epilogue, or a
   chain of injective ops composed and scheduled by the rule-based scheduler): the step
-  launches it into a buffer of the **memory plan**, through a prepared launch
-  (``CompiledKernel.prepare``: arguments checked once);
+  launches it into a buffer of the **memory plan**.  On the CPU the launch is bound at the
+  first run (``CompiledKernel.bind_host``: arguments checked once) and every later run passes
+  only the arrays' data pointers — a compiled graph's shapes are static and its inputs are
+  checked by the graph; on a GPU it is a prepared launch (``CompiledKernel.prepare``),
+  prepared again when an array outside the memory plan has moved;
 * other anchors (reductions, norms, pooling, attention, unsupported shapes) and the PyTorch
   fallback: the step calls the op's ``taskmap.ops`` runner, which allocates its own result.
 
@@ -14,8 +17,9 @@ turns every **fusion group** (:func:`taskmap.graph.lower.lower_group`) into a :c
 
 Memory plan: every intermediate written by a kernel step (not a graph output) gets a region of
 one of a few byte buffers, chosen by lifetime (a buffer is free again after the last step that
-reads its tensor; best fit, growing the largest free one).  The buffers are allocated once, on
-the first run, and reused by every later run — so a compiled graph runs one call at a time.
+reads its tensor; best fit, growing the largest free one).  The buffers are allocated (and the
+tensors' views of them made) once, on the first run, and reused by every later run — so a
+compiled graph runs one call at a time.
 Values of other steps are dropped after their last use.  Graph outputs are always fresh arrays.
 
 The seam for fusion: :func:`build_steps` is the only place that maps groups (or ops) to steps;
@@ -34,6 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from ..backends import TargetKind
 from ..compute.nodes import graph_inputs, tensor_input
 from ..errors import LaunchError
 from ..graph.ir import Graph, Op, Tensor
@@ -41,12 +46,17 @@ from ..graph.kinds import OpKind
 from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, graph_groups, lower_group, workspace_sizes
 from ..graph.passes import debug_enabled, optimize
 from ..graph.printer import graph_str
+from ..ir.types import TensorType
 from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
 from .args import data_ptr as _ptr
 from .args import view
-from .kernel import Kernel
+from .kernel import CompiledKernel, HostLaunch, Kernel
+
+#: One kernel argument of a step: (a slot of the graph's values or -1, the fixed array or scalar
+#: of a -1, the shape the kernel sees the slot's array with or None).
+_Arg = tuple[int, Any, "tuple[int, ...] | None"]
 
 _KERNELS: dict[tuple[Any, ...], tuple[Kernel, tuple[int, ...]]] = {}
 
@@ -111,9 +121,10 @@ class CompiledGraph:
             print(graph_str(graph), file=sys.stderr)
         self.slots: dict[Tensor, int] = {t: k for k, t in enumerate(graph.tensors())}
         self.constants: dict[int, Any] = {self.slots[t]: self._convert(t.data) for t in graph.constants()}
-        self.steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse)
+        self.steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse, self.constants)
         self._plan()
-        self._buffers: list[Any] | None = None
+        self._by_slot = {k: t for t, k in self.slots.items()}
+        self._carved: list[list[tuple[int, Any]]] | None = None    # per step: (slot, its view of a buffer)
         self.runs = 0
 
     # ------------------------------------------------------------------ compile time
@@ -180,31 +191,41 @@ class CompiledGraph:
             raise LaunchError(f"compiled graph {g.name} takes {len(g.inputs)} inputs, got {len(inputs)}")
         for k, (a, t) in enumerate(zip(inputs, g.inputs)):
             shape = tuple(a.shape)
-            dtype = str(a.dtype).replace("torch.", "")
+            dtype = _dtype_name(a)
             dev = str(getattr(a, "device", "cpu"))
             if shape != t.shape or dtype != t.dtype.name or (dev != self.kind.device and
                                                               not (dev == "cuda" and self.kind.device == "cuda:0")):
                 raise LaunchError(f"input {k} ({t.name}) of {g.name}: expected {t.dtype.name}{list(t.shape)} on "
                                   f"{self.kind.device}, got {dtype}{list(shape)} on {dev}")
 
+    def _carve_buffers(self) -> list[list[tuple[int, Any]]]:
+        """Allocate the memory plan's buffers; per step, the views its planned outputs write."""
+        buffers = [empty_like_kind(self.kind, (n,), "uint8") for n in self.buffer_sizes]
+        carved = []
+        for step in self.steps:
+            views = []
+            for k in step.outputs:
+                b = self.assign.get(k)
+                if b is not None:
+                    t = self._by_slot[k]
+                    views.append((k, _carve(buffers[b], t.shape, t.dtype.name)))
+            carved.append(views)
+        return carved
+
     def __call__(self, *inputs: Any) -> list[Any]:
         self._check(inputs)
-        if self._buffers is None:
-            self._buffers = [empty_like_kind(self.kind, (n,), "uint8") for n in self.buffer_sizes]
+        if self._carved is None:
+            self._carved = self._carve_buffers()
         values: list[Any] = [None] * len(self.slots)
         for t, a in zip(self.graph.inputs, inputs):
             values[self.slots[t]] = a if _contiguous(a) else a.contiguous()
         for k, c in self.constants.items():
             values[k] = c
-        by_slot = {k: t for t, k in self.slots.items()}
-        for i, step in enumerate(self.steps):
-            for k in step.outputs:
-                b = self.assign.get(k)
-                if b is not None:
-                    t = by_slot[k]
-                    values[k] = _carve(self._buffers[b], t.shape, t.dtype.name)
+        for step, carved, free in zip(self.steps, self._carved, self.free_after):
+            for k, v in carved:
+                values[k] = v
             step.run(values)
-            for k in self.free_after[i]:
+            for k in free:
                 values[k] = None
         self.runs += 1
         outs = []
@@ -218,12 +239,19 @@ def _contiguous(a: Any) -> bool:
     return a.flags.c_contiguous if isinstance(a, np.ndarray) else a.is_contiguous()
 
 
+def _dtype_name(a: Any) -> str:
+    return str(a.dtype).replace("torch.", "")
+
+
 def build_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: ArrayKind,
-                progress: bool | None = None, fuse: bool = True) -> list[Step]:
+                progress: bool | None = None, fuse: bool = True, constants: dict[int, Any] | None = None
+                ) -> list[Step]:
     """One step per fusion group (:func:`taskmap.graph.lower.lower_group`); with ``fuse=False``
-    one step per op (injective ops as rule-based kernels, the others through their runners)."""
+    one step per op (injective ops as rule-based kernels, the others through their runners).
+    ``constants``: the arrays of constant slots, given to the kernels once (not read each run)."""
+    constants = constants or {}
     if fuse:
-        return _group_steps(graph, slots, target, kind, progress)
+        return _group_steps(graph, slots, target, kind, progress, constants)
     steps = []
     ops = graph.ops
     bar = tqdm(ops, desc=f"taskmap: compiling {graph.name}", unit="op", leave=False,
@@ -232,17 +260,17 @@ def build_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Array
         ins = tuple(slots[t] for t in op.inputs)
         outs = tuple(slots[t] for t in op.outputs)
         if op.definition.category.is_injective:
-            steps.append(_kernel_step(op, ins, outs, target, kind))
+            steps.append(_kernel_step(op, ins, outs, target, kind, constants))
         else:
             steps.append(_runner_step(op, ins, outs))
     return steps
 
 
 def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: ArrayKind,
-                 progress: bool | None) -> list[Step]:
-    """Steps of the fused kernel groups.  Kernels launch through ``CompiledKernel.prepare``:
-    arguments are checked once and re-checked only when an array that is not in the memory
-    plan (a graph input or output, a runner's result) has moved."""
+                 progress: bool | None, constants: dict[int, Any]) -> list[Step]:
+    """Steps of the fused kernel groups (kernels launch through :func:`_launch`: on a GPU
+    prepared again only when an array that is not in the memory plan — a graph input or output,
+    a runner's result — has moved)."""
     groups = _lower_and_build(graph, target, kind, progress)
     if debug_enabled("source"):
         for kg in groups:
@@ -261,11 +289,11 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
         ins = tuple(slots[t] for t in kg.inputs)
         outs = tuple(slots[t] for t in kg.outputs)
         if kg.kernel is not None:
-            steps.append(_group_step(kg, slots, kind, ws, zeros, stable))
+            steps.append(_group_step(kg, slots, kind, ws, zeros, stable, constants))
         elif len(kg.ops) == 1 and not kg.ops[0].definition.category.is_injective:
             steps.append(_runner_step(kg.ops[0], ins, outs))
         else:
-            steps.append(_kernel_step(kg.ops[-1], ins, outs, target, kind))   # an empty result
+            steps.append(_kernel_step(kg.ops[-1], ins, outs, target, kind, constants))   # an empty result
     return steps
 
 
@@ -298,11 +326,11 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
 
 
 def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: Any,
-                stable: set[int]) -> Step:
+                stable: set[int], constants: dict[int, Any]) -> Step:
     compiled = kg.kernel.build(kind.target)
     out = kg.outputs[0]
     o = slots[out]
-    plan: list[tuple[int, Any, tuple[int, ...] | None]] = []     # (slot or -1, fixed array, view shape)
+    plan: list[_Arg] = []
     for a, s in zip(kg.args, kg.shapes):
         if isinstance(a, Workspace):
             buf = ws[a.slot]
@@ -314,60 +342,102 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
         elif a not in slots and a.data is not None:     # a constant of the lowering's (packed weights)
             plan.append((-1, a.data if s is None else a.data.reshape(s), None))
         else:
-            plan.append((slots[a], None, s))
+            plan.append(_slot_arg(slots[a], s, constants))
     volatile = tuple(dict.fromkeys([o, *(k for k, _, _ in plan if k >= 0 and k not in stable)]))
-    state: list[Any] = [None, None]          # the prepared launch, the volatile pointers it was made for
+    launch = _launch(compiled, plan, volatile)
 
     def run(values: list[Any]) -> None:
         if values[o] is None:
             values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
-        key = tuple(_ptr(values[k]) for k in volatile)
-        if state[0] is None or key != state[1]:
-            arrays = [fixed if k < 0 else view(values[k], s) for k, fixed, s in plan]
-            state[0], state[1] = compiled.prepare(*arrays), key
-        state[0]()
+        launch(values)
     ins = tuple(slots[t] for t in kg.inputs)
     return Step(kg.name, kg.ops[-1].kind, ins, tuple(slots[t] for t in kg.outputs), run, kg.kernel, True)
 
 
-def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: Any, kind: ArrayKind) -> Step:
+def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: Any, kind: ArrayKind,
+                 constants: dict[int, Any]) -> Step:
     out = op.output
-    oshape = kernel_shape(out.shape)
+    o = outs[0]
     if out.numel == 0:
         def run_empty(values: list[Any]) -> None:
-            if values[outs[0]] is None:
-                values[outs[0]] = empty_like_kind(kind, out.shape, out.dtype.name)
+            if values[o] is None:
+                values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
         return Step(op.name, op.kind, ins, outs, run_empty, None, True)
     kernel, used = compute_kernel(op, target)
-    launcher = kernel.build(kind.target)
-    in_shapes = [kernel_shape(t.shape) for t in op.inputs]
-    sel = [(ins[k], in_shapes[k]) for k in used]
-    o = outs[0]
+    plan = [_slot_arg(ins[k], kernel_shape(op.inputs[k].shape), constants) for k in used]
+    plan.append((o, None, kernel_shape(out.shape)))
+    launch = _launch(kernel.build(kind.target), plan, tuple(dict.fromkeys(k for k, _, _ in plan if k >= 0)))
 
     def run(values: list[Any]) -> None:
-        dst = values[o]
-        if dst is None:
-            dst = values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
-        launcher(*[view(values[k], s) for k, s in sel], view(dst, oshape))
+        if values[o] is None:
+            values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
+        launch(values)
     return Step(op.name, op.kind, ins, outs, run, kernel, True)
+
+
+def _slot_arg(k: int, shape: tuple[int, ...] | None, constants: dict[int, Any]) -> _Arg:
+    """The argument reading slot ``k`` (seen with ``shape``): fixed when it is a constant."""
+    c = constants.get(k)
+    if c is None:
+        return k, None, shape
+    return -1, c if shape is None else view(c, shape), None
+
+
+def _launch(compiled: CompiledKernel, plan: list[_Arg], volatile: tuple[int, ...]) -> Callable[[list[Any]], None]:
+    """``launch(values)``: ``compiled`` on the arguments of ``plan``.
+
+    CPU builds are bound at the first launch (``CompiledKernel.bind_host``: the arguments are
+    checked once) and then launched by the data pointers of the slots' arrays: a graph's shapes
+    are static, its inputs are checked by :meth:`CompiledGraph.__call__`, its runners' results
+    by their steps, and its kernels' outputs are made here.  GPU builds launch prepared
+    (``CompiledKernel.prepare``), prepared again whenever the array of a ``volatile`` slot moved."""
+    if compiled.target.kind is TargetKind.CPU:
+        return _host_launch(compiled, plan)
+    state: list[Any] = [None, None]          # the prepared launch, the volatile pointers it was made for
+
+    def prepared(values: list[Any]) -> None:
+        key = tuple(_ptr(values[k]) for k in volatile)
+        if state[0] is None or key != state[1]:
+            state[0], state[1] = compiled.prepare(*_arrays(plan, values)), key
+        state[0]()
+    return prepared
+
+
+def _host_launch(compiled: CompiledKernel, plan: list[_Arg]) -> Callable[[list[Any]], None]:
+    tensors = [a for a, p in zip(plan, compiled.func.params) if isinstance(p.type, TensorType)]
+    bound: HostLaunch | None = None
+    ptrs: list[tuple[int, int]] = []        # per tensor parameter: (slot, 0) or (-1, the fixed address)
+
+    def launch(values: list[Any]) -> None:
+        nonlocal bound
+        if bound is None:
+            bound = compiled.bind_host(*_arrays(plan, values))
+            ptrs.extend((k, 0) if k >= 0 else (-1, _ptr(fixed)) for k, fixed, _ in tensors)
+        bound(*[p if k < 0 else _ptr(values[k]) for k, p in ptrs])
+    return launch
+
+
+def _arrays(plan: list[_Arg], values: list[Any]) -> list[Any]:
+    return [fixed if k < 0 else view(values[k], s) if s is not None else values[k] for k, fixed, s in plan]
 
 
 def _runner_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...]) -> Step:
     d = op.definition
     attrs = op.attrs
-    shapes = [t.shape for t in op.outputs]
+    shapes = [(t.shape, t.dtype.name) for t in op.outputs]
     fallback = op.kind is OpKind.TORCH
 
     def run(values: list[Any]) -> None:
         res = d.run([values[k] for k in ins], attrs)
         res = tuple(res) if isinstance(res, (tuple, list)) else (res,)
-        for k, r, s in zip(outs, res, shapes):
+        for k, r, (s, dtype) in zip(outs, res, shapes):
             if not _contiguous(r):
                 r = r.contiguous() if hasattr(r, "contiguous") else np.ascontiguousarray(r)
             elif fallback and getattr(r, "_base", None) is not None:
                 r = r.clone()  # a view of an input (maybe a planned buffer): own the result
-            if tuple(r.shape) != s:
-                raise LaunchError(f"{op.name} ({d.run_name}) returned shape {tuple(r.shape)}, expected {s}")
+            if tuple(r.shape) != s or _dtype_name(r) != dtype:     # kernels read it by its address
+                raise LaunchError(f"{op.name} ({d.run_name}) returned {_dtype_name(r)}{list(r.shape)}, expected "
+                                  f"{dtype}{list(s)}")
             values[k] = r
     return Step(op.name, op.kind, ins, outs, run, None, False)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -243,14 +244,18 @@ class Kernel:
         self.__doc__ = getattr(py_func, "__doc__", None)
         self._lowered: Module | None = None
         self._built: dict[tuple[str, str | None], CompiledKernel] = {}
+        self._sources: dict[Target, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def from_lowered(cls, module: Module) -> "Kernel":
+    def from_lowered(cls, module: Module, sources: Mapping[Target, str] | None = None) -> "Kernel":
         """A kernel whose module is already lowered (e.g. loaded from a compile cache): it is
-        built as it is, without running the lowering passes again."""
+        built as it is, without running the lowering passes again.  ``sources``: its source
+        already rendered for some targets (stored with the module), which the builds for those
+        exact targets use instead of rendering it again."""
         k = cls(module)
         k._lowered = module
+        k._sources.update(sources or {})
         return k
 
     @property
@@ -262,6 +267,14 @@ class Kernel:
             self._lowered = lower(self.module)
         return self._lowered
 
+    def render(self, target: Target) -> str:
+        """The source of the lowered module for ``target``: the one given to :meth:`from_lowered`
+        or rendered by an earlier call (until a build from it fails), else rendered now."""
+        source = self._sources.get(target)
+        if source is None:
+            source = self._sources[target] = get_backend(target.kind).render(self.lower(), target)
+        return source
+
     def build(self, target: str = "cpu", arch: str | None = None) -> CompiledKernel:
         """Build for ``target`` ("cpu", "cuda", "hip"); ``arch`` ("sm_90", "gfx90a") defaults to the
         device present.  Works without the device: the result carries the source and binary."""
@@ -272,7 +285,11 @@ class Kernel:
                 tgt = resolve_target(target, arch)
                 backend = get_backend(tgt.kind)
                 module = self.lower()
-                binary = backend.build(backend.render(module, tgt), tgt, module.entry)
+                try:
+                    binary = backend.build(self.render(tgt), tgt, module.entry)
+                except Exception:
+                    self._sources.pop(tgt, None)     # a failed build renders the source again next time
+                    raise
                 built = self._built[key] = CompiledKernel(module, binary, backend.load(binary, module.entry_function))
             return built
 

@@ -1,7 +1,10 @@
 """The on-disk cache of lowered graph kernels (taskmap.graph.kernel_cache): a new process (here:
-an emptied in-memory table) loads the lowered module instead of fusing and lowering again."""
+an emptied in-memory table) loads the lowered module and its source instead of fusing, lowering
+and rendering again."""
 import numpy as np
+import pytest
 
+from taskmap.backends import TargetKind, get_backend
 from taskmap.backends.base import host_cpu_target
 from taskmap.graph import (
     BinaryAttrs,
@@ -36,7 +39,7 @@ def test_lowered_kernels_come_back_from_disk(monkeypatch):
     monkeypatch.setattr(kernel_cache, "_MEMORY", {})
     calls = []
     real = kernel_cache.Kernel.from_lowered
-    monkeypatch.setattr(kernel_cache.Kernel, "from_lowered", lambda m: calls.append(m) or real(m))
+    monkeypatch.setattr(kernel_cache.Kernel, "from_lowered", lambda m, sources=None: calls.append(m) or real(m, sources))
     again = lower_graph(g, host_cpu_target())
     assert len(calls) == len(again) == len(first) == 1
     names = [p.name for p in first[0].kernel.lower().entry_function.params]
@@ -62,3 +65,50 @@ def test_cache_can_be_turned_off(monkeypatch):
     (kg,) = lower_graph(g, host_cpu_target())
     assert kg.kernel.lower() is not kg.kernel.module
     assert len(kernel_cache.code_fingerprint()) == 32
+
+
+def _no_rendering(monkeypatch):
+    def render(self, module, target):
+        raise AssertionError("rendered the source of a cached kernel")
+    monkeypatch.setattr(type(get_backend(TargetKind.CPU)), "render", render)
+
+
+def test_a_hit_builds_from_the_stored_source(monkeypatch):
+    g, w = graph()
+    (made,) = lower_graph(g, host_cpu_target())
+    source = made.kernel.build("cpu").source
+    monkeypatch.setattr(kernel_cache, "_MEMORY", {})
+    _no_rendering(monkeypatch)
+    (kg,) = lower_graph(g, host_cpu_target())
+    assert kg.kernel is not made.kernel and kg.kernel.build("cpu").source == source
+    xa = RNG.standard_normal((6, 12)).astype(np.float32)
+    out = CompiledGraph(g, "cpu", "numpy")(xa)[0]
+    np.testing.assert_allclose(out, np.exp(3 * np.tanh(xa @ w.T + 1)), rtol=1e-5)
+
+
+def test_an_edited_compiler_reads_no_stored_module_or_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("TASKMAP_CACHE_DIR", str(tmp_path))         # no entries of earlier runs
+    monkeypatch.setattr(kernel_cache, "_MEMORY", {})
+    g, w = graph()
+    lower_graph(g, host_cpu_target())
+    monkeypatch.setattr(kernel_cache, "_MEMORY", {})
+    monkeypatch.setattr(kernel_cache, "code_fingerprint", lambda: "edited" * 5)
+
+    def loaded(module, sources=None):
+        raise AssertionError("loaded a kernel stored by another compiler")
+    monkeypatch.setattr(kernel_cache.Kernel, "from_lowered", loaded)
+    lower_graph(g, host_cpu_target())               # another key: made, lowered and rendered again
+    xa = RNG.standard_normal((6, 12)).astype(np.float32)
+    out = CompiledGraph(g, "cpu", "numpy")(xa)[0]
+    np.testing.assert_allclose(out, np.exp(3 * np.tanh(xa @ w.T + 1)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("entry", [lambda m: m, lambda m: (m, ["not", "a", "dict"]), lambda m: ("x", {})])
+def test_entries_of_another_layout_are_rebuilt(monkeypatch, entry):
+    g, _ = graph()
+    lower_graph(g, host_cpu_target())
+    monkeypatch.setattr(kernel_cache, "_MEMORY", {})
+    real = kernel_cache.pickle.loads
+    monkeypatch.setattr(kernel_cache.pickle, "loads", lambda data: entry(real(data)[0]))
+    (kg,) = lower_graph(g, host_cpu_target())
+    assert kg.kernel.lower() is not kg.kernel.module        # made (and lowered) again, not loaded

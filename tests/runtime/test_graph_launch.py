@@ -1,0 +1,116 @@
+"""A compiled graph's kernel steps on the CPU: bound once (``CompiledKernel.bind_host``) at the
+first run, then launched by data pointers — on new inputs and fresh output arrays every run —
+while the graph still checks the inputs it is given."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from taskmap.errors import LaunchError
+from taskmap.graph import (
+    AxisAttrs,
+    BinaryAttrs,
+    BinaryFn,
+    GraphBuilder,
+    OpKind,
+    UnaryAttrs,
+    UnaryFn,
+    kinds,
+)
+from taskmap.ir.dtypes import f32
+from taskmap.runtime.args import data_ptr
+from taskmap.runtime.graph import CompiledGraph
+from taskmap.runtime.kernel import CompiledKernel
+
+RNG = np.random.default_rng(17)
+
+
+def mlp(layers=3, width=16):
+    """``layers`` x (linear -> tanh), then ``* 2`` and ``exp``: kernels reading constants,
+    planned intermediates, the graph input, and writing the graph's output."""
+    b = GraphBuilder()
+    x = b.input((4, width), f32)
+    y, ws = x, []
+    for _ in range(layers):
+        w = RNG.standard_normal((width, width)).astype(np.float32) / 4
+        ws.append(w)
+        y = b.op(OpKind.LINEAR, [y, b.constant(w), b.constant(np.full(width, 0.1, np.float32))])
+        y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.TANH))
+    y = b.op(OpKind.BINARY, [y], BinaryAttrs(BinaryFn.MUL, 2.0))
+    y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.EXP))
+    return b.build([y]), ws
+
+
+def reference(x, ws):
+    for w in ws:
+        x = np.tanh(x @ w.T + 0.1)
+    return np.exp(2 * x)
+
+
+class Counting:
+    """Counts the calls of ``CompiledKernel.bind_host`` and ``CompiledKernel.prepare``."""
+
+    def __init__(self, monkeypatch):
+        self.bound = self.prepared = 0
+        bind, prepare = CompiledKernel.bind_host, CompiledKernel.prepare
+
+        def counted_bind(kernel, *args):
+            self.bound += 1
+            return bind(kernel, *args)
+
+        def counted_prepare(kernel, *args):
+            self.prepared += 1
+            return prepare(kernel, *args)
+        monkeypatch.setattr(CompiledKernel, "bind_host", counted_bind)
+        monkeypatch.setattr(CompiledKernel, "prepare", counted_prepare)
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_steps_bind_once_and_run_on_new_arrays(monkeypatch, library, fuse):
+    graph, ws = mlp()
+    cg = CompiledGraph(graph, "cpu", library, fuse=fuse)
+    kernels = sum(s.kernel is not None for s in cg.steps)
+    assert kernels >= 2
+    calls = Counting(monkeypatch)
+    outs = []
+    for run in range(4):
+        x = RNG.standard_normal((4, 16)).astype(np.float32)
+        (out,) = cg(torch.from_numpy(x) if library == "torch" else x)
+        np.testing.assert_allclose(np.asarray(out), reference(x, ws), rtol=1e-5, atol=1e-6)
+        outs.append(out)                                 # kept alive: every run's output is new memory
+        if run == 0:
+            first = (calls.bound, calls.prepared)        # (unfused linears: their runners bind too)
+            assert calls.bound >= kernels and calls.prepared == calls.bound     # bind_host prepares once
+        assert (calls.bound, calls.prepared) == first    # later runs: addresses only
+    assert len({data_ptr(o) for o in outs}) == len(outs)
+
+
+def test_a_bound_graph_still_checks_its_inputs():
+    graph, ws = mlp(layers=1)
+    cg = CompiledGraph(graph, "cpu", "torch")
+    x = torch.randn(4, 16)
+    cg(x)
+    with pytest.raises(LaunchError, match=r"expected float32\[4, 16\] on cpu, got float32\[5, 16\]"):
+        cg(torch.randn(5, 16))
+    with pytest.raises(LaunchError, match=r"got float64\[4, 16\]"):
+        cg(x.double())
+    with pytest.raises(LaunchError, match="takes 1 inputs, got 2"):
+        cg(x, x)
+    xt = torch.randn(16, 4).t()                            # not contiguous: copied, then bound by address
+    np.testing.assert_allclose(cg(xt)[0].numpy(), reference(xt.numpy(), ws), rtol=1e-5, atol=1e-6)
+
+
+def test_a_runner_result_of_another_dtype_is_an_error(monkeypatch):
+    """Kernels read the runners' results by address: a result unlike the inferred tensor is
+    reported, not read."""
+    softmax = OpKind.SOFTMAX.definition
+    monkeypatch.setitem(kinds._DEFS, OpKind.SOFTMAX,
+                        dataclasses.replace(softmax, run=lambda args, attrs: softmax.run(args, attrs).double()))
+    b = GraphBuilder()
+    y = b.op(OpKind.SOFTMAX, [b.input((3, 8), f32)], AxisAttrs(1))
+    cg = CompiledGraph(b.build([b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.EXP))]), "cpu", "torch", fuse=False)
+    assert [s.kernel is None for s in cg.steps] == [True, False]
+    with pytest.raises(LaunchError, match=r"returned float64\[3, 8\], expected float32\[3, 8\]"):
+        cg(torch.randn(3, 8))
