@@ -68,9 +68,9 @@ from .matmul_problem import WORKSPACE
 GATHER_COST = 1.1e-9
 #: Load slots of one unaligned vector load of the input (most cross a cache line).
 SPLIT_LOAD = 1.6
-#: Measured on Zen 4 (C1-C12 of TVM's Table 2, one core): the micro-kernel's slow-down when its
-#: taps read several stride-phase planes, and the packing's when it reads strided columns.
-PHASE_PENALTY = 1.25
+#: Measured on Zen 4 (C1-C12 of TVM's Table 2, one core): the packing's slow-down when it reads
+#: strided columns.  (Taps reading several stride-phase planes measured no slower: against the
+#: exhaustive records of ``benchmarks/model_vs_exhaustive.py`` a penalty there misrouted C10.)
 STRIDED_PACK = 6
 #: Bytes per second one core packs the input (reads + writes contiguous rows; measured ~17e9).
 PACK_BANDWIDTH = 16e9
@@ -85,7 +85,7 @@ CVEC_KCS = (64, 128)
 #: Seconds per weight element the channel kernel packs per call (a transposition in 16 x 16
 #: blocks; measured on Zen 4: ~0.45 ns into a block of the panel that stays in L2, ~0.9 ns
 #: beyond), and the cycles per output element of its transposed stores (scalar, through L1).
-WEIGHT_PACK_COST = (0.45e-9, 0.9e-9)
+WEIGHT_PACK_COST = (0.9e-9, 1.8e-9)
 CVEC_STORE_CYCLES = 1.0
 #: On 1x1 layers the two models are not on one scale: measured on Zen 4 (ResNet-50's 1x1 layers,
 #: one core) the channel kernel takes 1.1-1.7x (median 1.22x) its cost relative to the implicit
@@ -124,10 +124,12 @@ class ConvCpuTemplate(KernelFamily):
         shifts = (False, True) if p.kw > 1 else (False,)
         pixels = [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in TILES[regs]
                   for c in cores for sh in shifts] if valid(self._window(p, 1, V, V, 1)) and not p.pointwise else []
-        half_l2 = l2_per_core(target) // 2       # reduction blocks only where a whole panel overflows it
+        # reduction blocks only for pre-packed panels that overflow half the L2 (packing per call
+        # in blocks measured slower: C10 / C12 of TVM's Table 2, one core)
+        half_l2 = l2_per_core(target) // 2
         channels = [Schedule.of(vec="channels", mr=mr, nr=nv * V, cores=c, kc=kc, packed=p.const_weights)
                     for mr, nv in CVEC_TILES[regs] if mr <= max(p.ow, 7) for c in cores
-                    for kc in [0] + [kc for kc in CVEC_KCS if kc < p.cin and
+                    for kc in [0] + [kc for kc in CVEC_KCS if kc < p.cin and p.const_weights and
                                      p.cin * p.kh * p.kw * nv * V * 4 > half_l2]]
         return pixels + channels
 
@@ -150,8 +152,6 @@ class ConvCpuTemplate(KernelFamily):
         step = (max(fmas / fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
         if mr * k * 4 > L1_BYTES:      # the weight rows (read in place) stream from L2
             step *= 1.04
-        if nph * npw > 1:              # taps from several phase planes: more lines per step miss L1
-            step *= PHASE_PENALTY
         tile = k * step + 3 * fmas + 40
         tiles = p.n * -(-p.cout // mr) * -(-(p.oh * wq) // nr)
         seconds = -(-tiles // cores) * tile / clock
