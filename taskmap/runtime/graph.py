@@ -213,6 +213,30 @@ class CompiledGraph:
         return carved
 
     def __call__(self, *inputs: Any) -> list[Any]:
+        return self._run(inputs, None)
+
+    def profile(self, *inputs: Any, rounds: int = 10) -> list[tuple[str, str, float]]:
+        """Run ``rounds`` times (after one warm-up run) and return, per step, its name, its
+        kind and its median seconds — slowest first.  CPU steps are timed by the wall clock
+        around each launch; on a GPU every step is followed by a device synchronisation."""
+        import time
+        sync = (lambda: sys.modules["torch"].cuda.synchronize()) if self.kind.device.startswith("cuda") else None
+        self._run(inputs, None)
+        times: list[list[float]] = [[] for _ in self.steps]
+
+        def timed(i: int, step: Step, values: list[Any]) -> None:
+            t0 = time.perf_counter()
+            step.run(values)
+            if sync is not None:
+                sync()
+            times[i].append(time.perf_counter() - t0)
+
+        for _ in range(max(1, rounds)):
+            self._run(inputs, timed)
+        rows = [(s.name, s.kind.name.lower(), float(np.median(t))) for s, t in zip(self.steps, times)]
+        return sorted(rows, key=lambda r: -r[2])
+
+    def _run(self, inputs: Sequence[Any], timed: Callable[[int, Step, list[Any]], None] | None) -> list[Any]:
         self._check(inputs)
         if self._carved is None:
             self._carved = self._carve_buffers()
@@ -221,10 +245,13 @@ class CompiledGraph:
             values[self.slots[t]] = a if _contiguous(a) else a.contiguous()
         for k, c in self.constants.items():
             values[k] = c
-        for step, carved, free in zip(self.steps, self._carved, self.free_after):
+        for i, (step, carved, free) in enumerate(zip(self.steps, self._carved, self.free_after)):
             for k, v in carved:
                 values[k] = v
-            step.run(values)
+            if timed is None:
+                step.run(values)
+            else:
+                timed(i, step, values)
             for k in free:
                 values[k] = None
         self.runs += 1

@@ -114,3 +114,28 @@ def test_a_runner_result_of_another_dtype_is_an_error(monkeypatch):
     assert [s.kernel is None for s in cg.steps] == [True, False]
     with pytest.raises(LaunchError, match=r"returned float64\[3, 8\], expected float32\[3, 8\]"):
         cg(torch.randn(3, 8))
+
+
+def test_profile_times_every_step_and_leaves_results_intact():
+    """``CompiledGraph.profile``: one row per step (name, kind, positive median seconds), slowest
+    first; the graph still computes the right values afterwards; ``CompiledModule.profile``
+    prints the same steps as a table."""
+    graph, ws = mlp()
+    cg = CompiledGraph(graph, "cpu", "numpy")
+    x = RNG.standard_normal((4, 16)).astype(np.float32)
+    rows = cg.profile(x, rounds=3)
+    assert sorted(r[0] for r in rows) == sorted(s.name for s in cg.steps)
+    assert all(r[2] > 0 for r in rows) and [r[2] for r in rows] == sorted((r[2] for r in rows), reverse=True)
+    assert {r[1] for r in rows} <= {k.name.lower() for k in OpKind}
+    np.testing.assert_allclose(cg(x)[0], reference(x, ws), rtol=1e-5, atol=1e-6)
+
+    import taskmap
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4)).eval()
+    xt = torch.randn(3, 16)
+    cm = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        table = cm.profile(xt, rounds=2)
+        torch.testing.assert_close(cm(xt), model(xt), rtol=1e-4, atol=1e-5)
+    steps = cm.entries[next(iter(cm.entries))].compiled.steps
+    assert table.splitlines()[0].startswith(f"Sequential: {len(steps)} steps")
+    assert all(s.name in table for s in steps)

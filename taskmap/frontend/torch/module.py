@@ -131,6 +131,23 @@ class CompiledModule:
 
     # ------------------------------------------------------------------ reports, save / load
 
+    def profile(self, *args: Any, rounds: int = 10, top: int | None = 20, **kwargs: Any) -> str:
+        """Per-kernel times of one call's compiled graph (compiled first if needed), slowest
+        first: a table of step, kind, median milliseconds over ``rounds`` runs and share of
+        the total (``top`` rows; None: all)."""
+        arguments = self._bind(args, kwargs)
+        entry = self._entry(arguments)
+        cg = entry.ready(self.progress)
+        flat = entry.capture.flat_inputs(arguments)
+        tensors = [v for v, k in zip(flat, entry.imported.input_kinds) if k == "tensor"]
+        rows = cg.profile(*tensors, rounds=rounds)
+        total = sum(r[2] for r in rows) or 1.0
+        lines = [f"{self.name}: {len(rows)} steps, {total * 1e3:.3f} ms in all (median of {rounds} runs per step)",
+                 f"{'ms':>9} {'share':>6}  {'kind':<14} step"]
+        for name, kind, sec in rows[:top]:
+            lines.append(f"{sec * 1e3:9.3f} {sec / total:6.1%}  {kind:<14} {name}")
+        return "\n".join(lines)
+
     def summary(self) -> str:
         lines = [f"taskmap compiled module {self.name}: {len(self.entries)} graph(s), cache hits {self.cache_hits}"]
         for key, e in self.entries.items():
