@@ -22,7 +22,7 @@ import math
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backends import Target, TargetKind
@@ -85,6 +85,11 @@ class _Anchor:
     graph_input: dict[int, str]             # anchor input index -> template parameter (for prologues)
     conv: ConvProblem | None = None
     direct: Schedule | None = None          # conv2d on the direct template (else implicit GEMM)
+    packed: dict[Any, tuple[Tensor | None, Tensor | None]] = field(default_factory=dict)  # schedule -> (wa, wb)
+
+
+def _constant(t: Tensor) -> bool:
+    return t.data is not None
 
 
 def _swapped(target: Target, m: int, n: int) -> bool:
@@ -108,10 +113,10 @@ def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
             return None
         ops = {"bias": bias} if bias is not None else {}
         if _swapped(target, m, n):
-            p = MatmulProblem(1, n, m, k, dt, dt, True, True, True, bias is not None, trans_c=True)
+            p = MatmulProblem(1, n, m, k, dt, dt, True, True, True, bias is not None, trans_c=True, const_a=_constant(w))
             ops.update(a=w, b=x)
             return _Anchor(p, ops, {"a": (1, n, k), "b": (1, m, k)}, {0: "b"})
-        p = MatmulProblem(1, m, n, k, dt, dt, True, True, True, bias is not None)
+        p = MatmulProblem(1, m, n, k, dt, dt, True, True, True, bias is not None, const_b=_constant(w))
         ops.update(a=x, b=w)
         return _Anchor(p, ops, {"a": (1, m, k), "b": (1, n, k)}, {0: "a"})
     if op.kind is OpKind.MATMUL:
@@ -123,7 +128,7 @@ def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
             return None
         if b.ndim == 2:                      # a stack times one matrix: one tall product
             mm = math.prod(a.shape[:-1])
-            p = MatmulProblem(1, mm, n, k, dt, dt)
+            p = MatmulProblem(1, mm, n, k, dt, dt, const_b=_constant(b))
             return _Anchor(p, {"a": a, "b": b}, {"a": (1, mm, k), "b": (1, k, n)}, {0: "a", 1: "b"})
         ba, bb = math.prod(a.shape[:-2]), math.prod(b.shape[:-2])
         batch = math.prod(op.output.shape[:-2])
@@ -315,6 +320,7 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
                            lambda: fuse(MATMUL_CPU.instantiate(p, target, sched), pro_defs, epi_defs, sizes),
                            target)
     wa, wb = MATMUL_CPU.workspace_sizes(p, sched, target)
+    packed = _packed_constants(anc, sched, target)
     args: list[Arg] = []
     shapes: list[tuple[int, ...] | None] = []
     for param in kernel.func.params:
@@ -333,6 +339,9 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
             else:
                 args.append(anchor.output)
                 shapes.append(p.c_shape)
+        elif name in ("wa", "wb") and packed[name == "wb"] is not None:
+            args.append(packed[name == "wb"])
+            shapes.append(None)
         elif name in ("wa", "wb"):
             args.append(Workspace(f"cpu_{name[1]}", wa if name == "wa" else wb))
             shapes.append(None)
@@ -341,6 +350,25 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
             args.append(t)
             shapes.append(kernel_shape(t.shape))
     return AnchorPlan(kernel, tuple(args), tuple(shapes))
+
+
+def _packed_constants(anc: _Anchor, sched: Schedule, target: Target) -> tuple[Tensor | None, Tensor | None]:
+    """The constant operands of ``anc`` packed once for ``sched`` (new constant tensors passed as
+    the kernel's ``wa`` / ``wb``; None: packed by the kernel, or not packed)."""
+    p = anc.problem
+    if not (p.const_a or p.const_b):
+        return None, None
+    with _ANCHORS_LOCK:
+        hit = anc.packed.get(sched)
+    if hit is not None:
+        return hit
+    a, b = anc.operands.get("a"), anc.operands.get("b")
+    wa, wb = MATMUL_CPU.pack_constants(p, sched, a.data if p.const_a and a is not None else None,
+                                       b.data if p.const_b and b is not None else None, target)
+    out = tuple(None if d is None else Tensor((d.size,), t.dtype, t.device, f"{t.name}_packed", d)
+                for d, t in ((wa, a), (wb, b)))
+    with _ANCHORS_LOCK:
+        return anc.packed.setdefault(sched, out)      # type: ignore[arg-type]
 
 
 def _graph_tensor(anchor: Op, name: str, outputs: dict[str, Tensor], sources: dict[str, Tensor]) -> Tensor:

@@ -64,7 +64,8 @@ class ConvProblem:
     def matmul(self) -> MatmulProblem:
         g = self.groups
         return MatmulProblem(self.n * g, self.cout // g, self.oh * self.ow, self.cin // g * self.kh * self.kw,
-                             self.dtype, self.dtype, a_batched=g > 1, b_batched=True)
+                             self.dtype, self.dtype, a_batched=g > 1, b_batched=True,
+                             const_a=self.const_weights and (g == 1 or self.n == 1))
 
 
 __all__ = ["ConvProblem", "output_size"]

@@ -36,7 +36,7 @@ from ..backends.base import Target, TargetKind, host_cpu_target
 from ..runtime.kernel import Kernel
 from .base import KernelFamily, Schedule
 from .matmul_cpu_dot import DotConfig, build_dot_kernel
-from .matmul_cpu_kernel import CpuConfig, build_kernel
+from .matmul_cpu_kernel import CpuConfig, build_kernel, pack_a_panels, pack_b_panels
 from .matmul_cpu_rows import ROW_BLOCK, build_rows_kernel
 from .matmul_problem import WORKSPACE, MatmulProblem, operand_views
 
@@ -100,7 +100,7 @@ class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 4  # keys the tuning cache: bump when the kernels change
+    version = 5  # keys the tuning cache: bump when the kernels change
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -114,7 +114,7 @@ class MatmulCpuTemplate(KernelFamily):
         p, regs = problem, vector_registers(target)
         cores = [target.num_cores] if p.flops > LARGE_FLOPS or target.num_cores == 1 else \
             [1] if p.flops < SMALL_FLOPS else [1, target.num_cores]
-        in_place = not p.trans_b and p.n * 4 < PAGE
+        in_place = not p.trans_b and p.n * 4 < PAGE and not p.const_b
         gemv = not p.trans_b and p.m <= SMALL_SIDE
         tiles = [t for t in TILES[regs] if not gemv or t[0] < 2 * p.m]    # GEMV: no tile mostly padding
         out = self._blocked(p, target, tiles, cores, (True, False) if in_place else (True,))
@@ -151,7 +151,7 @@ class MatmulCpuTemplate(KernelFamily):
                         continue
                     for split in ("m", "n"):
                         big = split == "n" and kc * ncb * nr * 4 > l2 // 2       # its B block not in L2
-                        for pack_a in (True, False):
+                        for pack_a in (True,) if p.const_a else (True, False):
                             for pack_b in pack_bs:
                                 if big and (pack_b or not any_block):
                                     continue
@@ -200,7 +200,7 @@ class MatmulCpuTemplate(KernelFamily):
         # Packing: every element read and written once, at a per-core copy bandwidth.
         a_elems = (p.batch if p.a_batched else 1) * p.m * p.k
         b_elems = (p.batch if p.b_batched else 1) * p.k * p.n
-        packed = (a_elems if pack_a else 0) + (b_elems if pack_b else 0)
+        packed = (a_elems if pack_a and not p.const_a else 0) + (b_elems if pack_b and not p.const_b else 0)
         copy_bw = COPY_BANDWIDTH * cores * (0.5 if p.trans_b and pack_b else 1.0)
         seconds += 8 * packed / copy_bw
         regions = 1 + (split == "m" and (pack_b or p.n % nr != 0)) + (split == "n" and pack_a)
@@ -242,9 +242,10 @@ class MatmulCpuTemplate(KernelFamily):
                              problem.bias, problem.trans_c, s.get("rows", False))
         l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
         mcb = max(1, l2 // 2 // (s["mr"] * s["kc"] * 4))          # the A block: half of L2
-        return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], s["pack_b"] or problem.trans_b,
+        pack_b = s["pack_b"] or problem.trans_b
+        return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], pack_b,
                          mcb, lanes_of(target), s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
-                         problem.bias, problem.trans_c)
+                         problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
@@ -256,11 +257,25 @@ class MatmulCpuTemplate(KernelFamily):
         cfg = self.config(problem, target, schedule)
         return cfg.workspace(problem.batch, problem.m, problem.n, problem.k)
 
+    def pack_constants(self, problem: MatmulProblem, schedule: Schedule, a: Any, b: Any,
+                       target: Target | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The packed panels a kernel of ``schedule`` takes as ``wa`` / ``wb`` for the constant
+        operands of ``problem`` (``const_a`` / ``const_b``; None: that operand is not packed
+        beforehand) — a compiled graph packs its weights once, at compile time."""
+        cfg = self.config(problem, target or host_cpu_target(), schedule)
+        if not isinstance(cfg, CpuConfig):
+            return None, None
+        wa = pack_a_panels(np.asarray(a, np.float32).reshape(problem.a_shape), cfg.mr) if cfg.pre_a else None
+        wb = pack_b_panels(np.asarray(b, np.float32).reshape(problem.b_shape), cfg.nr, problem.trans_b) \
+            if cfg.pre_b else None
+        return wa, wb
+
     def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None, target: Target | None = None) -> list[Any]:
         """a, b, bias (a 1-element dummy without one), c, c again as ``cw`` (the partial sums: see
-        :mod:`.matmul_cpu_kernel`), then the two workspace buffers.  Without a schedule (the
-        tuner's call) the workspace fits every point of the space."""
+        :mod:`.matmul_cpu_kernel`), then the two workspace buffers — or, for constant operands,
+        their packed panels (:meth:`pack_constants`).  Without a schedule (the tuner's call) the
+        workspace fits every point of the space."""
         ops = operand_views(problem, inputs, outputs)
         if not problem.bias:
             ops.insert(2, _ZERO)
@@ -269,7 +284,9 @@ class MatmulCpuTemplate(KernelFamily):
         points = self.space(problem, target) if schedule is None else [schedule]
         sizes = [self.workspace_sizes(problem, s, target) for s in points] or [(1, 1)]
         wa, wb = max(x[0] for x in sizes), max(x[1] for x in sizes)
-        return ops + [WORKSPACE.get("cpu_a", wa), WORKSPACE.get("cpu_b", wb)]
+        pa, pb = self.pack_constants(problem, schedule, ops[0], ops[1], target) if schedule is not None and \
+            (problem.const_a or problem.const_b) else (None, None)
+        return ops + [WORKSPACE.get("cpu_a", wa) if pa is None else pa, WORKSPACE.get("cpu_b", wb) if pb is None else pb]
 
 
 MATMUL_CPU = MatmulCpuTemplate()

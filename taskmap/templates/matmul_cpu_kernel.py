@@ -33,6 +33,8 @@ and ``NP = ceil(n / NR)`` column panels of B:
 """
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..ir.mapping import repeat, spatial
 from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, unroll
 from ..lang.kernel import kernel
@@ -61,9 +63,22 @@ class CpuConfig:
     trans_b: bool
     bias: bool
     trans_c: bool = False   # C stored (n, m); the bias then runs along m
+    pre_a: bool = False     # ``wa`` holds A packed beforehand (a constant: :func:`pack_a_panels`)
+    pre_b: bool = False     # ``wb`` holds B packed beforehand (:func:`pack_b_panels`)
 
     def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
-        """Elements of the two workspace buffers (packed A, packed B)."""
+        """Elements of the two workspace buffers (packed A, packed B; or the operands packed
+        beforehand, for ``pre_a`` / ``pre_b``)."""
+        mp, np_ = -(-m // self.mr), -(-n // self.nr)
+        ba = batch if self.a_batched else 1
+        if self.pre_a or self.pre_b:
+            wa = ba * mp * k * self.mr if self.pre_a else self.workspace_plain(batch, m, n, k)[0]
+            wb = (batch if self.b_batched else 1) * np_ * k * self.nr if self.pre_b else \
+                self.workspace_plain(batch, m, n, k)[1]
+            return wa, max(wb, 1)
+        return self.workspace_plain(batch, m, n, k)
+
+    def workspace_plain(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
         mp, np_ = -(-m // self.mr), -(-n // self.nr)
         ba = batch if self.a_batched else 1
         if self.split == "m":
@@ -80,6 +95,9 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     MR, NR, KC, NCB, V, P = cfg.mr, cfg.nr, cfg.kc, cfg.ncb, cfg.lanes, cfg.cores
     PACK_A, PACK_B, SPLIT_M, TRANS_B, BIAS = cfg.pack_a, cfg.pack_b or cfg.trans_b, cfg.split == "m", cfg.trans_b, cfg.bias
     MCB = cfg.mcb
+    PRE_A, PRE_B = cfg.pre_a, cfg.pre_b
+    assert PACK_A or not PRE_A
+    assert PACK_B or not PRE_B
     PAR = parallel if P > 1 else range                 # one core: no parallel regions at all
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     A_BATCHED, B_BATCHED = cfg.a_batched, cfg.b_batched
@@ -211,14 +229,14 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
         NP = (n + NR - 1) // NR
         KB = (k + KC - 1) // KC               # K blocks of nearly equal size, at most KC
         CH = (k + PACK_CHUNK - 1) // PACK_CHUNK
-        if SPLIT_M:           # B packed once, by all cores (without PACK_B: only when narrower than a panel)
-            PJ = NP if PACK_B or n < NR else 0
+        PJ = NP if PACK_B or n < NR else 0
+        if SPLIT_M and not PRE_B:    # B packed once, by all cores (without PACK_B: only when narrower than a panel)
             for q in PAR((batch if B_BATCHED else 1) * PJ * CH):
                 bj = q // (PJ * CH)
                 j = q // CH % PJ + NP - PJ
                 k0 = q % CH * PACK_CHUNK
                 pack_b(b, wb, ((bj * PJ + j - NP + PJ) * k + k0) * NR, bj, j, k0, min(PACK_CHUNK, k - k0))
-        elif not SPLIT_M and PACK_A:
+        elif not SPLIT_M and PACK_A and not PRE_A:
             for q in PAR((batch if A_BATCHED else 1) * MP * CH):   # A, packed once, by all cores
                 ai = q // (MP * CH)
                 i = q // CH % MP
@@ -240,8 +258,8 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                                 k0 = pb * k // KB
                                 kc = (pb + 1) * k // KB - k0
                                 for i in range(ib, min(ib + MCB, hi)):
-                                    aoff = ((bi * MP + i) * k + k0) * MR
-                                    if PACK_A and jb == 0:
+                                    aoff = (((ai if PRE_A else bi) * MP + i) * k + k0) * MR
+                                    if PACK_A and jb == 0 and not PRE_A:
                                         pack_a(a, wa, aoff, ai, i, k0, kc)
                                     for j in range(jb, min(jb + NCB, NP)):
                                         micro(a, b, wa, wb, bias, c, cw, aoff, ((bj * PJ + j - NP + PJ) * k + k0) * NR,
@@ -252,15 +270,38 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                         for pb in range(KB):
                             k0 = pb * k // KB
                             kc = (pb + 1) * k // KB - k0
-                            for j in range(jb if PACK_B or n < NR else je, je):
-                                pack_b(b, wb, (p * NCB + j - jb) * KC * NR, bj, j, k0, kc)
+                            if not PRE_B:
+                                for j in range(jb if PACK_B or n < NR else je, je):
+                                    pack_b(b, wb, (p * NCB + j - jb) * KC * NR, bj, j, k0, kc)
                             for i in range(MP):
                                 for j in range(jb, je):
                                     micro(a, b, wa, wb, bias, c, cw, ((ai * MP + i) * k + k0) * MR,
-                                          (p * NCB + j - jb) * KC * NR, ai, bj, bi, i, j, k0, kc, pb == 0,
-                                          pb == KB - 1)
+                                          ((bj * NP + j) * k + k0) * NR if PRE_B else (p * NCB + j - jb) * KC * NR,
+                                          ai, bj, bi, i, j, k0, kc, pb == 0, pb == KB - 1)
 
     return matmul_cpu
 
 
-__all__ = ["PACK_CHUNK", "CpuConfig", "build_kernel"]
+def pack_a_panels(a: np.ndarray, mr: int) -> np.ndarray:
+    """A ``(ba, m, k)`` as the kernel's packed row panels ``[ba][ceil(m / MR)][k][MR]`` (rows past
+    ``m`` repeat the last row, as the kernel's own packing does), flat: a ``pre_a`` kernel's ``wa``."""
+    ba, m, k = a.shape
+    mp = -(-m // mr)
+    rows = np.minimum(np.arange(mp * mr), m - 1)
+    return np.ascontiguousarray(np.asarray(a, np.float32)[:, rows, :].reshape(ba, mp, mr, k)
+                                .transpose(0, 1, 3, 2)).reshape(-1)
+
+
+def pack_b_panels(b: np.ndarray, nr: int, trans_b: bool) -> np.ndarray:
+    """B ``(bb, k, n)`` (or ``(bb, n, k)`` with ``trans_b``) as the kernel's packed column panels
+    ``[bb][ceil(n / NR)][k][NR]`` (zeros past ``n``), flat: a ``pre_b`` kernel's ``wb``."""
+    b = np.asarray(b, np.float32)
+    bt = b if trans_b else b.transpose(0, 2, 1)           # (bb, n, k)
+    bb, n, k = bt.shape
+    np_ = -(-n // nr)
+    padded = np.zeros((bb, np_ * nr, k), np.float32)
+    padded[:, :n] = bt
+    return np.ascontiguousarray(padded.reshape(bb, np_, nr, k).transpose(0, 1, 3, 2)).reshape(-1)
+
+
+__all__ = ["PACK_CHUNK", "CpuConfig", "build_kernel", "pack_a_panels", "pack_b_panels"]

@@ -37,6 +37,8 @@ class MatmulProblem:
     trans_b: bool = False           # b is stored (n, k): c = a @ b^T
     bias: bool = False              # added along the last dimension of c as stored
     trans_c: bool = False           # c is stored (n, m) (CPU template only)
+    const_a: bool = False           # a is a constant (a compiled graph's weights): packed once, beforehand
+    const_b: bool = False           # b is a constant (CPU template: see ``MatmulCpuTemplate.pack_constants``)
 
     def __post_init__(self) -> None:
         for name in ("batch", "m", "n", "k"):

@@ -83,3 +83,37 @@ def test_partition_and_plan_pack_the_weights_once(monkeypatch):
     graph, _, _ = conv_bn_relu(True)
     (kg,) = lower_graph(optimize(graph), host_cpu_target())
     assert kg.kernel.__name__.startswith("conv_cpu_cvec") and len(calls) == 1
+
+
+@pytest.mark.parametrize("m, n, k", [(4, 40, 33), (128, 96, 200), (70, 20, 64)])
+def test_linear_constant_weights_are_packed_once(m, n, k):
+    """A linear with constant weights: the matmul kernel takes the weights as panels packed by
+    the lowering (``wa`` when the product is computed transposed, m < n; else ``wb``), packs
+    nothing of them per call, and matches PyTorch with the bias + GELU epilogue."""
+    from taskmap.graph import UnaryAttrs as UA
+    from taskmap.templates.matmul_cpu_kernel import pack_a_panels, pack_b_panels
+
+    b = GraphBuilder()
+    x = b.input((m, k), f32)
+    w, bias = rand(n, k) / 8, rand(n)
+    y = b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)])
+    y = b.op(OpKind.UNARY, [y], UA(UnaryFn.GELU))
+    graph = b.build([y])
+    groups = lower_graph(optimize(graph), host_cpu_target())
+    assert len(groups) == 1
+    kg = groups[0]
+    params = [p.name for p in kg.kernel.func.params]
+    if kg.kernel.__name__.startswith("matmul_cpu") and m > 8 and n > 8:      # the blocked kernel
+        cfg_side = "wa" if m < n else "wb"
+        packed = kg.args[params.index(cfg_side)]
+        assert packed.data is not None and packed.data.ndim == 1
+        fits = [mr for mr in range(1, 17) if pack_a_panels(w[None], mr).size == packed.data.size] if m < n else \
+            [nr for nr in (16, 32, 48, 64) if pack_b_panels(w[None], nr, True).size == packed.data.size]
+        expect = [pack_a_panels(w[None], v) if m < n else pack_b_panels(w[None], v, True) for v in fits]
+        assert any(np.array_equal(e, packed.data) for e in expect)
+    cg = CompiledGraph(graph, "cpu", "numpy")
+    xv = rand(m, k)
+    for _ in range(2):
+        (out,) = cg(xv)
+        ref = F.gelu(torch.from_numpy(xv).double() @ torch.from_numpy(w).double().T + torch.from_numpy(bias).double())
+        assert_close(out, ref.numpy(), rtol=1e-4, atol=1e-5)

@@ -321,3 +321,50 @@ def test_small_m_kernels_fuse_an_epilogue(p, schedule):
     fused(*(arrays[q.name] for q in fused.func.params))
     expect = np.maximum(reference(p, a, b, bias) + arrays["res"], 0.0)
     assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- constant operands
+
+
+@FEW
+@given(m=st.integers(1, 70), n=st.integers(1, 90), k=st.integers(1, 300), batch=st.integers(1, 3),
+       const=st.sampled_from(["a", "b", "ab"]), split=st.sampled_from(["m", "n"]), trans_b=st.booleans(),
+       bias=st.booleans(), trans_c=st.booleans(), a_batched=st.booleans(), b_batched=st.booleans())
+def test_constant_operands_packed_beforehand(m, n, k, batch, const, split, trans_b, bias, trans_c, a_batched,
+                                             b_batched):
+    """``const_a`` / ``const_b``: the kernel reads panels packed by ``pack_constants`` (rows past
+    m repeated, columns past n zero) and packs nothing itself; every split, edge and flag."""
+    p = MatmulProblem(batch, m, n, k, trans_b=trans_b, bias=bias, trans_c=trans_c, a_batched=a_batched,
+                      b_batched=b_batched or not a_batched, const_a="a" in const, const_b="b" in const)
+    s = sched(mr=6, nr=32, kc=96, ncb=2, split=split)
+    cfg = MATMUL_CPU.config(p, CPU, s)
+    assert (cfg.pre_a, cfg.pre_b) == (p.const_a, p.const_b)
+    check(p, s)
+
+
+def test_constant_operands_come_from_the_packed_panels():
+    """The kernel computes with the packed panels it is given, not with ``a`` / ``b``: panels of
+    other matrices give their product (so nothing is packed again per call)."""
+    p = MatmulProblem(2, 37, 45, 130, trans_b=True, const_a=True, const_b=True)
+    a, b, _ = operands(p, 1)
+    a2, b2, _ = operands(p, 2)
+    for split in ("m", "n"):
+        s = sched(mr=6, nr=32, kc=64, split=split)
+        wa, wb = MATMUL_CPU.pack_constants(p, s, a2, b2)
+        args = MATMUL_CPU.arguments(p, [a, b], [np.full(p.c_shape, np.nan, np.float32)], s, CPU)
+        args[-2], args[-1] = wa, wb
+        MATMUL_CPU.instantiate(p, CPU, s)(*args)
+        assert_close(args[3], reference(p, a2, b2, None), rtol=1e-5, atol=1e-4)
+
+
+def test_constant_operands_space_and_cost():
+    """Constant operands are always packed (in the layout the micro-kernel streams), and their
+    packing is free: a const-weight problem's model cost is below the per-call one."""
+    p = MatmulProblem(1, 3072, 128, 768, trans_b=True, trans_c=True)
+    pc = dataclasses.replace(p, const_a=True)
+    blocked = [s for s in MATMUL_CPU.space(pc, CPU) if "kc" in s.as_dict()]
+    assert blocked and all(s["pack_a"] for s in blocked)
+    best = min(MATMUL_CPU.cost(p, CPU, s) for s in MATMUL_CPU.space(p, CPU))
+    assert min(MATMUL_CPU.cost(pc, CPU, s) for s in MATMUL_CPU.space(pc, CPU)) < best
+    pb = MatmulProblem(1, 128, 600, 768, const_b=True)
+    assert all(s["pack_b"] for s in MATMUL_CPU.space(pb, CPU) if "kc" in s.as_dict())
