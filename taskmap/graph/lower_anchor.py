@@ -286,6 +286,10 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         param = anc.graph_input.get(k)
         if param is None:
             raise FusionError(f"{anchor.name}: input {k} takes no prologue")
+        source = _reshaped(ops, anchor.inputs[k])
+        if source is not None:       # only reshapes (views of row-major data): read the source itself
+            anc.operands[param] = source
+            continue
         compose(ops, nodes, sources, "p")
         pro_defs[param] = _rename(nodes[anchor.inputs[k]], param, anc.views[param])
     if anc.conv is not None and anc.direct is None:   # implicit GEMM: img2col / weights definitions
@@ -350,6 +354,16 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
             args.append(t)
             shapes.append(kernel_shape(t.shape))
     return AnchorPlan(kernel, tuple(args), tuple(shapes))
+
+
+def _reshaped(ops: Sequence[Op], operand: Tensor) -> Tensor | None:
+    """The tensor a prologue of reshapes only reshapes into ``operand`` (same elements, same
+    order: the kernel can view it as the operand), or None."""
+    chain = {op.output: op for op in ops}
+    t = operand
+    while t in chain and chain[t].kind is OpKind.RESHAPE and len(chain[t].inputs) == 1:
+        t = chain.pop(t).inputs[0]
+    return t if not chain and t is not operand and t.numel == operand.numel else None
 
 
 def _packed_constants(anc: _Anchor, sched: Schedule, target: Target) -> tuple[Tensor | None, Tensor | None]:

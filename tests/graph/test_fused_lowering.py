@@ -268,3 +268,23 @@ def test_reduction_anchor_with_prologue_and_epilogue_is_one_rule_based_kernel():
     np.testing.assert_allclose(om, np.exp(xa).mean((2, 3), keepdims=True) * 2, rtol=1e-5)
     np.testing.assert_allclose(os_, np.tanh(xa.max((1, 3))), rtol=1e-5)
     np.testing.assert_allclose(ot, xa.mean(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_reshape_only_prologue_reads_its_source(m):
+    """A prologue of reshapes (flatten before a classifier) is no computation: the kernel reads
+    the reshape's input as its operand (so the schedule is free to read it in place: the small-M
+    kernels), and the group still computes flatten + linear + bias."""
+    b = GraphBuilder()
+    x = b.input((m, 48, 1, 1), f32)
+    flat = b.op(OpKind.RESHAPE, [x], ShapeAttrs((m, 48)))
+    w, bias = rand(40, 48), rand(40)
+    y = b.op(OpKind.LINEAR, [flat, b.constant(w), b.constant(bias)])
+    graph = b.build([y])
+    (kg,) = lower_graph(optimize(graph), host_cpu_target())
+    assert [op.kind for op in kg.ops] == [OpKind.RESHAPE, OpKind.LINEAR]
+    assert graph.inputs[0] in kg.args                 # the 4-D input itself, viewed as (m, 48)
+    assert not any(p.name.startswith("p") for p in kg.kernel.func.params)   # no prologue parameters
+    xv = rand(m, 48, 1, 1)
+    (out,) = compiled(graph)(xv)
+    np.testing.assert_allclose(out, xv.reshape(m, 48).astype(np.float64) @ w.T + bias, rtol=1e-5, atol=1e-5)
