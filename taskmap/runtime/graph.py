@@ -22,6 +22,10 @@ tensors' views of them made) once, on the first run, and reused by every later r
 compiled graph runs one call at a time.
 Values of other steps are dropped after their last use.  Graph outputs are always fresh arrays.
 
+On a GPU (torch CUDA tensors) the second call captures the whole run as one CUDA graph and later
+calls replay it (:meth:`CompiledGraph._replay`; ``cuda_graph=False`` or ``TASKMAP_CUDA_GRAPHS=0``:
+launch step by step).
+
 The seam for fusion: :func:`build_steps` is the only place that maps groups (or ops) to steps;
 a fused group becomes one :class:`Step` launching one kernel over the same slots.
 """
@@ -111,7 +115,7 @@ class CompiledGraph:
     """``graph`` ready to run on ``device`` with arrays of ``library`` ("torch" or "numpy")."""
 
     def __init__(self, graph: Graph, device: str = "cpu", library: str = "torch", progress: bool | None = None,
-                 fuse: bool | None = None):
+                 fuse: bool | None = None, cuda_graph: bool | None = None):
         fuse = fuse if fuse is not None else os.environ.get("TASKMAP_FUSION", "1") != "0"
         self.source_graph = graph
         graph = self.graph = optimize(graph) if fuse else graph      # graph passes (taskmap.graph.passes)
@@ -126,6 +130,11 @@ class CompiledGraph:
         self._by_slot = {k: t for t, k in self.slots.items()}
         self._carved: list[list[tuple[int, Any]]] | None = None    # per step: (slot, its view of a buffer)
         self.runs = 0
+        # CUDA graph capture (torch CUDA tensors): the second call captures, later calls replay
+        if cuda_graph is None:
+            cuda_graph = os.environ.get("TASKMAP_CUDA_GRAPHS", "1") != "0"
+        self.cuda_graph = cuda_graph and self.kind.library == "torch" and self.kind.device.startswith("cuda")
+        self._captured: tuple[Any, list[Any], list[Any]] | None = None
 
     # ------------------------------------------------------------------ compile time
 
@@ -213,7 +222,36 @@ class CompiledGraph:
         return carved
 
     def __call__(self, *inputs: Any) -> list[Any]:
+        if self.cuda_graph and self.runs > 0:
+            return self._replay(inputs)
         return self._run(inputs, None)
+
+    def _replay(self, inputs: Sequence[Any]) -> list[Any]:
+        """Run as one CUDA graph (``torch.cuda.CUDAGraph``): the first call here copies the inputs
+        into static buffers and captures every step on PyTorch's capture stream (the kernels
+        launch on the current stream; the runners' tensors come from the graph's private memory
+        pool); later calls copy the inputs in and replay.  A graph that cannot be captured (a
+        step synchronises with the host) warns and runs step by step from then on."""
+        torch = sys.modules["torch"]
+        self._check(inputs)
+        if self._captured is None:
+            static = [a.detach().clone(memory_format=torch.contiguous_format) for a in inputs]
+            graph = torch.cuda.CUDAGraph()
+            try:
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph):
+                    outs = self._run(static, None)
+            except Exception as exc:          # noqa: BLE001 - any failure to capture: run uncaptured
+                self.cuda_graph = False
+                warnings.warn(f"taskmap: {self.graph.name} runs without CUDA graph capture: {exc}", stacklevel=3)
+                return self._run(inputs, None)
+            self._captured = (graph, static, outs)
+        graph, static, outs = self._captured
+        for buf, a in zip(static, inputs):
+            buf.copy_(a)
+        graph.replay()
+        self.runs += 1
+        return [o.clone() for o in outs]      # graph outputs are fresh arrays, as without capture
 
     def profile(self, *inputs: Any, rounds: int = 10) -> list[tuple[str, str, float]]:
         """Run ``rounds`` times (after one warm-up run) and return, per step, its name, its

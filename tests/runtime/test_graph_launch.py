@@ -139,3 +139,26 @@ def test_profile_times_every_step_and_leaves_results_intact():
     steps = cm.entries[next(iter(cm.entries))].compiled.steps
     assert table.splitlines()[0].startswith(f"Sequential: {len(steps)} steps")
     assert all(s.name in table for s in steps)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("capture", ["1", "0"])
+def test_cuda_graph_capture_replays_with_new_inputs(monkeypatch, capture):
+    """On a GPU a compiled graph runs eagerly once, is captured as one CUDA graph at the second
+    call and replayed after: every call's outputs match the model on that call's inputs and stay
+    intact after later calls (fresh tensors); with TASKMAP_CUDA_GRAPHS=0 nothing is captured."""
+    import taskmap
+
+    monkeypatch.setenv("TASKMAP_CUDA_GRAPHS", capture)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 10 * 10, 16), torch.nn.GELU()).cuda().eval()
+    cm = taskmap.compile(model, progress=False)
+    xs, outs = [], []
+    with torch.no_grad():
+        for _ in range(4):
+            xs.append(torch.randn(2, 3, 10, 10, device="cuda"))
+            outs.append(cm(xs[-1]))
+        for x, y in zip(xs, outs):
+            torch.testing.assert_close(y, model(x), rtol=1e-3, atol=1e-4)
+    cg = next(iter(cm.entries.values())).compiled
+    assert cg.cuda_graph == (capture == "1") and (cg._captured is not None) == (capture == "1")
