@@ -1,5 +1,7 @@
 """GPU primitives in CUDA and HIP C++: warp shuffles and votes, atomics, 16-byte and asynchronous
-copies, ``mma.sync`` and ``ldmatrix`` (IR: :mod:`taskmap.ir.primitives`).
+copies, block transposes, ``mma.sync`` and ``ldmatrix`` (IR: :mod:`taskmap.ir.primitives`).
+
+``transpose_block`` is a plain loop of the calling thread (its semantics; nothing cooperative).
 
 CUDA uses the ``*_sync`` intrinsics with their masks, ``atomic*``, and inline PTX for
 ``cp.async`` (``.ca`` for 4 and 8 bytes, ``.cg`` for 16; the src-size operand zero-fills),
@@ -26,6 +28,10 @@ from ..ir.primitives import Prim, PrimCall
 
 _COPY = r"""
 TM_FN void tm_copy16(void *dst, const void *src) { *(int4 *)dst = *(const int4 *)src; }
+TM_FN void tm_transpose_block_f32(float *dst, const float *src, int n, long long ldd, long long lds) {
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) dst[b * ldd + a] = src[a * lds + b];
+}
 TM_FN void tm_cp_sync(void *dst, const void *src, int n, int src_n) {
   unsigned char *d = (unsigned char *)dst;
   const unsigned char *s = (const unsigned char *)src;
@@ -123,6 +129,9 @@ class GpuPrims:
             return self.atomic(g, e)
         if op is Prim.COPY16:
             return f"tm_copy16({g.ref(a[0])}, {g.ref(a[1])})"
+        if op is Prim.TRANSPOSE:
+            return (f"tm_transpose_block_f32({g.ref(a[0])}, {g.ref(a[1])}, {g.expr(a[2])}, "
+                    f"(long long)({g.expr(a[3])}), (long long)({g.expr(a[4])}))")
         if op in (Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT):
             return self.cp_async(g, e)
         return self.tensor_core(g, e)

@@ -33,7 +33,8 @@ from ..ir import stmt as S
 from ..ir.func import Function, LaunchConfig, Module
 from ..ir.functor import IRRewriter, collect, substitute
 from ..ir.primitives import Prim, PrimCall
-from ..ir.types import MemScope, TensorType
+from ..ir.dtypes import i32
+from ..ir.types import MemScope, TensorType, row_major
 from ..ir.verify import verify
 from ..runtime.kernel import Kernel
 from .hoist import hoist_invariants
@@ -317,7 +318,8 @@ class Splicer(IRRewriter):
                 f = self.fused.get(id(a.tensor))
                 if f is not None:
                     raise FusionError(f"{call.op.spec.name}() accesses the fused tensor '{f.param}' as memory: "
-                                      "only element loads / stores, copy16() and cp_async() can be rewritten")
+                                      "only element loads / stores, copy16(), cp_async() and transpose_block() "
+                                      "of row-major tensors can be rewritten")
                 args.append(E.Load(a.tensor, tuple(self.visit(i_) for i_ in a.indices)))
             else:
                 args.append(self.visit(a))
@@ -370,7 +372,21 @@ class Splicer(IRRewriter):
             dst, src = call.args[0], call.args[1]
             if id(dst.tensor) in self.fused or id(src.tensor) in self.fused:
                 return self.visit(self._expand_copy(call))
+        if isinstance(call, PrimCall) and call.op is Prim.TRANSPOSE:
+            dst, src = call.args[0], call.args[1]
+            if (id(dst.tensor) in self.fused or id(src.tensor) in self.fused) and \
+                    all(_row_major(r.tensor.type) for r in (dst, src)):
+                return self.visit(self._expand_transpose(call))
         return self.generic_visit(ev)
+
+    @staticmethod
+    def _expand_transpose(call: PrimCall) -> S.Stmt:
+        """A block transpose as a loop nest of element copies (``dst[b*ld_dst + a] =
+        src[a*ld_src + b]``, offsets flat from the references, row-major)."""
+        dst, src, n, ld_dst, ld_src = call.args
+        a, b = E.var("ta"), E.var("tb")
+        store = S.Store(dst.tensor, _offset(dst, b * ld_dst + a), E.Load(src.tensor, _offset(src, a * ld_src + b)))
+        return S.For(a, E.const(0, i32), n, 1, S.For(b, E.const(0, i32), n, 1, store))
 
     @staticmethod
     def _expand_copy(call: PrimCall) -> S.Stmt:
@@ -388,6 +404,24 @@ class Splicer(IRRewriter):
                 value = E.select(E.compare(E.CmpOp.GT, call.args[3], e * t.nbytes), value, E.const(0, t))
             stores.append(S.Store(dst.tensor, d_idx, value))
         return S.seq(*stores)
+
+
+def _row_major(t: TensorType) -> bool:
+    return t.layout == row_major(t.shape)
+
+
+def _offset(ref: E.Load, off: E.Expr) -> tuple[E.Expr, ...]:
+    """The indices of the element ``off`` elements (row-major) after ``ref``'s."""
+    shape = ref.tensor.type.shape
+    flat: E.Expr = ref.indices[0]
+    for i, d in zip(ref.indices[1:], shape[1:]):
+        flat = flat * d + i
+    flat = flat + off
+    idx = []
+    for d in reversed(shape[1:]):
+        idx.append(flat % d)
+        flat = flat // d
+    return (flat, *reversed(idx))
 
 
 def _rewrite_function(func: Function, fused_pos: dict[int, Fused], module: Module,

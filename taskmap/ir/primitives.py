@@ -5,13 +5,15 @@ operator enum :class:`Prim` (as ``Call`` has ``Intrinsic``).
 Conventions every pass relies on:
 
 * **Element references.** Some arguments designate memory rather than values: the first
-  argument of ``atomic_add``, both of ``copy16``, the fragments of ``mma_sync_m16n8k16``...  Such
-  an argument is a ``Load`` node (``t[i, j]``), listed in ``Prim.spec.refs``; backends render it
-  as ``&t[offset]``.  Being an ordinary ``Load`` child, it is lowered like any load (mapping
-  variables substituted, indices flattened through the layout, simplified); passes that rewrite
-  loads *as values* (fusion) must skip the positions in ``refs``: use :func:`ref_args`.
-* **Immediates** (``cp_async``'s byte count, ``cp_async_wait``'s group count, ``ldmatrix``'s
-  matrix count and transpose flag) are integer ``Const`` arguments, listed in ``spec.consts``.
+  argument of ``atomic_add``, both of ``copy16`` and ``transpose_block``, the fragments of
+  ``mma_sync_m16n8k16``...  Such an argument is a ``Load`` node (``t[i, j]``), listed in
+  ``Prim.spec.refs``; backends render it as ``&t[offset]``.  Being an ordinary ``Load`` child,
+  it is lowered like any load (mapping variables substituted, indices flattened through the
+  layout, simplified); passes that rewrite loads *as values* (fusion) must skip the positions in
+  ``refs``: use :func:`ref_args`.
+* **Immediates** (``transpose_block``'s block size, ``cp_async``'s byte count,
+  ``cp_async_wait``'s group count, ``ldmatrix``'s matrix count and transpose flag) are integer
+  ``Const`` arguments, listed in ``spec.consts``.
 * **Effects.** Every primitive has an effect or takes part in a warp-wide exchange, so none may
   be removed, duplicated or merged by a rewrite (the simplifier treats them as impure).
   Primitives without a result (``spec.value`` False) appear as ``Evaluate(PrimCall(...))``.
@@ -33,7 +35,7 @@ from .types import MemScope
 class PrimKind(enum.Enum):
     WARP = "warp"        # warp-synchronous exchange among the lanes named by a mask
     ATOMIC = "atomic"    # read-modify-write of one element of global or shared memory
-    MEMORY = "memory"    # 16-byte vector copies, asynchronous global -> shared copies
+    MEMORY = "memory"    # 16-byte vector copies, block transposes, asynchronous global -> shared copies
     MMA = "mma"          # warp-cooperative tensor-core operations (all 32 lanes take part)
 
 
@@ -65,6 +67,9 @@ class Prim(enum.Enum):
     ATOMIC_EXCH = PrimSpec("atomic_exch", PrimKind.ATOMIC, 2, refs=(0,), writes=(0,))
     ATOMIC_CAS = PrimSpec("atomic_cas", PrimKind.ATOMIC, 3, refs=(0,), writes=(0,))  # (ref, compare, v)
     COPY16 = PrimSpec("copy16", PrimKind.MEMORY, 2, refs=(0, 1), writes=(0,), value=False)  # (dst, src)
+    #: (dst, src, n, ld_dst, ld_src): for a, b < n, dst[b * ld_dst + a] = src[a * ld_src + b] (flat
+    #: element offsets from the references; strides in elements; the blocks must not overlap)
+    TRANSPOSE = PrimSpec("transpose_block", PrimKind.MEMORY, 5, refs=(0, 1), writes=(0,), consts=(2,), value=False)
     CP_ASYNC = PrimSpec("cp_async", PrimKind.MEMORY, 4, refs=(0, 1), writes=(0,), consts=(2,),
                         value=False)                              # (dst, src, nbytes, src_bytes)
     CP_ASYNC_COMMIT = PrimSpec("cp_async_commit", PrimKind.MEMORY, 0, value=False)
@@ -88,6 +93,9 @@ ATOMIC_TYPES: dict[Prim, tuple[ScalarType, ...]] = {
     Prim.ATOMIC_CAS: (i32, u32, i64, u64),
 }
 CP_ASYNC_BYTES = (4, 8, 16)
+#: Block sizes of ``transpose_block`` (16 and 8: in-register AVX-512 / AVX transposes in C).
+TRANSPOSE_SIZES = (1, 2, 4, 8, 16, 32)
+TRANSPOSE_TYPES = (f32,)
 LDMATRIX_NUMS = (1, 2, 4)
 #: Elements each mma_sync_m16n8k16 operand reference covers (C f32, A and B f16/bf16), per lane.
 MMA_FRAGMENT = {0: 4, 1: 8, 2: 4}
@@ -121,7 +129,7 @@ def is_warp_synchronous(op: Prim) -> bool:
 
 def needs_gpu(op: Prim) -> bool:
     """Whether the primitive only exists in GPU kernels and device functions (atomics and
-    ``copy16`` are also valid in CPU kernels)."""
+    ``copy16`` and ``transpose_block`` are also valid in CPU kernels)."""
     return op.spec.kind in (PrimKind.WARP, PrimKind.MMA) or op in (Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT,
                                                                  Prim.CP_ASYNC_WAIT)
 
@@ -208,6 +216,20 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
         if 16 % dst.dtype.nbytes or dst.dtype.is_bool:
             return 0, f"copy16() cannot copy {dst.dtype!r} elements"
         return None
+    if op is Prim.TRANSPOSE:
+        dst, src, n = args[:3]
+        for i, ref in ((0, dst), (1, src)):
+            if ref.dtype not in TRANSPOSE_TYPES:
+                ok = ", ".join(repr(t) for t in TRANSPOSE_TYPES)
+                return i, f"transpose_block() moves {ok} elements, got {ref.dtype!r} ('{ref.tensor.name}')"
+        if _int_const(n) not in TRANSPOSE_SIZES:
+            sizes = ", ".join(map(str, TRANSPOSE_SIZES))
+            return 2, f"transpose_block() transposes n x n blocks with n one of {sizes}, got {_int_const(n)}"
+        for i in (3, 4):
+            if not args[i].dtype.is_integer:
+                what = ("ld_dst", "ld_src")[i - 3]
+                return i, f"the {what} stride of transpose_block() must be an integer, got {args[i].dtype!r}"
+        return None
     if op is Prim.CP_ASYNC:
         dst, src, nbytes, src_bytes = args
         if _scope(dst) is not MemScope.SHARED:
@@ -268,6 +290,9 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return 16 // args[index].dtype.nbytes
     if op is Prim.CP_ASYNC:
         return int(args[2].value) // args[index].dtype.nbytes  # type: ignore[attr-defined]
+    if op is Prim.TRANSPOSE:   # n rows of n elements, ld apart (at least n when ld is not a constant)
+        n, ld = _int_const(args[2]) or 1, _int_const(args[3 + index])
+        return (n - 1) * ld + n if ld is not None and ld >= 0 else n
     return 1
 
 

@@ -13,7 +13,7 @@ Compile-time Python values (closure ints, mappings, config objects) are evaluate
 transpiling; everything else becomes IR. The rule for local variables is documented in
 :mod:`taskmap.lang.scope`. The builtins below raise ``TypeError`` when called in plain Python;
 dtypes and task mappings are ordinary values.  GPU primitives (warp shuffles and votes, atomics,
-16-byte and asynchronous copies, tensor cores) are in :mod:`.gpu_builtins`, the tensor-core
+16-byte and asynchronous copies, block transposes, tensor cores) are in :mod:`.gpu_builtins`, the tensor-core
 operand layouts, as task mappings, in :mod:`.mma`.
 """
 from ..ir.dtypes import bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
@@ -25,7 +25,7 @@ from .builtins import (DeviceFunction, attrs, bitcast, cast, ceil, cos, erf, exp
 from .gpu_builtins import (FULL_MASK, all_sync, any_sync, atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
                            ballot_sync, copy16, cp_async, cp_async_commit, cp_async_wait, lane_id, ldmatrix_x1,
                            ldmatrix_x2, ldmatrix_x4, mma_sync_m16n8k16, shfl_down_sync, shfl_sync, shfl_up_sync,
-                           shfl_xor_sync, syncwarp, warp_id, warp_size)
+                           shfl_xor_sync, syncwarp, transpose_block, warp_id, warp_size)
 from .kernel import kernel
 from .mma import (MMA_K, MMA_M, MMA_N, ldmatrix_x1_rows, ldmatrix_x2_rows, ldmatrix_x4_rows, mma_a_layout,
                   mma_b_layout, mma_c_layout)
@@ -36,7 +36,7 @@ __all__ = [
     "atomic_max", "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
     "ldmatrix_x1", "ldmatrix_x1_rows", "ldmatrix_x2", "ldmatrix_x2_rows", "ldmatrix_x4", "ldmatrix_x4_rows",
     "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_sync_m16n8k16", "shfl_down_sync", "shfl_sync",
-    "shfl_up_sync", "shfl_xor_sync", "syncwarp", "warp_id", "warp_size",
+    "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id", "warp_size",
     "DeviceFunction", "attrs", "auto_map", "bf16", "bitcast", "blockDim", "blockIdx", "bool_", "cast", "ceil",
     "cos", "custom_mapping", "erf", "exp", "exp2", "f16", "f32", "f64", "floor", "fma", "func", "gridDim", "i8",
     "i16", "i32", "i64", "kernel", "log", "log2", "parallel", "pow", "register_tensor", "repeat", "round",

@@ -1,10 +1,11 @@
 """DSL builtins for GPU primitives: warp shuffles and votes, ``lane_id()``, atomics, 16-byte and
-asynchronous copies, tensor-core ``mma`` and ``ldmatrix`` (IR: :mod:`taskmap.ir.primitives`).
+asynchronous copies, block transposes, tensor-core ``mma`` and ``ldmatrix`` (IR:
+:mod:`taskmap.ir.primitives`).
 
 Memory operands are *element references*: ``atomic_add(hist[b], 1)`` names the element
 ``hist[b]``; fragment operands may also be a whole register tensor (its first element).  Warp
 primitives, ``cp_async*``, ``mma`` and ``ldmatrix`` make the kernel a GPU kernel (and are errors
-in CPU kernels); atomics and ``copy16`` also work in CPU kernels.
+in CPU kernels); atomics, ``copy16`` and ``transpose_block`` also work in CPU kernels.
 
 Alignment (checked at compile time when the offset is a constant, at run time by the CPU
 emulation, and by the GPU's hardware): ``copy16`` needs 16-byte aligned addresses, ``cp_async``
@@ -20,7 +21,7 @@ from ..ir import expr as E
 from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, bool_, i32, u32, u64
 from ..ir.expr import Expr, Load, Special, SpecialReg
-from ..ir.primitives import Prim, PrimCall, alignment, fragment_elements, problem
+from ..ir.primitives import TRANSPOSE_SIZES, Prim, PrimCall, alignment, fragment_elements, problem
 from ..ir.simplify import simplify_expr
 from ..ir.types import MemScope
 from .builtins import Builtin, check_args, const_int, is_ir, is_number, is_tensor, py_number
@@ -243,6 +244,19 @@ def _copy16(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
     return S.Evaluate(finish(ctx, node, PrimCall(Prim.COPY16, (dst, src))))
 
 
+def _transpose_block(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+    name = "transpose_block"
+    dst_v, src_v, n_v, ld_dst_v, ld_src_v = take_args(ctx, node, name, args, kwargs,
+                                                      ("dst", "src", "n", "ld_dst", "ld_src"), 5, {})
+    dst = element_ref(ctx, node, 0, dst_v, name)
+    src = element_ref(ctx, node, 1, src_v, name)
+    n = const_arg(ctx, node, 2, n_v, "the block size n of transpose_block()", TRANSPOSE_SIZES, "n")
+    ld_dst = int_arg(ctx, node, 3, ld_dst_v, "ld_dst of transpose_block()", "ld_dst")
+    ld_src = int_arg(ctx, node, 4, ld_src_v, "ld_src of transpose_block()", "ld_src")
+    call = PrimCall(Prim.TRANSPOSE, (dst, src, E.const(n), ld_dst, ld_src))
+    return S.Evaluate(finish(ctx, node, call, {2: "n", 3: "ld_dst", 4: "ld_src"}))
+
+
 def _cp_async(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
     dst_v, src_v, nbytes_v, src_bytes_v = take_args(ctx, node, "cp_async", args, kwargs,
                                                     ("dst", "src", "nbytes", "src_bytes"), 3, {"src_bytes": None})
@@ -274,6 +288,11 @@ def _cp_async_wait(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt
 
 copy16 = Builtin("copy16", _copy16, "``copy16(dst[i], src[j])``: copy 16 bytes (4 f32, 8 f16) as one vector; "
                                     "both addresses 16-byte aligned.")
+transpose_block = Builtin("transpose_block", _transpose_block,
+                          "``transpose_block(dst[i, j], src[k, l], n, ld_dst, ld_src)``: transpose an n x n "
+                          "block of f32: for a, b < n, the element b * ld_dst + a after dst[i, j] (flat, in "
+                          "elements) gets the element a * ld_src + b after src[k, l]; the blocks must not "
+                          "overlap.  In-register (AVX-512 for n = 16, AVX for n = 8) on the CPU.")
 cp_async = Builtin("cp_async", _cp_async, "``cp_async(smem[i], gmem[j], nbytes, src_bytes=nbytes)``: an "
                                           "asynchronous global -> shared copy of 4, 8 or 16 bytes; bytes past "
                                           "src_bytes are zero-filled (predication).")
@@ -323,4 +342,4 @@ ldmatrix_x4 = _ldmatrix(4)
 __all__ = ["FULL_MASK", "all_sync", "any_sync", "atomic_add", "atomic_cas", "atomic_exch", "atomic_max",
            "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
            "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "shfl_down_sync", "shfl_sync",
-           "shfl_up_sync", "shfl_xor_sync", "syncwarp", "warp_id", "warp_size"]
+           "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id", "warp_size"]

@@ -17,8 +17,13 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   ``MR`` = 7 or 14 exactly) and stride 2 costs nothing extra.  The reduction runs over all of
   ``C_in`` in registers: **each output element is stored exactly once and never read** (post-
   scheduling fusion splices epilogues into these stores, :mod:`taskmap.fusion`).
-* **Stores**: the tile is NCHW-transposed on its way out (per channel, ``MR`` consecutive
-  pixels), masked at the row's end and the last panel.
+* **Stores**: the tile is NCHW-transposed on its way out: written to memory, transposed in
+  ``TB x TB`` blocks in registers (``transpose_block``; ``TB``: ``V``, or the power of two
+  covering ``MR`` when smaller) into ``[NR, MRP]`` (``MRP``: ``MR`` rounded up to whole
+  blocks), then per channel ``MR`` consecutive pixels as vector stores, masked at a row's
+  last partial tile — a fused epilogue is computed there, vectorized.  (Whole tiles store
+  exactly ``MR`` lanes, unmasked: gcc 12 does not vectorize a masked store whose epilogue
+  loads a per-channel scalar, such as a bias.)
 * **Cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``CP x N x OH x OWT``
   tiles (channel panels outermost: a core packs a panel once and sweeps the image with it).
 """
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.mapping import repeat, spatial
-from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, unroll
+from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, transpose_block
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .conv_cpu_kernel import ConvKernelConfig
@@ -92,6 +97,10 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NR // V) * spatial(1, V)
     square = repeat(V, 1) * spatial(1, V)
+    TB = min(V, max(4, 1 << (MR - 1).bit_length()))   # the stores' transposed blocks: TB x TB
+    MRP = -(-MR // TB) * TB                # the tile's pixels padded to whole blocks
+    row = spatial(MRP)                     # a channel's pixels in the transposed tile (masked)
+    whole = spatial(MR)                    # ... in a whole tile
     n, cin, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "h", "w", "cout", "oh", "ow", "wsx"))
     X_T, C_T, XP_T = f32[n, cin, h, w], f32[n, cout, oh, ow], f32[wsx]
     # the packed panels, or the NCHW weights seen flat
@@ -123,18 +132,23 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     def pack_panel(wt: W_T, xp: XP_T, base: i32, co0: i32, c0: i32, c1: i32):
         """Output channels ``co0 .. co0 + NR``, input channels ``c0 .. c1``, as ``[ci, kh, kw,
         NR]`` at ``xp[base:]`` (channels past C_out repeat the last one: their sums are never
-        stored).  A transposition in ``V x V`` blocks: ``V`` vector loads of weight rows into
-        a block in L1, ``V`` vector stores of its columns."""
+        stored).  A transposition in ``V x V`` blocks, each in registers (``transpose_block``:
+        ``V`` vector loads of weight rows, ``V`` vector stores of its columns); a block of
+        channels that crosses C_out goes through a block in L1."""
         blk = register_tensor(f32, [V, V])
         K = cin * TAPS
         k0 = c0 * TAPS
         kn = (c1 - c0) * TAPS
         for sb in range(NR // V):
-            for kb in range(kn // V):
-                for r, j in square.vectorize():
-                    blk[r, j] = wt[min(co0 + sb * V + r, cout - 1) * K + k0 + kb * V + j]
-                for j, r in square.vectorize():
-                    xp[base + (kb * V + j) * NR + sb * V + r] = blk[r, j]
+            if co0 + sb * V + V <= cout:
+                for kb in range(kn // V):
+                    transpose_block(xp[base + kb * V * NR + sb * V], wt[(co0 + sb * V) * K + k0 + kb * V], V, NR, K)
+            else:
+                for kb in range(kn // V):
+                    for r, j in square.vectorize():
+                        blk[r, j] = wt[min(co0 + sb * V + r, cout - 1) * K + k0 + kb * V + j]
+                    for j, r in square.vectorize():
+                        xp[base + (kb * V + j) * NR + sb * V + r] = blk[r, j]
             for k in range(kn // V * V, kn):
                 for r in range(V):
                     xp[base + k * NR + sb * V + r] = wt[min(co0 + sb * V + r, cout - 1) * K + k0 + k]
@@ -167,13 +181,24 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                                 acc[r, s] += xp[x0 + ci * plane + kh * DH * wp + kw * DW + r * SW] * \
                                     wq[woff + (((ci - c0) * KH + kh) * KW + kw) * NR + s]
             if last:
-                out = register_tensor(f32, [MR, NR])      # in memory: read back channel by channel
+                out = register_tensor(f32, [MRP, NR])     # rows past MR: never stored
+                outT = register_tensor(f32, [NR, MRP])
                 for r, s in tile.vectorize():
                     out[r, s] = acc[r, s]
-                for s in range(NR):
-                    for r in range(MR):
-                        if co0 + s < cout and wo0 + r < ow:
-                            c[b, co0 + s, ho, wo0 + r] = out[r, s]
+                for rb in range(MRP // TB):
+                    for sb in range(NR // TB):
+                        transpose_block(outT[sb * TB, rb * TB], out[rb * TB, sb * TB], TB, MRP, NR)
+                if wo0 + MR <= ow:       # a whole tile: unmasked
+                    for s in range(NR):
+                        if co0 + s < cout:
+                            for r in whole.vectorize():
+                                c[b, co0 + s, ho, wo0 + r] = outT[s, r]
+                else:
+                    for s in range(NR):
+                        if co0 + s < cout:
+                            for r in row.vectorize():
+                                if r < MR and wo0 + r < ow:
+                                    c[b, co0 + s, ho, wo0 + r] = outT[s, r]
             else:
                 for r, s in tile.vectorize():
                     xp[cwoff + r * NR + s] = acc[r, s]

@@ -201,7 +201,7 @@ class MatmulCpuTemplate(KernelFamily):
         a_elems = (p.batch if p.a_batched else 1) * p.m * p.k
         b_elems = (p.batch if p.b_batched else 1) * p.k * p.n
         packed = (a_elems if pack_a and not p.const_a else 0) + (b_elems if pack_b and not p.const_b else 0)
-        copy_bw = COPY_BANDWIDTH * cores * (0.5 if p.trans_b and pack_b else 1.0)
+        copy_bw = COPY_BANDWIDTH * cores
         seconds += 8 * packed / copy_bw
         regions = 1 + (split == "m" and (pack_b or p.n % nr != 0)) + (split == "n" and pack_a)
         return seconds + FORK_COST * regions * (cores > 1) + CALL_COST

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.mapping import repeat, spatial
-from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, unroll
+from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, transpose_block, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 
@@ -125,7 +125,14 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     @func
     def pack_b(b: B_T, wb: f32[wsb], off: i32, bj: i32, j: i32, k0: i32, kc: i32):
         """wb[off + kk*NR + s] = B[bj, k0 + kk, j*NR + s] (columns past n: zeros)."""
-        if TRANS_B:
+        if TRANS_B and j < n // NR:           # whole panel: V x V blocks transposed in registers
+            for sb in range(NR // V):
+                for kb in range(kc // V):
+                    transpose_block(wb[off + kb * V * NR + sb * V], b[bj, j * NR + sb * V, k0 + kb * V], V, NR, k)
+            for kk in range(kc // V * V, kc):
+                for s in unroll(NR):
+                    wb[off + kk * NR + s] = b[bj, j * NR + s, k0 + kk]
+        elif TRANS_B:
             for kk in range(kc):
                 for s in unroll(NR):
                     wb[off + kk * NR + s] = b[bj, min(j * NR + s, n - 1), k0 + kk]

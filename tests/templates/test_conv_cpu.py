@@ -17,7 +17,7 @@ from taskmap import ops
 from taskmap.backends.base import host_cpu_target
 from taskmap.compute.nodes import compute, tensor_input
 from taskmap.fusion import fuse
-from taskmap.ir.expr import maximum
+from taskmap.ir.expr import maximum, minimum
 from taskmap.ops.conv import _plan, direct_sizes
 from taskmap.templates.base import Schedule
 from taskmap.templates.conv_cpu import CONV_CPU, select
@@ -223,6 +223,64 @@ def test_channel_kernel_fused_epilogue_and_asymmetric_padding():
     ref = torch.nn.functional.conv2d(torch.nn.functional.pad(torch.from_numpy(x).double(), (1, 2, 0, 2)),
                                      torch.from_numpy(w).double(), torch.from_numpy(b).double(), 2).numpy()
     assert_close(out, np.maximum(ref, 0.0), **tol(p))
+
+
+#: The host, and the host seen as an AVX2 machine (8 lanes: 8 x 8 block transposes).
+LANE_TARGETS = [pytest.param(CPU, id=f"{V}lanes")] + \
+    ([pytest.param(dataclasses.replace(CPU, vector_bytes=32), id="8lanes")] if V == 16 else [])
+
+
+@pytest.mark.parametrize("target", LANE_TARGETS)
+@pytest.mark.parametrize("mr, nv, hw, cout", [(7, 2, 14, 37), (14, 1, 28, 16), (6, 2, 23, 21), (15, 2, 17, 40),
+                                              (3, 1, 5, 9)])
+def test_channel_kernel_blocked_stores_and_packing(target, mr, nv, hw, cout):
+    """Weights packed per call (whole ``V x V`` blocks transposed in registers, a last block of
+    channels crossing C_out and a tail of taps through the scalar path) and the stores through
+    the transposed tile, with a per-channel scale, bias and ReLU6 fused: whole tiles (unmasked)
+    and a row's last partial tile (masked), tiles of more than one vector of pixels (15), the
+    last panel partial."""
+    lanes = max(4, target.vector_bytes // 4)
+    p = ConvProblem(2, 5, hw, hw, cout, 3, 3, 2 if hw > 20 else 1, 2 if hw > 20 else 1, 1, 1, 1, 1, 1, 1, 1,
+                    "float32", False, False)
+    sched = Schedule.of(vec="channels", mr=mr, nr=nv * lanes, cores=CPU.num_cores, kc=0, packed=False)
+    x, w, b = data(p, seed=mr)
+    scale = np.random.default_rng(hw).uniform(0.5, 2.0, p.cout).astype(np.float32)
+    shape = [p.n, p.cout, p.oh, p.ow]
+    c = tensor_input("c", "float32", shape)
+    es, eb = tensor_input("es", "float32", [p.cout]), tensor_input("eb", "float32", [p.cout])
+    y = compute("y", shape, lambda i, co, r, q: minimum(maximum(c[i, co, r, q] * es[co] + eb[co], 0.0), 6.0))
+    kernel = CONV_CPU.instantiate(p, target, sched)
+    assert CONV_CPU.config(p, target, sched).lanes == lanes
+    fused = fuse(kernel, {}, {"c": y}, direct_sizes(p))
+    assert "tm_transpose_block_f32(" in fused.build("cpu").source
+    out = np.full(shape, np.nan, np.float32)
+    avail = {"x": x, "wt": CONV_CPU.weights(p, sched, w, target), "es": scale, "eb": b, "y": out,
+             "xp": np.zeros(CONV_CPU.workspace_size(p, sched, target), np.float32)}
+    fused(*[avail[q.name] for q in fused.func.params])
+    ref = reference(p, x, w) * scale[None, :, None, None] + b[None, :, None, None]
+    assert_close(out, np.clip(ref, 0.0, 6.0), **tol(p))
+    plain = np.full(shape, np.nan, np.float32)       # the kernel alone: every element stored once
+    kernel(*CONV_CPU.arguments(p, [x, w], [plain], sched, target))
+    assert_close(plain, reference(p, x, w), **tol(p))
+
+
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_channel_kernel_epilogue_stores_are_vectorized():
+    """A whole tile's stores with a fused per-channel bias + ReLU6: vector stores (no scalar
+    compare-and-branch per element); the weight packing: in-register 16 x 16 transposes."""
+    p = ConvProblem(1, 3, 224, 224, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, "float32", False, False)
+    sched = Schedule.of(vec="channels", mr=16, nr=32, cores=1, kc=0, packed=False)
+    shape = [p.n, p.cout, p.oh, p.ow]
+    c = tensor_input("c", "float32", shape)
+    eb = tensor_input("eb", "float32", [p.cout])
+    y = compute("y", shape, lambda i, co, r, q: minimum(maximum(c[i, co, r, q] + eb[co], 0.0), 6.0))
+    fused = fuse(CONV_CPU.instantiate(p, CPU, sched), {}, {"c": y}, direct_sizes(p))
+    src = fused.build("cpu").source_path
+    asm = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-std=gnu11", "-S", src, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "vcomiss" not in asm and "ucomiss" not in asm
+    assert re.search(r"vmovups\t%zmm\d+, \d*\(%r\w+(,%r\w+,\d)?\)", asm)
+    assert asm.count("vshuff32x4") + asm.count("vshuff64x2") >= 32      # 2 transposes of 16 shuffles
 
 
 @pytest.mark.parametrize("hw, s", [(14, 1), (14, 2), (15, 1)])

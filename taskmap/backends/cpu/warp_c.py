@@ -22,7 +22,9 @@ code, undefined on a GPU).  ``mma_sync_m16n8k16`` and ``ldmatrix`` need all 32 l
 k = 0..15 in order.
 
 **Memory.**  Atomics are real atomics (blocks run in parallel on the cores); ``copy16`` is a
-``memcpy`` that checks 16-byte alignment; ``cp_async`` copies are *deferred*: each thread keeps a
+``memcpy`` that checks 16-byte alignment; ``transpose_block`` an in-register transpose
+(``n`` = 16 with AVX-512: 16 loads, unpack / shuffle stages, 16 stores; ``n`` = 8 with AVX),
+else a scalar double loop; ``cp_async`` copies are *deferred*: each thread keeps a
 queue of pending copies, tagged with the group ``cp_async_commit`` closes, and
 ``cp_async_wait(n)`` performs all but the newest ``n`` committed groups — so a kernel that reads
 shared memory without waiting reads stale data here too, as it might on a GPU.  A full queue
@@ -207,6 +209,72 @@ static inline void tm_copy16(void *dst, const void *src) {
   if (((uintptr_t)dst | (uintptr_t)src) & 15) tm_fault(TM_ERR_ALIGN);
   memcpy(dst, src, 16);
 }
+/* ---- block transposes: dst[b * ldd + a] = src[a * lds + b] for a, b < n --------------------- */
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void tm_transpose16_f32(float *dst, const float *src, long ldd,
+                                                                     long lds) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; i += 2) {     /* 2x2 blocks of elements */
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {     /* 4x4 blocks in each 128-bit lane */
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  for (int h = 0; h < 16; h += 8)       /* 128-bit lanes: pairs of row quads */
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+#endif
+#if defined(__AVX__)
+static inline __attribute__((always_inline)) void tm_transpose8_f32(float *dst, const float *src, long ldd,
+                                                                    long lds) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, t[i]);
+}
+#endif
+/* n is a constant: one branch is left */
+static inline __attribute__((always_inline)) void tm_transpose_block_f32(float *dst, const float *src, int n,
+                                                                         long ldd, long lds) {
+#if defined(__AVX512F__)
+  if (n == 16) { tm_transpose16_f32(dst, src, ldd, lds); return; }
+#endif
+#if defined(__AVX__)
+  if (n == 8) { tm_transpose8_f32(dst, src, ldd, lds); return; }
+#endif
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) dst[(long)b * ldd + a] = src[(long)a * lds + b];
+}
+
 static inline void tm_cp_do(const tm_cp_op *o) {
   const int k = o->src_n < 0 ? 0 : o->src_n < o->n ? o->src_n : o->n;
   if (k) memcpy(o->dst, o->src, (size_t)k);
@@ -263,6 +331,8 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return f"tm_atomic_{_ATOMIC[op]}_{_SUFFIX[e.dtype.name]}({args})"
     if op is Prim.COPY16:
         return f"tm_copy16({ref(a[0])}, {ref(a[1])})"
+    if op is Prim.TRANSPOSE:
+        return f"tm_transpose_block_f32({ref(a[0])}, {ref(a[1])}, {x(a[2])}, (long)({x(a[3])}), (long)({x(a[4])}))"
     if op is Prim.CP_ASYNC:
         return f"tm_cp_async({ref(a[0])}, {ref(a[1])}, {x(a[2])}, (int)({x(a[3])}))"
     if op is Prim.CP_ASYNC_COMMIT:
