@@ -35,6 +35,9 @@ class CpuFuncGen(CLikeFuncGen):
 
     FLOAT_BITS = {t: (f"tm_bits_{s}", f"tm_{s}_of_bits") for t, s in
                   (("float32", "f32"), ("float64", "f64"), ("float16", "f16"))}
+    #: f32 erf and tanh are inline rational approximations (runtime_c.py): no libm call, so gcc
+    #: vectorizes the loops that use them (GELU epilogues) and keeps their registers
+    MATH = {**CLikeFuncGen.MATH, E.Intrinsic.ERF: ("tm_erff", "erf"), E.Intrinsic.TANH: ("tm_tanhf", "tanh")}
 
     def __init__(self, gen: "CGen", func: Function) -> None:
         super().__init__(gen, func)
