@@ -64,6 +64,10 @@ CALL_COST = 3e-6
 #: bytes per second one core packs (reads + writes, from DRAM / L3).
 MICRO_EFFICIENCY = 0.95
 COPY_BANDWIDTH = 8e9
+#: Slow-downs of the micro-kernel step (fitted to the exhaustive records of the benchmark shapes,
+#: ``benchmarks/model_vs_exhaustive.py matmul --threads 1``): per vector of a B row read in place
+#: (more streams for the prefetchers), and when the A micro-panel takes over half of L1.
+B_IN_PLACE, L1_SHARED = 0.04, 0.05
 #: Bytes per second one core streams an operand from L3 / DRAM (measured: ~50 GB/s on Zen 4).
 STREAM_BANDWIDTH = 40e9
 #: Below this many FLOPs one core is considered too; above it, only all of them.
@@ -186,8 +190,12 @@ class MatmulCpuTemplate(KernelFamily):
         if not pack_a:            # rows of A in place: their addresses spill; rows one page apart alias
             step *= 1.03 if (p.k * 4) % 4096 else 1.0 + 0.03 * mr
         if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags
-            step *= 1.02
+            step *= 1.0 + B_IN_PLACE * nr / V
+        if mr * kc * 4 > L1_BYTES // 2:  # the A micro-panel and the B stream share L1
+            step *= 1.0 + L1_SHARED
         tile = p.k * step + kb * (5 * fmas + 40)
+        if p.trans_c:             # partial sums of C^T between K blocks: element by element
+            tile += (kb - 1) * 12 * mr * nr    # (measured: BERT-base linears, ~12 cycles an element)
         units = p.batch * (mp if split == "m" else np_)
         other = np_ if split == "m" else mp
         l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
