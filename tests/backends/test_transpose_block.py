@@ -3,7 +3,7 @@ two strided views (for a, b < n: ``dst[b * ld_dst + a] = src[a * ld_src + b]``, 
 from the references).  In CPU kernels (in-register AVX-512 / AVX transposes for n = 16 / 8, the
 scalar loop otherwise — each compiled here on its own with the vector extensions switched off),
 in GPU kernels run with GPU semantics, built for CUDA and HIP; the DSL's argument errors; fusion
-refusing to splice a definition into its memory operands."""
+expanding it into element copies when a definition is spliced into its operands."""
 from __future__ import annotations
 
 import ctypes
@@ -21,7 +21,7 @@ from prim_checks import DEVICES, built_for_cuda, built_for_hip, run_on
 import taskmap
 from taskmap.backends.cpu.runtime_c import RUNTIME_C
 from taskmap.compute import compute, tensor_input
-from taskmap.errors import DSLError, FusionError
+from taskmap.errors import DSLError
 from taskmap.fusion import fuse
 from taskmap.ir import Var, const, f16, f32, i32, tensor_type
 from taskmap.ir.primitives import Prim, PrimCall, problem
