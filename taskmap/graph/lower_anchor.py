@@ -92,6 +92,11 @@ def _constant(t: Tensor) -> bool:
     return t.data is not None
 
 
+def _packed_tensor(t: Tensor, data: Any, shape: tuple[int, ...]) -> Tensor:
+    """A new constant: the constant ``t`` packed into a kernel's layout (``data``, seen as ``shape``)."""
+    return Tensor(shape, t.dtype, t.device, f"{t.name}_packed", data)
+
+
 def _swapped(target: Target, m: int, n: int) -> bool:
     """``c = a b^T`` computed as ``c^T = b a^T`` on the CPU when m < n (see ops.linalg._swapped)."""
     return target.kind is TargetKind.CPU and m < n
@@ -159,7 +164,7 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     if direct is not None:      # the weights as the kernel takes them: packed once, here, when constant
         wshape = CONV_CPU.weight_shape(p, direct, target)
         wt = w if not direct.get("packed") else \
-            Tensor(wshape, w.dtype, w.device, f"{w.name}_packed", CONV_CPU.weights(p, direct, w.data, target))
+            _packed_tensor(w, CONV_CPU.weights(p, direct, w.data, target), wshape)
         return _Anchor(mp, {"x": x, "wt": wt}, {"x": (n, cin, h, wd), "wt": wshape}, {}, p, direct)
     ops: dict[str, Tensor] = {}
     views: dict[str, tuple[int, ...]] = {}
@@ -379,8 +384,7 @@ def _packed_constants(anc: _Anchor, sched: Schedule, target: Target) -> tuple[Te
     a, b = anc.operands.get("a"), anc.operands.get("b")
     wa, wb = MATMUL_CPU.pack_constants(p, sched, a.data if p.const_a and a is not None else None,
                                        b.data if p.const_b and b is not None else None, target)
-    out = tuple(None if d is None else Tensor((d.size,), t.dtype, t.device, f"{t.name}_packed", d)
-                for d, t in ((wa, a), (wb, b)))
+    out = tuple(None if d is None else _packed_tensor(t, d, (d.size,)) for d, t in ((wa, a), (wb, b)))
     with _ANCHORS_LOCK:
         return anc.packed.setdefault(sched, out)      # type: ignore[arg-type]
 

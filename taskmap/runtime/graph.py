@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -257,7 +258,6 @@ class CompiledGraph:
         """Run ``rounds`` times (after one warm-up run) and return, per step, its name, its
         kind and its median seconds — slowest first.  CPU steps are timed by the wall clock
         around each launch; on a GPU every step is followed by a device synchronisation."""
-        import time
         sync = (lambda: sys.modules["torch"].cuda.synchronize()) if self.kind.device.startswith("cuda") else None
         self._run(inputs, None)
         times: list[list[float]] = [[] for _ in self.steps]

@@ -67,27 +67,21 @@ class CpuConfig:
     pre_b: bool = False     # ``wb`` holds B packed beforehand (:func:`pack_b_panels`)
 
     def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
-        """Elements of the two workspace buffers (packed A, packed B; or the operands packed
-        beforehand, for ``pre_a`` / ``pre_b``)."""
+        """Elements of the two workspace buffers (packed A, packed B) — for ``pre_a`` / ``pre_b``,
+        of the operand packed beforehand (all of its panels, whole K)."""
         mp, np_ = -(-m // self.mr), -(-n // self.nr)
-        ba = batch if self.a_batched else 1
-        if self.pre_a or self.pre_b:
-            wa = ba * mp * k * self.mr if self.pre_a else self.workspace_plain(batch, m, n, k)[0]
-            wb = (batch if self.b_batched else 1) * np_ * k * self.nr if self.pre_b else \
-                self.workspace_plain(batch, m, n, k)[1]
-            return wa, max(wb, 1)
-        return self.workspace_plain(batch, m, n, k)
-
-    def workspace_plain(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
-        mp, np_ = -(-m // self.mr), -(-n // self.nr)
-        ba = batch if self.a_batched else 1
+        ba, bb = (batch if self.a_batched else 1), (batch if self.b_batched else 1)
         if self.split == "m":
             wa = batch * mp * k * self.mr if self.pack_a else 1
             panels = np_ if self.pack_b else np_ - n // self.nr
-            wb = (batch if self.b_batched else 1) * panels * k * self.nr
+            wb = bb * panels * k * self.nr
         else:
             wa = ba * mp * k * self.mr if self.pack_a else 1
             wb = self.cores * self.ncb * self.kc * self.nr
+        if self.pre_a:
+            wa = ba * mp * k * self.mr
+        if self.pre_b:
+            wb = bb * np_ * k * self.nr
         return wa, max(wb, 1)
 
 
