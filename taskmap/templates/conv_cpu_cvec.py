@@ -114,19 +114,22 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
         ci = q % cin
         jlo = min(PL, wp)
         jhi = max(min(w + PL, wp), jlo)
-        for i in range(hp):
-            ih = i - PT
+        ilo = min(PT, hp)                      # rows inside the image: ilo .. ihi (see conv_cpu_kernel)
+        ihi = max(min(h + PT, hp), ilo)
+        for i in range(ilo):
+            for j in range(wp):
+                xp[(q * hp + i) * wp + j] = 0.0
+        for i in range(ilo, ihi):
             row = (q * hp + i) * wp
-            if ih >= 0 and ih < h:
-                for j in range(jlo):
-                    xp[row + j] = 0.0
-                for j in range(jlo, jhi):
-                    xp[row + j] = x[b, ci, ih, j - PL]
-                for j in range(jhi, wp):
-                    xp[row + j] = 0.0
-            else:
-                for j in range(wp):
-                    xp[row + j] = 0.0
+            for j in range(jlo):
+                xp[row + j] = 0.0
+            for j in range(jlo, jhi):
+                xp[row + j] = x[b, ci, i - PT, j - PL]
+            for j in range(jhi, wp):
+                xp[row + j] = 0.0
+        for i in range(ihi, hp):
+            for j in range(wp):
+                xp[(q * hp + i) * wp + j] = 0.0
 
     @func
     def pack_panel(wt: W_T, xp: XP_T, base: i32, co0: i32, c0: i32, c1: i32):

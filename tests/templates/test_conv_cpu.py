@@ -321,3 +321,21 @@ def test_channel_micro_kernel_assembly():
     assert hot.count("vfmadd") == 28
     assert hot.count("vbroadcastss") + hot.count("{1to16}") == 7
     assert "(%rsp)" not in hot and "gather" not in hot
+
+
+@pytest.mark.parametrize("schedule", [Schedule.of(mr=6, nr=64, cores=1, shift=False),
+                                      Schedule.of(vec="channels", mr=7, nr=32, cores=1, kc=0, packed=False)])
+@pytest.mark.parametrize("shape, pad", [((1, 1, 3, 2), (1, 0)), ((2, 3, 5, 4), (2, 1))])
+def test_padding_rows_with_the_sizes_specialised(schedule, shape, pad):
+    """Both kernels specialised to the problem's sizes (as ``ops.conv2d`` and the graph build
+    them): the padded input's rows are right.  (gcc 12.2 at -O3 miscompiled the former per-row
+    condition of the padding loop once the row count was a constant: a middle row read as 0.)"""
+    n, cin, h, w = shape
+    p = ConvProblem(n, cin, h, w, 2, 1, 1, 1, 1, pad[0], pad[0], pad[1], pad[1], 1, 1, 1, "float32", False, False)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(np.float32)
+    wt = rng.standard_normal((2, cin, 1, 1)).astype(np.float32)
+    c = np.full((n, 2, p.oh, p.ow), np.nan, np.float32)
+    fuse(CONV_CPU.instantiate(p, CPU, schedule), {}, {}, direct_sizes(p))(*CONV_CPU.arguments(p, [x, wt], [c], schedule, CPU))
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(wt).double(), padding=pad).numpy()
+    assert_close(c, ref, rtol=1e-5, atol=1e-5)
