@@ -210,9 +210,6 @@ static inline void tm_copy16(void *dst, const void *src) {
   memcpy(dst, src, 16);
 }
 /* ---- block transposes: dst[b * ldd + a] = src[a * lds + b] for a, b < n --------------------- */
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void tm_transpose16_f32(float *dst, const float *src, long ldd,
                                                                      long lds) {
