@@ -14,6 +14,7 @@ from taskmap.graph.passes import optimize
 from taskmap.ir.dtypes import f32
 from taskmap.runtime.graph import CompiledGraph
 from taskmap.templates.conv_cpu_cvec import pack_weights
+from taskmap.templates.conv_cpu_wino import transform_weights
 from taskmap.testing import assert_close
 
 RNG = np.random.default_rng(7)
@@ -49,18 +50,18 @@ def test_constant_weights_are_packed_once_by_the_lowering(stride):
     groups = lower_graph(optimize(graph), host_cpu_target())
     assert len(groups) == 1
     kg = groups[0]
-    assert kg.kernel.__name__.startswith("conv_cpu_cvec")
+    # stride 1: the Winograd kernel takes the weights transformed (U = G g G^T), else packed panels
+    winograd = stride == 1
+    assert kg.kernel.__name__.startswith("conv_cpu_wino" if winograd else "conv_cpu_cvec")
     params = [p.name for p in kg.kernel.func.params]
     packed = kg.args[params.index("wt")]
     assert packed.data is not None and packed.data.ndim == 1          # a constant made by the lowering
-    # the packing is pack_weights of the BatchNorm-folded weights: check its layout on a panel
+    # the packing of the BatchNorm-folded weights: check its layout
     folded = w * (stats[2] / np.sqrt(stats[1] + 1e-5))[:, None, None, None]
-    for nr in (16, 32, 48, 64, 80, 96, 112, 128):
-        if pack_weights(folded, nr).size == packed.data.size and \
-                np.allclose(pack_weights(folded, nr), packed.data, rtol=1e-5, atol=1e-6):
-            break
-    else:
-        pytest.fail("the packed constant is not pack_weights() of the folded weights")
+    layouts = [transform_weights(folded, m, mr) for m in (2, 4) for mr in (4, 6, 8, 12, 16, 24)] if winograd \
+        else [pack_weights(folded, nr) for nr in (16, 32, 48, 64, 80, 96, 112, 128)]
+    if not any(x.size == packed.data.size and np.allclose(x, packed.data, rtol=1e-5, atol=1e-5) for x in layouts):
+        pytest.fail("the packed constant is not the folded weights in the kernel's layout")
     x = rand(1, 32, 14, 14)
     out = CompiledGraph(graph, "cpu", "numpy")(x)[0]
     assert_close(out, reference(x, w, stats, stride), rtol=1e-4, atol=1e-4)
@@ -82,7 +83,7 @@ def test_partition_and_plan_pack_the_weights_once(monkeypatch):
     monkeypatch.setattr(CONV_CPU, "weights", lambda *a, **k: calls.append(1) or real(*a, **k))
     graph, _, _ = conv_bn_relu(True)
     (kg,) = lower_graph(optimize(graph), host_cpu_target())
-    assert kg.kernel.__name__.startswith("conv_cpu_cvec") and len(calls) == 1
+    assert kg.kernel.__name__.startswith(("conv_cpu_cvec", "conv_cpu_wino")) and len(calls) == 1
 
 
 @pytest.mark.parametrize("m, n, k", [(4, 40, 33), (128, 96, 200), (70, 20, 64)])
