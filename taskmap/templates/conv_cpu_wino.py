@@ -89,14 +89,15 @@ class WinoConfig(ConvKernelConfig):
 
 def transform_weights(w: np.ndarray, m: int, mr: int) -> np.ndarray:
     """NCHW 3x3 weights ``(C_out, C_in, 3, 3)`` as the kernel's ``U``: ``G g G^T`` (in float64,
-    rounded once) packed ``[C_out / MR (rounded up), ALPHA^2, C_in, MR]`` flat, zeros past ``C_out``."""
+    rounded once) packed ``[C_out / MR (rounded up), ALPHA^2, C_in, MR]`` flat, zeros past ``C_out``.
+    One product per panel with ``G (x) G`` (``ALPHA^2 x 9``), straight into that layout."""
     _, g, _ = TRANSFORMS[m]
     cout, cin = w.shape[:2]
-    u = (g @ np.asarray(w, np.float64) @ g.T).reshape(cout, cin, -1)
     cp = -(-cout // mr)
-    padded = np.zeros((cp * mr, cin, u.shape[2]), np.float64)
-    padded[:cout] = u
-    return np.ascontiguousarray(padded.reshape(cp, mr, cin, -1).transpose(0, 3, 2, 1), np.float32).reshape(-1)
+    taps = np.zeros((cp * mr, cin, 9), np.float64)
+    taps[:cout] = np.asarray(w, np.float64).reshape(cout, cin, 9)
+    taps = taps.reshape(cp, mr, cin, 9).transpose(0, 3, 2, 1).reshape(cp, 9, cin * mr)
+    return np.matmul(np.kron(g, g), taps).astype(np.float32).reshape(-1)
 
 
 def build_kernel(cfg: WinoConfig) -> Kernel:
