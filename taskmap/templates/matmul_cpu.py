@@ -21,8 +21,9 @@ Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add two kinds
   place whatever its row pitch (copying B costs as much as the whole product).
 
 The cost model (:meth:`MatmulCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel
-(padded tiles, its loads per FMA, the per-tile C traffic), load balance over cores in whole
-panels, packing traffic, and a fixed cost per parallel region; the operands' memory traffic (at
+(padded tiles, its loads per FMA, the per-tile C traffic, operands read in place: rows of A
+sharing an L1 set, rows of B off a cache line), load balance over cores in whole panels, packing
+traffic, and a fixed cost per parallel region; the operands' memory traffic (at
 :data:`STREAM_BANDWIDTH` per core) bounds it from below, which is what ranks small-M points.
 """
 from __future__ import annotations
@@ -68,6 +69,20 @@ COPY_BANDWIDTH = 8e9
 #: ``benchmarks/model_vs_exhaustive.py matmul --threads 1``): per vector of a B row read in place
 #: (more streams for the prefetchers), and when the A micro-panel takes over half of L1.
 B_IN_PLACE, L1_SHARED = 0.04, 0.05
+#: B read in place is read at the caller's alignment, and numpy only aligns to 16 bytes: 3 bases in
+#: 4 are off a cache line, and then every vector of a B row spans two lines (packed panels are
+#: 64-byte aligned).  Expected slow-down of the step, times ``V / NR`` (one extra line per row of
+#: ``NR / V`` lines).  Measured on Zen 4, B at +16 bytes against 64-byte aligned, same schedule:
+#: 1.37 / 1.21 / 1.17 at NR = 32 / 48 / 64 (128x3072x768), 1.28 / 1.13 / 1.10 (128x768x768), ~1.06
+#: (512^3): ~0.55 x V / NR, times 3/4.  (The exhaustive records are a lottery between aligned and
+#: split points; the model takes the expectation.)
+B_MISALIGNED = 0.4
+#: L1 associativity (8 ways of 4 KiB on Zen 4 and most x86 cores).  Rows of A read in place whose
+#: pitch is a multiple of 4 KiB all fall in one L1 set (a pitch of 2 KiB: two sets, ...); the rows
+#: beyond the ways evict each other before their line's 16 K steps are used.  Slow-down of the step
+#: per such row (measured: MR = 12 / 14 in place at 1024^3 and 128x3072x768 cost 1.4 / 1.6x the
+#: same tile with A packed; MR <= 8 about the same).
+L1_WAYS, A_ALIASED_ROW = 8, 0.1
 #: Bytes per second one core streams an operand from L3 / DRAM (measured: ~50 GB/s on Zen 4).
 STREAM_BANDWIDTH = 40e9
 #: Below this many FLOPs one core is considered too; above it, only all of them.
@@ -187,10 +202,11 @@ class MatmulCpuTemplate(KernelFamily):
         fmas = mr * nr // V
         loads = mr + nr / V
         step = (max(fmas / fma_rate(V), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
-        if not pack_a:            # rows of A in place: their addresses spill; rows one page apart alias
-            step *= 1.03 if (p.k * 4) % 4096 else 1.0 + 0.03 * mr
-        if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags
-            step *= 1.0 + B_IN_PLACE * nr / V
+        if not pack_a:            # rows of A in place: their addresses spill; rows a page apart share a set
+            sets = min(L1_BYTES // L1_WAYS // 64, 4096 // np.gcd(p.k * 4, 4096))   # L1 sets the MR rows fall in
+            step *= 1.03 + A_ALIASED_ROW * max(0, -(-mr // sets) - L1_WAYS)
+        if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags; and
+            step *= 1.0 + B_IN_PLACE * nr / V + B_MISALIGNED * V / nr   # mostly off a line (see B_MISALIGNED)
         if mr * kc * 4 > L1_BYTES // 2:  # the A micro-panel and the B stream share L1
             step *= 1.0 + L1_SHARED
         tile = p.k * step + kb * (5 * fmas + 40)

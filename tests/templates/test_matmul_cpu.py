@@ -161,6 +161,26 @@ def test_cost_model_ranks_sensibly():
                                                                                                         **base))
 
 
+def test_cost_model_follows_recorded_facts():
+    """Facts measured on one Zen 4 core (paired runs, ``benchmarks/model_vs_exhaustive.py matmul``
+    shapes) that the model must rank the same way."""
+    one = dataclasses.replace(CPU, vector_bytes=64, num_cores=1, l2_bytes=1 << 20, clock_hz=2.6e9)
+
+    def cost(p, **s):
+        return MATMUL_CPU.cost(p, one, Schedule.of(**{**dict(kc=512, ncb=4, split="n", pack_a=True, pack_b=True,
+                                                             cores=1), **s}))
+    # A in place, rows a multiple of 4 KiB apart: all MR rows in one 8-way L1 set.  MR = 12 / 14
+    # measured 1.4 / 1.6x the packed tile; MR = 6 / 8 about the same as packed.
+    for p in (MatmulProblem(1, 1024, 1024, 1024), MatmulProblem(1, 128, 768, 3072)):
+        assert cost(p, mr=12, nr=32, pack_a=False) > 1.25 * cost(p, mr=12, nr=32)
+        assert cost(p, mr=6, nr=64, pack_a=False) < 1.1 * cost(p, mr=6, nr=64)
+    # B in place at numpy's alignment (16 bytes: rows off a cache line) costs more the fewer vectors
+    # a row has: 128x3072x768 measured 1.30 / 1.06 (12x32, in place / packed) but 1.08 / 1.02 (6x64).
+    p = MatmulProblem(1, 128, 768, 3072)
+    assert (cost(p, mr=12, nr=32, pack_b=False) / cost(p, mr=12, nr=32)
+            > cost(p, mr=6, nr=64, pack_b=False) / cost(p, mr=6, nr=64))
+
+
 @pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
 def test_micro_kernel_assembly():
     """The hot loop of the 12x32 kernel: 24 FMAs with broadcasts, 2 vector loads, no gathers."""
