@@ -116,6 +116,9 @@ WINO_M = (2, 4)
 WINO_INPUT_CYCLES = 20.0
 WINO_BAND_COST = 1.0e-9
 WINO_OUTPUT_COST = 0.4e-9
+#: Seconds per element of U the kernel transforms when the weights come per call (strided
+#: loads of the weights, the transform, the stores).
+WINO_WEIGHT_COST = 0.3e-9
 #: Bytes per second one core streams the transformed weights ``U`` from L3 / DRAM when they do
 #: not fit half its L2 (every block of tiles reads all of them).
 WINO_STREAM_BANDWIDTH = 10e9
@@ -160,15 +163,16 @@ class ConvCpuTemplate(KernelFamily):
 
     @staticmethod
     def winograd(p: ConvProblem) -> bool:
-        """Whether the Winograd kernel applies: 3x3, stride 1, no dilation, constant weights
-        (their transform runs once, when the graph is compiled)."""
-        return (p.kh, p.kw, p.sh, p.sw, p.dh, p.dw) == (3, 3, 1, 1, 1, 1) and p.const_weights
+        """Whether the Winograd kernel applies: 3x3, stride 1, no dilation."""
+        return (p.kh, p.kw, p.sh, p.sw, p.dh, p.dw) == (3, 3, 1, 1, 1, 1)
 
     def _wino_space(self, p: ConvProblem, target: Target, cores: list[int]) -> list[Schedule]:
+        """Constant weights come transformed (``packed``: once, when the graph is compiled);
+        others are transformed by the kernel on every call."""
         if not self.winograd(p):
             return []
         V = lanes_of(target)
-        return [Schedule.of(vec="winograd", m=m, mr=mr, nr=nv * V, cores=c, packed=True)
+        return [Schedule.of(vec="winograd", m=m, mr=mr, nr=nv * V, cores=c, packed=p.const_weights)
                 for m in WINO_M for mr, nv in WINO_TILES[vector_registers(target)] for c in cores]
 
     # ------------------------------------------------------------------ cost
@@ -253,6 +257,8 @@ class ConvCpuTemplate(KernelFamily):
         seconds = gemm + per_core_blocks * p.cin * a2 * (nr // V) * WINO_INPUT_CYCLES / clock
         seconds += units * mr * nr * cfg.m ** 2 * WINO_OUTPUT_COST
         seconds += p.cin * cfg.alpha * rows * wb * WINO_BAND_COST / cores
+        if not cfg.prepacked:        # U made per call, then read from memory by the GEMMs
+            seconds += u_bytes / 4 * WINO_WEIGHT_COST / cores + FORK_COST * (cores > 1)
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
 
     # ------------------------------------------------------------------ kernels
@@ -260,7 +266,8 @@ class ConvCpuTemplate(KernelFamily):
                schedule: Schedule) -> ConvCpuConfig | CvecConfig | WinoConfig:
         s, p = schedule.as_dict(), problem
         if s.get("vec") == "winograd":
-            return WinoConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], 3, 3, 1, 1, 1, 1, p.pt, p.pl, s["m"])
+            return WinoConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], 3, 3, 1, 1, 1, 1, p.pt, p.pl, s["m"],
+                              s["packed"])
         if s.get("vec") == "channels":
             return CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
                               p.pt, p.pl, s["kc"], s["packed"])
@@ -276,7 +283,7 @@ class ConvCpuTemplate(KernelFamily):
         their packed panels (``packed`` schedules), or their Winograd transform."""
         p, cfg = problem, self.config(problem, target or host_cpu_target(), schedule)
         if isinstance(cfg, WinoConfig):
-            return (cfg.weight_size(p.cin, p.cout),)
+            return (cfg.weight_size(p.cin, p.cout) if cfg.prepacked else p.cout * p.cin * 9,)
         if not isinstance(cfg, CvecConfig):
             return (p.cout, p.cin, p.kh, p.kw)
         return (-(-p.cout // cfg.nr) * cfg.panel(p.cin) if cfg.prepacked else p.cout * cfg.panel(p.cin) // cfg.nr,)
@@ -284,10 +291,10 @@ class ConvCpuTemplate(KernelFamily):
     def weights(self, problem: ConvProblem, schedule: Schedule, w: Any, target: Target | None = None) -> Any:
         """The kernel's ``wt`` from the NCHW weights ``w`` (:meth:`weight_shape`): a view, or for
         ``packed`` schedules a new host array (a compiled graph packs its constants once)."""
-        if schedule.get("vec") == "winograd":
-            return transform_weights(np.asarray(w, np.float32), schedule["m"], schedule["mr"])
         if schedule.get("packed"):
-            return pack_weights(np.asarray(w, np.float32), schedule["nr"])
+            w = np.asarray(w, np.float32)
+            return transform_weights(w, schedule["m"], schedule["mr"]) if schedule.get("vec") == "winograd" \
+                else pack_weights(w, schedule["nr"])
         return view(w, self.weight_shape(problem, schedule, target))
 
     def workspace_size(self, problem: ConvProblem, schedule: Schedule, target: Target) -> int:

@@ -14,9 +14,10 @@ pixels reads an ``ALPHA x ALPHA`` input tile.
   **consecutive tiles are consecutive floats** (one unaligned vector load per element of
   ``NR`` tiles, no gathers), across rows and images.  The frame's extra column of tiles
   (``tx = TW``) is computed and never stored.
-* **Weights**: ``U = G g G^T`` per output / input channel, transformed once when the graph is
-  compiled (:func:`transform_weights`: the kernel needs constant weights) and packed as
-  ``[C_out / MR, ALPHA^2, C_in, MR]`` (zeros past ``C_out``).
+* **Weights**: ``U = G g G^T`` per output / input channel, packed as ``[C_out / MR, ALPHA^2,
+  C_in, MR]``: transformed once when a graph is compiled (:func:`transform_weights`,
+  ``prepacked``), or by the kernel on every call (one parallel pass, lanes along a panel's
+  ``MR`` channels; channels past ``C_out`` repeat the last one: their sums are never stored).
 * **Per block of ``NR`` consecutive tiles** (a core's unit, lanes along the tiles): the input
   transform ``V = B^T d B`` of every input channel into ``vb[xi, ci, NR]`` (``xi`` < ``ALPHA^2``,
   in the core's slice of the workspace; the ``xi`` are a cache line more than ``C_in * NR``
@@ -61,6 +62,7 @@ class WinoConfig(ConvKernelConfig):
     tiles (a multiple of the lanes) per register tile; the window is 3x3, stride 1."""
 
     m: int = 2
+    prepacked: bool = True     # ``wt`` holds U (:func:`transform_weights`), not the NCHW weights
 
     @property
     def alpha(self) -> int:
@@ -80,8 +82,11 @@ class WinoConfig(ConvKernelConfig):
         return self.alpha ** 2 * (cin * self.nr + 16 + -(-cout // self.mr) * self.mr * self.nr)
 
     def workspace(self, n: int, cin: int, cout: int, oh: int, ow: int) -> int:
+        """Elements: the input bands, their zero tail, the cores' slices and — unless the
+        weights come transformed — U."""
         rows, _, wb = self.frame(n, oh, ow)
-        return cin * self.alpha * rows * wb + self.tail() + self.cores * self.per_core(cin, cout)
+        u = 0 if self.prepacked else self.weight_size(cin, cout)
+        return cin * self.alpha * rows * wb + self.tail() + self.cores * self.per_core(cin, cout) + u
 
     def weight_size(self, cin: int, cout: int) -> int:
         return -(-cout // self.mr) * self.alpha ** 2 * cin * self.mr
@@ -112,7 +117,10 @@ def build_kernel(cfg: WinoConfig) -> Kernel:
     lanes = spatial(NR)
     n, cin, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "h", "w", "cout", "oh", "ow", "wsx"))
     X_T, C_T, XP_T = f32[n, cin, h, w], f32[n, cout, oh, ow], f32[wsx]
-    W_T = f32[(cout + MR - 1) // MR * A2 * cin * MR]
+    PRE = cfg.prepacked
+    W_T = f32[(cout + MR - 1) // MR * A2 * cin * MR] if PRE else f32[cout * cin * 9]
+    U_T = W_T if PRE else XP_T        # where the GEMMs read U
+    wlanes = spatial(MR)
     VS = cin * NR + 16      # the transformed input's stride between two xi: not a multiple of 4 KB (L1 sets)
 
     @func
@@ -256,16 +264,72 @@ def build_kernel(cfg: WinoConfig) -> Kernel:
 
     input_transform, output_transform = make_input(M), make_output(M)
 
+    def make_weights(M: int) -> func:
+        """``U = G g G^T`` of input channel ``ci`` of panel ``pn`` (``MR`` output channels) into
+        ``xp[ub + ((pn * ALPHA^2 + xi) * cin + ci) * MR + r]``."""
+        def weights_f2(wt: W_T, xp: XP_T, pn: i32, ci: i32, ub: i32):
+            h = register_tensor(f32, [4, 3, MR])
+            for col in unroll(3):
+                for r in wlanes.vectorize():
+                    o = (min(pn * MR + r, cout - 1) * cin + ci) * 9 + col
+                    g0 = wt[o]
+                    g1 = wt[o + 3]
+                    g2 = wt[o + 6]
+                    h[0, col, r] = g0
+                    h[1, col, r] = 0.5 * (g0 + g1 + g2)
+                    h[2, col, r] = 0.5 * (g0 - g1 + g2)
+                    h[3, col, r] = g2
+            for a in unroll(4):
+                for r in wlanes.vectorize():
+                    o = ub + ((pn * 16 + a * 4) * cin + ci) * MR + r
+                    e0 = h[a, 0, r]
+                    e1 = h[a, 1, r]
+                    e2 = h[a, 2, r]
+                    xp[o] = e0
+                    xp[o + cin * MR] = 0.5 * (e0 + e1 + e2)
+                    xp[o + 2 * cin * MR] = 0.5 * (e0 - e1 + e2)
+                    xp[o + 3 * cin * MR] = e2
+
+        def weights_f4(wt: W_T, xp: XP_T, pn: i32, ci: i32, ub: i32):
+            h = register_tensor(f32, [6, 3, MR])
+            for col in unroll(3):
+                for r in wlanes.vectorize():
+                    o = (min(pn * MR + r, cout - 1) * cin + ci) * 9 + col
+                    g0 = wt[o]
+                    g1 = wt[o + 3]
+                    g2 = wt[o + 6]
+                    h[0, col, r] = 0.25 * g0
+                    h[1, col, r] = (g0 + g1 + g2) * (-1.0 / 6.0)
+                    h[2, col, r] = (g0 - g1 + g2) * (-1.0 / 6.0)
+                    h[3, col, r] = g0 * (1.0 / 24.0) + g1 * (1.0 / 12.0) + g2 * (1.0 / 6.0)
+                    h[4, col, r] = g0 * (1.0 / 24.0) - g1 * (1.0 / 12.0) + g2 * (1.0 / 6.0)
+                    h[5, col, r] = g2
+            for a in unroll(6):
+                for r in wlanes.vectorize():
+                    o = ub + ((pn * 36 + a * 6) * cin + ci) * MR + r
+                    e0 = h[a, 0, r]
+                    e1 = h[a, 1, r]
+                    e2 = h[a, 2, r]
+                    xp[o] = 0.25 * e0
+                    xp[o + cin * MR] = (e0 + e1 + e2) * (-1.0 / 6.0)
+                    xp[o + 2 * cin * MR] = (e0 - e1 + e2) * (-1.0 / 6.0)
+                    xp[o + 3 * cin * MR] = e0 * (1.0 / 24.0) + e1 * (1.0 / 12.0) + e2 * (1.0 / 6.0)
+                    xp[o + 4 * cin * MR] = e0 * (1.0 / 24.0) - e1 * (1.0 / 12.0) + e2 * (1.0 / 6.0)
+                    xp[o + 5 * cin * MR] = e2
+        return func(weights_f2 if M == 2 else weights_f4)
+
+    weight_transform = make_weights(M)
+
     @func
-    def gemm(wt: W_T, xp: XP_T, uo: i32, vo: i32, mo: i32):
-        """``m = U V`` of one ``xi``: ``MR`` output channels (``wt[uo:]``) x ``NR`` tiles
+    def gemm(u: U_T, xp: XP_T, uo: i32, vo: i32, mo: i32):
+        """``m = U V`` of one ``xi``: ``MR`` output channels (``u[uo:]``) x ``NR`` tiles
         (``xp[vo:]``) over the input channels, to ``xp[mo:]``."""
         acc = register_tensor(f32, [MR, NR])
         for r, s in tile.vectorize():
             acc[r, s] = 0.0
         for ci in range(cin):
             for r, s in tile.vectorize():
-                acc[r, s] += wt[uo + ci * MR + r] * xp[vo + ci * NR + s]
+                acc[r, s] += u[uo + ci * MR + r] * xp[vo + ci * NR + s]
         for r, s in tile.vectorize():
             xp[mo + r * NR + s] = acc[r, s]
 
@@ -302,6 +366,10 @@ def build_kernel(cfg: WinoConfig) -> Kernel:
         for z in range(TAIL):
             xp[XB + z] = 0.0
         CP = (cout + MR - 1) // MR
+        UB = XB + TAIL + P * A2 * (VS + CP * MR * NR)     # U in the workspace (weights per call)
+        if not PRE:
+            for q in PAR(CP * cin):
+                weight_transform(wt, xp, q // cin, q % cin, UB)
         units = (ROWS * TWF + NR - 1) // NR * CP
         for p in CORES:
             u0 = p * units // P
@@ -316,7 +384,7 @@ def build_kernel(cfg: WinoConfig) -> Kernel:
                     p1 = min(u1, blk * CP + CP) - blk * CP
                     for xi in range(A2):         # V[xi] stays in L1 while the panels stream U[xi]
                         for pn in range(p0, p1):
-                            gemm(wt, xp, (pn * A2 + xi) * cin * MR, vb + xi * VS,
+                            gemm(wt if PRE else xp, xp, (pn * A2 + xi) * cin * MR + (0 if PRE else UB), vb + xi * VS,
                                  mb + ((pn - p0) * A2 + xi) * MR * NR)
                     for pn in range(p0, p1):
                         store_panel(c, xp, blk * NR, pn, TH, TWF, mb + (pn - p0) * A2 * MR * NR)

@@ -31,8 +31,8 @@ def problem(n, cin, h, w, cout, pads=(1, 1, 1, 1), const=True):
     return ConvProblem(n, cin, h, w, cout, 3, 3, 1, 1, pt, pb, pl, pr, 1, 1, 1, "float32", False, const)
 
 
-def wino(m, mr, nv, cores=1):
-    return Schedule.of(vec="winograd", m=m, mr=mr, nr=nv * V, cores=cores, packed=True)
+def wino(m, mr, nv, cores=1, packed=True):
+    return Schedule.of(vec="winograd", m=m, mr=mr, nr=nv * V, cores=cores, packed=packed)
 
 
 def tol(p: ConvProblem, m: int):
@@ -55,14 +55,17 @@ def run(p: ConvProblem, sched: Schedule, seed=0):
 
 
 @pytest.mark.parametrize("m", [2, 4])
-@pytest.mark.parametrize("mr, nv, cores", [(8, 2, 1), (6, 1, 2), (12, 1, CPU.num_cores)])
+@pytest.mark.parametrize("mr, nv, cores, packed", [(8, 2, 1, True), (6, 1, 2, True), (12, 1, CPU.num_cores, False),
+                                                   (8, 1, 2, False)])
 @given(n=st.integers(1, 3), cin=st.integers(1, 9), h=st.integers(1, 19), w=st.integers(1, 23),
        cout=st.integers(1, 21), pads=st.tuples(*[st.integers(0, 2)] * 4))
 @settings(max_examples=8, deadline=None)
-def test_kernel_matches_torch(m, mr, nv, cores, n, cin, h, w, cout, pads):
-    p = problem(n, cin, h, w, cout, pads)
+def test_kernel_matches_torch(m, mr, nv, cores, packed, n, cin, h, w, cout, pads):
+    """Weights transformed once (``packed``: a compiled graph's constants) or by the kernel on
+    every call (``taskmap.ops.conv2d``)."""
+    p = problem(n, cin, h, w, cout, pads, const=packed)
     if p.oh > 0 and p.ow > 0:
-        run(p, wino(m, mr, nv, cores))
+        run(p, wino(m, mr, nv, cores, packed))
 
 
 @pytest.mark.parametrize("m", [2, 4])
@@ -120,17 +123,37 @@ def test_fused_epilogue_with_specialised_sizes(m):
 
 
 def test_routing():
-    """Constant weights, 3x3, stride 1: ResNet's early layers take the Winograd kernel (fewer
-    multiplications); its 7x7 x 512 layer keeps the channel kernel (the transformed weights
-    would stream from memory for 16 tiles).  Weights given per call, strides, dilations and
-    other windows never take it."""
+    """3x3, stride 1: ResNet's early layers take the Winograd kernel (fewer multiplications),
+    with the weights transformed once when they are constants, else per call; its 7x7 x 512
+    layer keeps a direct kernel (the transformed weights would stream from memory for 16
+    tiles).  Strides, dilations and other windows never take it."""
     for hw, ch in [(56, 64), (28, 128), (14, 256)]:
         sched = select(problem(1, ch, hw, hw, ch), CPU)
-        assert sched is not None and sched["vec"] == "winograd", (hw, ch, sched)
-    assert select(problem(1, 512, 7, 7, 512), CPU)["vec"] == "channels"
+        assert sched is not None and sched["vec"] == "winograd" and sched["packed"], (hw, ch, sched)
+    for hw, ch in [(56, 64), (28, 128)]:
+        sched = select(problem(1, ch, hw, hw, ch, const=False), CPU)
+        assert sched is not None and sched["vec"] == "winograd" and not sched["packed"], (hw, ch, sched)
+    assert select(problem(1, 512, 7, 7, 512), CPU)["vec"] != "winograd"
     base = problem(1, 64, 56, 56, 64)
-    others = [dataclasses.replace(base, const_weights=False), dataclasses.replace(base, sh=2, sw=2),
-              dataclasses.replace(base, dh=2, dw=2, pt=2, pb=2, pl=2, pr=2),
+    others = [dataclasses.replace(base, sh=2, sw=2), dataclasses.replace(base, dh=2, dw=2, pt=2, pb=2, pl=2, pr=2),
               dataclasses.replace(base, kh=5, kw=5, pt=2, pb=2, pl=2, pr=2)]
     for p in others:
         assert all(s.get("vec") != "winograd" for s in CONV_CPU.space(p, CPU)), p
+
+
+def test_ops_conv2d_takes_it_with_the_bias():
+    """``taskmap.ops.conv2d`` (weights per call) on a layer the cost model sends to the Winograd
+    kernel, with the bias spliced into its stores."""
+    from taskmap import ops
+    from taskmap.ops.conv import _plan
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 64, 30, 30)).astype(np.float32)
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    got = ops.conv2d(x, w, b, 1, 1)
+    plan = _plan(dataclasses.replace(problem(1, 64, 30, 30, 64, const=False), bias=True), CPU)
+    t = torch.from_numpy
+    ref = torch.nn.functional.conv2d(t(x).double(), t(w).double(), t(b).double(), 1, 1).numpy()
+    p = problem(1, 64, 30, 30, 64)
+    assert_close(got, ref, **tol(p, 4))
+    assert getattr(plan, "schedule", {}).get("vec") == "winograd", getattr(plan, "schedule", None)
