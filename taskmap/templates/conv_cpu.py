@@ -116,9 +116,11 @@ WINO_M = (2, 4)
 WINO_INPUT_CYCLES = 20.0
 WINO_BAND_COST = 1.0e-9
 WINO_OUTPUT_COST = 0.4e-9
-#: Seconds per element of U the kernel transforms when the weights come per call (strided
-#: loads of the weights, the transform, the stores).
-WINO_WEIGHT_COST = 0.3e-9
+#: Seconds per element of U when the kernel transforms the weights per call: the transform
+#: (strided loads of the weights, the stores) and the freshly written U streaming back from memory
+#: for the GEMMs — bound by the shared memory bandwidth, not by the cores (fitted on Zen 4, two
+#: cores: C9 of TVM's Table 2, 14x14x256, ran 1.6 ms on Winograd with U per call, 1.4 ms direct).
+WINO_WEIGHT_COST = 0.6e-9
 #: Bytes per second one core streams the transformed weights ``U`` from L3 / DRAM when they do
 #: not fit half its L2 (every block of tiles reads all of them).
 WINO_STREAM_BANDWIDTH = 10e9
@@ -258,7 +260,7 @@ class ConvCpuTemplate(KernelFamily):
         seconds += units * mr * nr * cfg.m ** 2 * WINO_OUTPUT_COST
         seconds += p.cin * cfg.alpha * rows * wb * WINO_BAND_COST / cores
         if not cfg.prepacked:        # U made per call, then read from memory by the GEMMs
-            seconds += u_bytes / 4 * WINO_WEIGHT_COST / cores + FORK_COST * (cores > 1)
+            seconds += u_bytes / 4 * WINO_WEIGHT_COST + FORK_COST * (cores > 1)
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
 
     # ------------------------------------------------------------------ kernels
