@@ -1,6 +1,6 @@
-"""Benchmark: taskmap.ops.conv2d (the direct-convolution template, or the implicit GEMM — img2col
-prologue fused into the CPU matmul template — as ``taskmap.templates.conv_cpu.select`` decides;
-the ``path`` column says which) against torch eager and torch.compile, f32, batch 1, on the
+"""Benchmark: taskmap.ops.conv2d (a direct-convolution kernel, Winograd's, or the implicit GEMM —
+img2col prologue fused into the CPU matmul template — as ``taskmap.templates.conv_cpu.select``
+decides; the ``path`` column says which) against torch eager and torch.compile, f32, batch 1, on the
 ResNet-18 layers of the TVM paper's Table 2 (C1-C12), side by side in one process.
 
     python benchmarks/conv_cpu.py                  # C1..C12
@@ -95,7 +95,9 @@ def main() -> None:
         o = (hw + 2 * (k // 2) - k) // s + 1
         flop = 2.0 * cout * o * o * cin * k * k
         p = ConvProblem(1, cin, hw, hw, cout, k, k, s, s, k // 2, k // 2, k // 2, k // 2, 1, 1, 1, "float32", args.bias)
-        row = [layer, f"{hw}x{hw}x{cin}->{cout} k{k} s{s}", "gemm" if select(p, host_cpu_target()) is None else "direct"]
+        sched = select(p, host_cpu_target())
+        path = "gemm" if sched is None else "winograd" if sched.get("vec") == "winograd" else "direct"
+        row = [layer, f"{hw}x{hw}x{cin}->{cout} k{k} s{s}", path]
         row += [f"{t[n] * 1e3:.3f}" if n in t else "-" for n in names]
         row += [f"{flop / t['taskmap'] / 1e9:.1f}"]
         row += [f"{t[n] / t['taskmap']:.2f}" if n in t else "-" for n in names[1:]]

@@ -4,6 +4,7 @@ tuning, per template, on the benchmark shapes of the operator table.
     python benchmarks/model_vs_exhaustive.py                    # every template below
     python benchmarks/model_vs_exhaustive.py conv depthwise     # some of them
     python benchmarks/model_vs_exhaustive.py --threads 1        # one core (shared machines)
+    python benchmarks/model_vs_exhaustive.py conv --only C2 C9  # some problems of a group
 
 Each problem's whole tuning space is built and measured by ``taskmap.schedule.tune`` in isolated
 worker processes (``tune.compare_model_vs_exhaustive``; measured records go to the tuning cache,
@@ -65,6 +66,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("groups", nargs="*", help="conv, depthwise, matmul, attention (default: all)")
     ap.add_argument("--threads", type=int, default=0, help="cores the kernels use (default: all)")
+    ap.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                    help="problems whose label starts with one of these (e.g. C2 C9 512x512)")
     args = ap.parse_args()
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -78,7 +81,7 @@ def main() -> None:
     rows = []
     for group in args.groups or list(table):
         for label, template, p in table[group]:
-            if not template.applies(p, target):
+            if not template.applies(p, target) or (args.only and not label.startswith(tuple(args.only))):
                 continue
             r = tune.compare_model_vs_exhaustive(template, p, target, progress=True)
             space = len(template.space(p, target))
