@@ -1,4 +1,4 @@
-"""CPU f32 direct-convolution template: two kernels, no img2col.
+"""CPU f32 convolution template: two direct kernels and Winograd's, no img2col.
 
 * lanes along the **pixels** (:mod:`.conv_cpu_kernel`): the input is packed once into its
   zero-padded stride phases and a register tile of ``MR`` output channels x ``NR`` output pixels
