@@ -27,7 +27,7 @@ _cache = DiskCache("cpu")
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
 _pch_lock = threading.Lock()
-_pch_failed: set[Path] = set()
+_pch_tried: set[Path] = set()
 
 
 def compiler() -> str:
@@ -43,19 +43,17 @@ def system_headers(cc: str) -> Path:
     folder = _cache.path_for(cache_key("cpu-pch", SYSTEM_HEADER, CFLAGS, version), "-headers")
     header, pch = folder / "tm_sys.h", folder / "tm_sys.h.gch"
     precompile = "gcc" in version.lower()
-    if header.is_file() and (pch.is_file() or not precompile or folder in _pch_failed):
+    if header.is_file() and (pch.is_file() or not precompile or folder in _pch_tried):
         return folder
     with _pch_lock:
         folder.mkdir(parents=True, exist_ok=True)
         if not header.is_file():
             _replace(header, lambda tmp: tmp.write_text(SYSTEM_HEADER))
-        if not pch.is_file() and precompile and folder not in _pch_failed:
-            _pch_failed.add(folder)          # until it is there: gcc then reads the plain header
+        if not pch.is_file() and precompile and folder not in _pch_tried:
+            _pch_tried.add(folder)           # once per process: if it fails, gcc reads the plain header
             flags = [f for f in CFLAGS if f != "-shared"]
             _replace(pch, lambda tmp: subprocess.run([cc, *flags, "-x", "c-header", str(header), "-o", str(tmp)],
                                                      capture_output=True, check=False))
-            if pch.is_file():
-                _pch_failed.discard(folder)
     return folder
 
 
