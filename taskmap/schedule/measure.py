@@ -4,7 +4,11 @@
    which fills the on-disk compile cache.
 2. Measure: one candidate at a time, in an isolated worker process that only loads the cached
    binary, runs it once, warms up, and times ``repeat`` samples on random inputs (a sample is as
-   many back-to-back runs as take ``min_sample_time``); the candidate's time is the median.
+   many back-to-back runs as take ``min_sample_time``); the median is that pass's time.
+   The candidates are measured in ``rounds`` passes, in alternating order, each taking its share
+   of the samples; a candidate's time is its fastest pass: load from elsewhere on the machine
+   (another process, a neighbour's burst) only adds time, and must now hit the same candidate in
+   every pass to mislead the choice.
    A candidate that kills its worker (a segfault) or does not finish in ``timeout`` seconds
    (the worker is killed) is dropped with the reason, and a fresh worker takes the next one.
 
@@ -22,6 +26,7 @@ kernel's launch arguments are then ``template.arguments(problem, inputs, outputs
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import pickle
 import signal
@@ -29,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -124,7 +129,8 @@ def example_arguments(template: Any, problem: Any, target: Target, seed: int = 0
 @dataclass(frozen=True)
 class MeasureSettings:
     warmup: int = 2                 # runs before timing (the first one also loads the binary)
-    repeat: int = 10                # timed samples; the median is the candidate's time
+    repeat: int = 10                # timed samples, shared by the rounds; a round's median
+    rounds: int = 2                 # passes over the candidates; the fastest one is the time
     timeout: float = 30.0           # seconds for loading and the first run of one candidate
     min_sample_time: float = 2e-3   # seconds: a sample batches runs up to this long
     max_batch: int = 1000
@@ -136,7 +142,7 @@ class MeasureSettings:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One candidate's median time in seconds, or why it has none."""
+    """One candidate's time in seconds (its fastest pass's median), or why it has none."""
 
     schedule: Schedule
     time: float | None
@@ -360,18 +366,26 @@ def measure_candidates(template: Any, problem: Any, target: Target, schedules: S
                        settings: MeasureSettings | None = None,
                        on_result: Callable[[Measurement], None] | None = None,
                        on_built: Callable[[Schedule, str | None], None] | None = None) -> list[Measurement]:
-    """Build all ``schedules`` in parallel, then measure each in isolation, in the order given.
-    Candidates that fail to build, crash, hang or raise come back with ``time=None`` and the
-    reason; only a problem that affects them all (no device, a template that does not pickle)
-    raises."""
+    """Build all ``schedules`` in parallel, then measure each in isolation, ``settings.rounds``
+    passes in alternating order.  Candidates that fail to build, crash, hang or raise (in any
+    pass) come back with ``time=None`` and the reason; only a problem that affects them all (no
+    device, a template that does not pickle) raises.  ``on_result`` hears every measurement
+    taken: the candidate's best so far, or its failure (once)."""
     settings = settings or MeasureSettings()
     _pickled((template, problem, target, list(schedules)))     # fail before starting any process
-    results = []
-    with CandidateRunner(template, problem, target, settings) as runner:
+    rounds = max(settings.rounds, 1)
+    per_round = replace(settings, repeat=max(math.ceil(settings.repeat / rounds), 1))
+    with CandidateRunner(template, problem, target, per_round) as runner:
         failures = runner.build_all(schedules, on_built)
-        for sched in schedules:
-            m = Measurement(sched, None, failures[sched]) if sched in failures else runner.measure(sched)
-            results.append(m)
-            if on_result:
-                on_result(m)
-    return results
+        best: dict[Schedule, Measurement] = {}
+        for r in range(rounds):
+            for sched in (schedules if r % 2 == 0 else schedules[::-1]):
+                if sched in best and not best[sched].ok:
+                    continue
+                m = Measurement(sched, None, failures[sched]) if sched in failures else runner.measure(sched)
+                if m.ok and sched in best:
+                    m = min(m, best[sched], key=lambda x: x.time)
+                best[sched] = m
+                if on_result:
+                    on_result(m)
+    return [best[s] for s in schedules]

@@ -197,7 +197,7 @@ def _measure_with_progress(template: Template, problem: Any, target: Target, can
     def on_result(m: Measurement) -> None:
         if building[0]:
             building[0] = False
-            bar.reset(total=len(candidates))
+            bar.reset(total=len(candidates) * max((settings or MeasureSettings()).rounds, 1))
             bar.set_description(f"measuring {template.name}")
         if m.ok and (not best or m.time < best[0].time):
             best[:] = [m]
