@@ -181,6 +181,19 @@ def test_cost_model_follows_recorded_facts():
             > cost(p, mr=6, nr=64, pack_b=False) / cost(p, mr=6, nr=64))
 
 
+def test_b_rows_a_page_apart_are_read_in_place_for_short_k():
+    """A pointwise convolution's activations (B rows H x W floats apart): read in place when K fits
+    one block (measured 16x12544x32: 0.13 vs 0.17 ms packed, 24x3136x96: 0.12 vs 0.14), packed
+    beyond; the model takes the in-place point, and it computes the right thing."""
+    conv_like = MatmulProblem(1, 16, 12544, 32, a_batched=False, const_a=True)
+    assert any(not s["pack_b"] for s in MATMUL_CPU.space(conv_like, CPU))
+    assert not choose(MATMUL_CPU, conv_like, CPU, mode="model")["pack_b"]
+    long_k = MatmulProblem(1, 64, 12544, 512, a_batched=False, const_a=True)
+    assert all(s["pack_b"] for s in MATMUL_CPU.space(long_k, CPU) if not s.get("rows") and not s.get("dot"))
+    check(MatmulProblem(2, 19, 1100, 37, bias=True), sched(mr=8, nr=48, kc=256, pack_b=False))
+    check(MatmulProblem(1, 19, 1100, 300), sched(mr=6, nr=64, kc=256, split="n", pack_b=False))  # two K blocks
+
+
 @pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
 def test_micro_kernel_assembly():
     """The hot loop of the 12x32 kernel: 24 FMAs with broadcasts, 2 vector loads, no gathers."""
