@@ -1,6 +1,8 @@
 """Compiling a graph lowers its fusion groups and builds their kernels on a few threads while
 the next groups are lowered: the progress bar counts the groups, groups of the same shapes share
 one kernel, and a build's error reaches the caller."""
+import gc
+
 import numpy as np
 import pytest
 from tqdm import tqdm
@@ -58,6 +60,30 @@ def test_a_build_error_reaches_the_caller(monkeypatch):
     monkeypatch.setattr(runtime_graph.Kernel, "build", fail)
     with pytest.raises(BuildError, match="injected"):
         CompiledGraph(graph, "cpu", "numpy", progress=False)
+
+
+def test_the_garbage_collector_pauses_while_compiling_and_comes_back(monkeypatch):
+    graph, _ = two_convs()
+    seen = []
+    build = runtime_graph.build_steps
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return build(*args, **kwargs)
+    monkeypatch.setattr(runtime_graph, "build_steps", spy)
+    assert gc.isenabled()
+    CompiledGraph(graph, "cpu", "numpy", progress=False)
+    assert seen == [False] and gc.isenabled()
+    with monkeypatch.context() as m, pytest.raises(BuildError):      # a failed compile gives it back too
+        m.setattr(runtime_graph.Kernel, "build", lambda self, *a: (_ for _ in ()).throw(BuildError("x")))
+        CompiledGraph(two_convs()[0], "cpu", "numpy", progress=False)
+    assert gc.isenabled()
+    gc.disable()                              # ... and leaves it off when the caller had turned it off
+    try:
+        CompiledGraph(graph, "cpu", "numpy", progress=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def _conv3x3(x, w):
