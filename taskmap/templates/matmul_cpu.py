@@ -9,8 +9,8 @@ Tuning space, in hardware terms (the problem only prunes it):
   must fit L1); ``ncb`` — B panels per block (with ``split="n"`` the ``KC x NCB*NR`` block of B
   stays in L2 and must fit half of it; with ``split="m"`` the A block does, by construction);
 * ``split`` — cores take row panels ("m") or column panels ("n"); ``pack_a`` / ``pack_b`` — pack
-  the operand or read it in place (B only when its rows are less than a page apart; its last,
-  partial panel is then shifted left onto whole vectors); ``cores`` — all of them, or one for tiny problems.
+  the operand or read it in place (B when its rows are less than a page apart or K fits one
+  block, :data:`FAR_IN_PLACE_K`; its last, partial panel is then shifted left onto whole vectors); ``cores`` — all of them, or one for tiny problems.
 
 Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add two kinds of points:
 
