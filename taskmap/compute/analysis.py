@@ -86,6 +86,29 @@ def inline(node: TensorNode, keep: Sequence[TensorNode] = ()) -> Inlined:
     return Inlined(node, node.axes, value, red)  # type: ignore[attr-defined]
 
 
+def bounded_view(node: TensorNode) -> TensorNode:
+    """``node`` as one compute over what it reads (its compute producers inlined), every read's
+    index simplified knowing each axis lies in ``0 .. extent - 1``: a chain of slices, reshapes
+    and permutes then collapses to the affine index of a strided read where it is one (without
+    the ranges a reshape's ``//`` and ``%`` stay, and a kernel the view is spliced into computes
+    them per element).  Other nodes (inputs, reductions, symbolic extents) come back as they are."""
+    if not isinstance(node, ComputeNode) or not all(isinstance(d, int) for d in node.shape):
+        return node
+    inl = inline(node)
+    bounds = {ax: (0, ext - 1) for ax, ext in zip(inl.axes, node.shape)}
+    env: dict[Any, Any] = {}
+    for ld in inl.reads():
+        new = tuple(simplify_expr(i, bounds) for i in ld.indices)
+        if any(a is not b for a, b in zip(new, ld.indices)):
+            env[ld] = E.Load(ld.tensor, new)
+    value = substitute(inl.value, env) if env else inl.value
+    by_var = {id(n.var): n for n in walk(node)}
+    reads: dict[int, TensorNode] = {}
+    for ld in collect(value, E.Load):
+        reads.setdefault(id(ld.tensor), by_var[id(ld.tensor)])
+    return ComputeNode(node.name, node.dtype, node.shape, inl.axes, value, tuple(reads.values()))
+
+
 def _reads_of(node: TensorNode, inp: TensorNode) -> tuple[Inlined, list[E.Load]]:
     if not is_injective(node):
         raise ValueError(f"{node.name} has a reduction: index maps are defined for injective nodes only")
@@ -126,5 +149,5 @@ def numel(shape: Sequence[Any]) -> int:
     return math.prod(int(s) for s in shape)
 
 
-__all__ = ["IndexMap", "Inlined", "has_reduction", "index_map", "inline", "inverse_index_map", "is_bijective",
+__all__ = ["IndexMap", "Inlined", "bounded_view", "has_reduction", "index_map", "inline", "inverse_index_map", "is_bijective",
            "is_injective"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backends import Target, TargetKind
+from ..compute.analysis import bounded_view
 from ..compute.nodes import TensorNode, compute, graph_inputs, tensor_input
 from ..errors import FusionError
 from ..fusion import fuse, fusion_key
@@ -229,10 +230,12 @@ def leaf(t: Tensor, leaves: dict[str, Tensor], prefix: str) -> TensorNode:
     return tensor_input(name, t.dtype, kernel_shape(t.shape))
 
 
-def _rename(node: TensorNode, name: str, shape: Sequence[int]) -> TensorNode:
-    """``node`` seen as ``shape`` (same size, row-major) under the name ``name``."""
+def view_as(node: TensorNode, name: str, shape: Sequence[int]) -> TensorNode:
+    """``node`` seen as ``shape`` (same size, row-major) under the name ``name``: a prologue or
+    epilogue definition, its reads' indices simplified within the view's ranges (a chain of
+    slices, reshapes and permutes becomes one strided read: :func:`.bounded_view`)."""
     src = node if tuple(node.shape) == tuple(shape) else reshape_compute(node, shape)
-    return compute(name, shape, lambda *i: src[i])
+    return bounded_view(compute(name, shape, lambda *i: src[i]))
 
 
 def _anchor_value(anc: _Anchor, op: Op, leaves: dict[str, Tensor]) -> tuple[TensorNode, dict[Tensor, TensorNode]]:
@@ -299,7 +302,7 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
             anc.operands[param] = source
             continue
         compose(ops, nodes, sources, "p")
-        pro_defs[param] = _rename(nodes[anchor.inputs[k]], param, anc.views[param])
+        pro_defs[param] = view_as(nodes[anchor.inputs[k]], param, anc.views[param])
     if anc.conv is not None and anc.direct is None:   # implicit GEMM: img2col / weights definitions
         conv_defs = {}
         if not anc.conv.pointwise:
@@ -321,7 +324,7 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         enodes: dict[Tensor, TensorNode] = {anchor.output: value, **extra}
         compose(epilogue, enodes, sources, "e")
         last = epilogue[-1].output if epilogue else anchor.output
-        epi_defs["c"] = _rename(enodes[last], "out", kernel_shape(last.shape))
+        epi_defs["c"] = view_as(enodes[last], "out", kernel_shape(last.shape))
         outputs["out"] = last
     if anc.direct is not None:
         return _direct_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import Target, TargetKind
-from ..compute.nodes import TensorNode, compute, tensor_input
+from ..compute.nodes import TensorNode, tensor_input
 from ..errors import FusionError, OpError
 from ..fusion import fuse, fusion_key
 from ..ir.printer import func_str
@@ -43,7 +43,7 @@ from ..templates.window import WINDOW
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
 from .kinds import OpKind
-from .lower_anchor import AnchorPlan, Workspace, compose, kernel_shape
+from .lower_anchor import AnchorPlan, Workspace, compose, kernel_shape, view_as
 
 
 @dataclass(frozen=True)
@@ -174,12 +174,6 @@ def template_prologue_inputs(op: Op) -> tuple[int, ...]:
     return (0,) if op.kind in TEMPLATE_KINDS else ()
 
 
-def _as(node: TensorNode, name: str, shape: Sequence[int]) -> TensorNode:
-    """``node`` seen as ``shape`` (same size, row-major), named ``name``."""
-    src = node if tuple(node.shape) == tuple(shape) else reshape_compute(node, shape)
-    return compute(name, list(shape), lambda *i: src[i])
-
-
 def _ir_text(kernel: Any) -> str:
     """The kernel's IR as text (its schedule included), for the kernel cache's key."""
     return "\n".join(func_str(f) for f in kernel.module.functions)
@@ -201,7 +195,7 @@ def plan_template(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epi
         if param is None or param not in tp.operands:
             raise FusionError(f"{anchor.name}: input {k} takes no prologue")
         compose(ops, nodes, sources, "p")
-        pro_defs[param] = _as(nodes[anchor.inputs[k]], param, tp.operands[param][1])
+        pro_defs[param] = view_as(nodes[anchor.inputs[k]], param, tp.operands[param][1])
     epi_defs: dict[str, TensorNode] = {}
     out_tensor = anchor.output
     if epilogue:
@@ -211,7 +205,7 @@ def plan_template(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epi
                                             else reshape_compute(value, shape)}
         compose(epilogue, enodes, sources, "e")
         out_tensor = epilogue[-1].output
-        epi_defs[tp.output] = _as(enodes[out_tensor], "out", kernel_shape(out_tensor.shape))
+        epi_defs[tp.output] = view_as(enodes[out_tensor], "out", kernel_shape(out_tensor.shape))
     kernel = base
     if pro_defs or epi_defs:
         kernel = cached_kernel((tp.template.name, tp.template.version, tp.problem, _ir_text(base),

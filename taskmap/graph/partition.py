@@ -12,7 +12,9 @@ A :class:`FusionGroup` becomes one kernel (or one runner call).  Kinds:
     result, element-wise / broadcast in it (the chain value is not broadcast) or a reshape /
     permute (bijective; not after a reduction, whose epilogue must read it at the output's own
     index): ``relu(bn(conv(x)) + identity)``; the other operands of the chain (a bias, a
-    residual) become inputs of the kernel.
+    residual) become inputs of the kernel.  Where a value has several readers, the chain goes
+    on through a *diamond*: the element-wise ops from it to the first tensor they all flow into,
+    their results read inside only (``y * sigmoid(y)``, GELU's tanh form in GPT-2).
 
 * **injective** — a tree of INJECTIVE ops not absorbed by an anchor, with a single root: its
   compute definitions are composed (each op's definition reads the previous ones' nodes) and
@@ -39,6 +41,12 @@ from .kinds import OpCategory, OpKind
 #: Op kinds an epilogue chain may pass through (they read the chain value bijectively).
 EPILOGUE_KINDS = frozenset({OpKind.UNARY, OpKind.BINARY, OpKind.WHERE, OpKind.CAST, OpKind.BATCH_NORM,
                             OpKind.RESHAPE, OpKind.PERMUTE})
+
+
+#: Op kinds inside an epilogue's diamond (several of them read one value at the same index), and
+#: the most ops one may hold.
+DIAMOND_KINDS = frozenset({OpKind.UNARY, OpKind.BINARY, OpKind.WHERE, OpKind.CAST})
+MAX_DIAMOND = 16
 
 
 class GroupKind(enum.Enum):
@@ -114,7 +122,7 @@ class _Partitioner:
         self.g = graph
         self.fusable, self.prologue_inputs = fusable, prologue_inputs
         self.pos = {op: i for i, op in enumerate(graph.ops)}
-        outs = set(graph.outputs)
+        self.outs = outs = set(graph.outputs)
         self.private = {t for t in graph.tensors() if t not in outs and len(graph.consumers(t)) == 1}
         self.claimed: set[Op] = set()
 
@@ -134,13 +142,19 @@ class _Partitioner:
         self.claimed.add(anchor)
         chain: list[Op] = []
         t = anchor.output
-        while t in self.private:
-            c = self.g.consumers(t)[0]
-            if c in self.claimed or not _epilogue_ok(c, t, anchor):
-                break
-            chain.append(c)
-            self.claimed.add(c)
-            t = c.output
+        while True:
+            if t in self.private:
+                c = self.g.consumers(t)[0]
+                if c in self.claimed or not _epilogue_ok(c, t, anchor):
+                    break
+                step, t = [c], c.output
+            else:
+                found = self.diamond(t)
+                if found is None:
+                    break
+                step, t = found
+            chain += step
+            self.claimed.update(step)
         pro = []
         for k in self.prologue_inputs(anchor):
             if anchor.inputs.count(anchor.inputs[k]) == 1:
@@ -149,6 +163,30 @@ class _Partitioner:
                     pro.append((k, tuple(sorted(ops, key=self.pos.__getitem__))))
         ops = sorted([anchor, *chain, *(op for _, p in pro for op in p)], key=self.pos.__getitem__)
         return FusionGroup(GroupKind.ANCHORED, tuple(ops), anchor, tuple(pro), tuple(chain))
+
+    def diamond(self, t: Tensor) -> tuple[list[Op], Tensor] | None:
+        """The element-wise ops from ``t`` (read by several of them) to the first tensor all of
+        them flow into — ``x * sigmoid(x)``, the tanh form of GELU — and that tensor; None when
+        a path leaves (a graph output, an op of another kind, shape or group) first."""
+        if t in self.outs or not self.g.consumers(t):
+            return None
+        region: list[Op] = []
+        inside = {t}
+        queue = sorted(set(self.g.consumers(t)), key=self.pos.__getitem__)
+        while queue and len(region) < MAX_DIAMOND:
+            op = queue.pop(0)
+            y = op.output if len(op.outputs) == 1 else None
+            if op in self.claimed or op.kind not in DIAMOND_KINDS or y is None or y.shape != t.shape \
+                    or any(x in inside and x.shape != t.shape for x in op.inputs):
+                return None
+            region.append(op)
+            inside.add(y)
+            if all(c in region for x in inside if x is not y for c in self.g.consumers(x)):
+                return region, y          # every other tensor of the region is read inside it only
+            if y in self.outs:
+                return None
+            queue = sorted(set(queue) | set(self.g.consumers(y)), key=self.pos.__getitem__)
+        return None
 
     def run(self) -> list[FusionGroup]:
         groups: list[FusionGroup] = []

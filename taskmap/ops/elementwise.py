@@ -164,6 +164,19 @@ def _minimum(a: Expr, b: Expr) -> Expr:
 
 
 def _pow(a: Expr, b: Expr) -> Expr:
+    """``a ** b``; small constant exponents as products, a square root or a reciprocal (as PyTorch
+    computes them: GPT-2's ``x ** 3`` in its GELU), which vectorize where ``powf`` calls do not."""
+    if isinstance(b, E.Const) and a.dtype.is_float:
+        v = float(b.value)
+        if v in (1.0, 2.0, 3.0, 4.0):
+            out = a
+            for _ in range(int(v) - 1):
+                out = out * a
+            return out
+        if v == 0.5:
+            return E.call(Intrinsic.SQRT, a)
+        if v == -1.0:
+            return E.const(1.0, a.dtype) / a
     return E.call(Intrinsic.POW, a, b)
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskmap.compute import (compute, has_reduction, index_map, inline, inverse_index_map, is_bijective,
+from taskmap.compute import (bounded_view, compute, has_reduction, index_map, inline, inverse_index_map, is_bijective,
                              is_injective, reduce, tensor_input)
 from taskmap.ir import f32, i64
 from taskmap.ir import expr as E
@@ -180,3 +180,21 @@ def test_regrouping_after_a_transpose_is_not_recognised():
     t = permute_compute(x, [1, 0])
     r = reshape_compute(t, (2, 3))
     assert is_injective(r) and not is_bijective(r)  # bijective in fact: a conservative answer
+
+
+def test_bounded_view_collapses_a_head_split_to_a_strided_read():
+    """GPT-2's attention operand: a slice of the fused qkv projection, split into heads and
+    permuted, viewed as (heads, seq, dim).  Without the axes' ranges its index keeps a reshape's
+    ``//`` and ``%`` per element; with them it is ``qkv[0, i, 64 h + d + 768]`` — and the same map."""
+    qkv = tensor_input("qkv", f32, [1, 16, 3 * 4 * 8])
+    k = slice_compute(qkv, 2, 32, 1, 32)
+    heads = permute_compute(reshape_compute(k, [1, 16, 4, 8]), [0, 2, 1, 3])
+    view = compute("k", [4, 16, 8], lambda h, i, d: reshape_compute(heads, [4, 16, 8])[h, i, d])
+    loose = index_map(view, qkv)
+    assert any(op in str(e) for e in loose.indices for op in ("//", "%"))
+    tight = bounded_view(view)
+    fwd = index_map(tight, qkv)
+    assert not any(op in str(e) for e in fwd.indices for op in ("//", "%")), fwd.indices
+    for idx in itertools.product(range(4), range(16), range(8)):
+        assert fwd.evaluate(*idx) == loose.evaluate(*idx) == (0, idx[1], 32 + 8 * idx[0] + idx[2])
+    assert bounded_view(qkv) is qkv      # an input (and a reduction) comes back as it is

@@ -90,6 +90,30 @@ def test_linear_bias_gelu_is_one_kernel(m):
     np.testing.assert_allclose(cg(xa)[0], ref.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_gelu_tanh_diamond_is_an_epilogue_of_its_matmul():
+    """GPT-2's MLP: matmul + bias, then ``0.5 x (1 + tanh(c (x + 0.044715 x^3)))`` — x read by
+    three ops (a diamond, not a chain) — in one kernel; ``x^3`` as products (no ``powf`` call,
+    which kept the epilogue from vectorizing)."""
+    b = GraphBuilder()
+    x = b.input((5, 16), f32)
+    w, bias = b.constant(rand(16, 24)), b.constant(rand(24))
+
+    def binary(fn, u, v):
+        if isinstance(v, float):        # a Python scalar, as the PyTorch frontend passes it
+            return b.op(OpKind.BINARY, [u], BinaryAttrs(fn, scalar=v))
+        return b.op(OpKind.BINARY, [u, v], BinaryAttrs(fn))
+    y = binary(BinaryFn.ADD, b.op(OpKind.MATMUL, [x, w]), bias)
+    inner = binary(BinaryFn.ADD, y, binary(BinaryFn.MUL, binary(BinaryFn.POW, y, 3.0), 0.044715))
+    th = b.op(OpKind.UNARY, [binary(BinaryFn.MUL, inner, 0.7978845608)], UnaryAttrs(UnaryFn.TANH))
+    out = binary(BinaryFn.MUL, binary(BinaryFn.MUL, y, 0.5), binary(BinaryFn.ADD, th, 1.0))
+    cg = compiled(b.build([out]))
+    assert len(cg.steps) == 1
+    assert "powf" not in cg.steps[0].kernel.render(cg.target)
+    xa = rand(5, 16)
+    ref = F.gelu(t(xa) @ t(w.data) + t(bias.data), approximate="tanh")
+    np.testing.assert_allclose(cg(xa)[0], ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_linear_heads_split_epilogue_reshape_permute():
     """BERT's q/k/v projections: linear -> view(b, s, h, d) -> permute(0, 2, 1, 3) in one kernel."""
     b = GraphBuilder()

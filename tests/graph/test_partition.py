@@ -13,6 +13,8 @@ from taskmap.graph import (
     NormAttrs,
     OpKind,
     PermuteAttrs,
+    ReduceAttrs,
+    ReduceFn,
     ShapeAttrs,
     UnaryAttrs,
     UnaryFn,
@@ -90,6 +92,37 @@ def test_epilogue_stops_at_a_tensor_with_two_readers():
     check_cover(g, groups)
     assert [len(grp.ops) for grp in groups] == [2, 1, 1]
     assert groups[0].kind is GroupKind.ANCHORED and groups[0].outputs == (r,)
+
+
+def test_epilogue_takes_a_diamond_that_joins_again():
+    """``y * sigmoid(y)`` reads y twice: the ops up to the tensor both paths flow into join the
+    epilogue, and the chain goes on after it; not when a path escapes (a graph output, or a
+    reader of another kind) before the join."""
+    b = GraphBuilder()
+    x = b.input((4, 8), f32)
+    y = b.op(OpKind.MATMUL, [x, b.constant(rand(8, 8))])
+    s = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.SIGMOID))
+    z = b.op(OpKind.BINARY, [y, s], BinaryAttrs(BinaryFn.MUL))
+    r = b.op(OpKind.UNARY, [z], UnaryAttrs(UnaryFn.RELU))
+    g = b.build([r])
+    groups = partition(g)
+    check_cover(g, groups)
+    assert len(groups) == 1 and [op.kind for op in groups[0].epilogue] == [OpKind.UNARY, OpKind.BINARY, OpKind.UNARY]
+    # sigmoid's result is also a graph output: the diamond does not close inside the group
+    g = b.build([r, s])
+    groups = partition(g)
+    check_cover(g, groups)
+    assert groups[0].kind is GroupKind.ANCHORED and not groups[0].epilogue
+    # a path through a reduction
+    b = GraphBuilder()
+    x = b.input((4, 8), f32)
+    y = b.op(OpKind.MATMUL, [x, b.constant(rand(8, 8))])
+    m = b.op(OpKind.REDUCE, [y], ReduceAttrs(ReduceFn.MAX, (1,), True))
+    z = b.op(OpKind.BINARY, [y, m], BinaryAttrs(BinaryFn.SUB))
+    g = b.build([z])
+    groups = partition(g)
+    check_cover(g, groups)
+    assert groups[0].anchor.kind is OpKind.MATMUL and not groups[0].epilogue
 
 
 def test_broadcast_of_the_chain_value_is_not_an_epilogue():

@@ -25,6 +25,7 @@ from taskmap.graph import (
     PermuteAttrs,
     Pool2dAttrs,
     ShapeAttrs,
+    SliceAttrs,
     UnaryAttrs,
     UnaryFn,
 )
@@ -206,6 +207,28 @@ def test_attention_with_permuted_operands_and_mask_arithmetic_is_one_kernel():
     split = lambda a: t(a).reshape(n, L, h, d).permute(0, 2, 1, 3)
     ref = F.scaled_dot_product_attention(split(qa), split(ka), split(va), (t(ma) - 1) * 10000.0)
     np.testing.assert_allclose(out, ref.permute(0, 2, 1, 3).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_attention_reads_heads_sliced_from_a_fused_projection_as_strided_views():
+    """GPT-2: q, k, v are slices of one (n, L, 3 h d) projection, each split into heads.  The
+    composed prologue indices (slice, reshape, permute, the template's view) are simplified
+    within the operands' ranges: one kernel whose inner functions compute no ``//`` or ``%`` per
+    element (it ran 100x slower when they did)."""
+    n, L, h, d = 1, 16, 4, 16
+    b = GraphBuilder()
+    qkv = b.input((n, L, 3 * h * d), f32)
+    parts = [b.op(OpKind.SLICE, [qkv], SliceAttrs(2, j * h * d, 1, h * d)) for j in range(3)]
+    y = b.op(OpKind.ATTENTION, [_heads(b, x, n, h, d) for x in parts], AttentionAttrs(is_causal=True))
+    g = b.build([b.op(OpKind.PERMUTE, [y], PermuteAttrs((0, 2, 1, 3)))])
+    cg = CompiledGraph(g, "cpu", "numpy")
+    assert len(cg.steps) == 1
+    src = cg.steps[0].kernel.render(cg.target)
+    inner = src[src.index("static inline void tm_fn_"):src.index("int tm_entry_")]
+    assert "tm_fdiv_i32" not in inner and "tm_fmod_i32" not in inner
+    xa = rand(n, L, 3 * h * d)
+    q, k, v = (t(xa)[..., j * h * d:(j + 1) * h * d].reshape(n, L, h, d).permute(0, 2, 1, 3) for j in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(0, 2, 1, 3)
+    np.testing.assert_allclose(cg(xa)[0], ref.numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("causal,scale", [(False, None), (True, 0.3)])

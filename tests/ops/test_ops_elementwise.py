@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 
 import taskmap
 from taskmap import ops
+from taskmap.compute import dag_str, tensor_input
+from taskmap.ir import f32
+from taskmap.ops.elementwise import binary_compute
 from taskmap.testing import assert_close, shapes
 
 FEW = settings(max_examples=12, deadline=None)
@@ -100,6 +103,18 @@ def test_pow_and_scalars():
     assert np.array_equal(ops.pow(i, 3), i ** 3)
     assert np.array_equal(ops.add(np.array([True, False]), np.array([True, True])), [True, True])
     assert_close(ops.maximum(a, np.float32(1.5)), np.maximum(a, 1.5))
+
+
+@pytest.mark.parametrize("exponent", [1.0, 2.0, 3.0, 4.0, 0.5, -1.0])
+def test_pow_by_small_constants_is_products_like_torch(exponent):
+    """``x ** 2 / 3 / 4`` as products, ``x ** 0.5`` a square root, ``x ** -1`` a reciprocal (as
+    PyTorch computes them, and vectorizable where ``powf`` calls are not): the same values as
+    torch.pow (negative bases included where defined), and no ``pow`` call in the definition."""
+    a = _data((7, 9), np.float32, positive=exponent == 0.5)
+    want = torch.pow(torch.from_numpy(a), exponent).numpy()
+    assert_close(ops.pow(a, exponent), want)
+    node = binary_compute("pow", tensor_input("x", f32, [3]), exponent, (3,))
+    assert "pow(" not in dag_str(node)
 
 
 def test_nan_propagates_through_maximum_and_relu():
