@@ -149,5 +149,5 @@ def numel(shape: Sequence[Any]) -> int:
     return math.prod(int(s) for s in shape)
 
 
-__all__ = ["IndexMap", "Inlined", "bounded_view", "has_reduction", "index_map", "inline", "inverse_index_map", "is_bijective",
-           "is_injective"]
+__all__ = ["IndexMap", "Inlined", "bounded_view", "has_reduction", "index_map", "inline", "inverse_index_map",
+           "is_bijective", "is_injective"]
