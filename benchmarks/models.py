@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,7 +92,13 @@ class _MainOutput(torch.nn.Module):
 def onnx_runner(model: torch.nn.Module, args: tuple[torch.Tensor, ...], threads: int) -> Callable[[], Any]:
     import onnxruntime as ort
     path = Path(tempfile.mkdtemp()) / "model.onnx"
-    torch.onnx.export(_MainOutput(model), args, str(path), dynamo=False, opset_version=17)
+    try:
+        torch.onnx.export(_MainOutput(model), args, str(path), dynamo=False, opset_version=17)
+    except torch.onnx.errors.UnsupportedOperatorError as exc:     # GPT-2's aten::diff: the newer exporter
+        print(f"  (legacy ONNX export failed: {str(exc).splitlines()[0]}; using torch.export's)", flush=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_MainOutput(model), args, str(path), dynamo=True)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
