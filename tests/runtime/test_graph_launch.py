@@ -139,6 +139,7 @@ def test_profile_times_every_step_and_leaves_results_intact():
     steps = cm.entries[next(iter(cm.entries))].compiled.steps
     assert table.splitlines()[0].startswith(f"Sequential: {len(steps)} steps")
     assert all(s.name in table for s in steps)
+    assert "matmul_cpu" in table          # the kernel column: the linears' template kernel
 
 
 @pytest.mark.cuda

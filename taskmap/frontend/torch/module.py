@@ -133,8 +133,9 @@ class CompiledModule:
 
     def profile(self, *args: Any, rounds: int = 10, top: int | None = 20, **kwargs: Any) -> str:
         """Per-kernel times of one call's compiled graph (compiled first if needed), slowest
-        first: a table of step, kind, median milliseconds over ``rounds`` runs and share of
-        the total (``top`` rows; None: all)."""
+        first: a table of median milliseconds over ``rounds`` runs, share of the total, the
+        step's kind, its kernel (the template's or rule-based kernel's name; ``runner`` for an
+        operator run another way) and its ops (``top`` rows; None: all)."""
         arguments = self._bind(args, kwargs)
         entry = self._entry(arguments)
         cg = entry.ready(self.progress)
@@ -142,10 +143,12 @@ class CompiledModule:
         tensors = [v for v, k in zip(flat, entry.imported.input_kinds) if k == "tensor"]
         rows = cg.profile(*tensors, rounds=rounds)
         total = sum(r[2] for r in rows) or 1.0
+        kernels = {s.name: getattr(s.kernel, "__name__", "runner") if s.kernel is not None else "runner"
+                   for s in cg.steps}
         lines = [f"{self.name}: {len(rows)} steps, {total * 1e3:.3f} ms in all (median of {rounds} runs per step)",
-                 f"{'ms':>9} {'share':>6}  {'kind':<14} step"]
+                 f"{'ms':>9} {'share':>6}  {'kind':<14} {'kernel':<18} step"]
         for name, kind, sec in rows[:top]:
-            lines.append(f"{sec * 1e3:9.3f} {sec / total:6.1%}  {kind:<14} {name}")
+            lines.append(f"{sec * 1e3:9.3f} {sec / total:6.1%}  {kind:<14} {kernels[name]:<18} {name}")
         return "\n".join(lines)
 
     def summary(self) -> str:
