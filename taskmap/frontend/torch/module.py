@@ -143,8 +143,7 @@ class CompiledModule:
         tensors = [v for v, k in zip(flat, entry.imported.input_kinds) if k == "tensor"]
         rows = cg.profile(*tensors, rounds=rounds)
         total = sum(r[2] for r in rows) or 1.0
-        kernels = {s.name: getattr(s.kernel, "__name__", "runner") if s.kernel is not None else "runner"
-                   for s in cg.steps}
+        kernels = {s.name: getattr(s.kernel, "__name__", "runner") for s in cg.steps}
         lines = [f"{self.name}: {len(rows)} steps, {total * 1e3:.3f} ms in all (median of {rounds} runs per step)",
                  f"{'ms':>9} {'share':>6}  {'kind':<14} {'kernel':<18} step"]
         for name, kind, sec in rows[:top]:
