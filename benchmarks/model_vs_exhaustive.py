@@ -11,7 +11,11 @@ worker processes (``tune.compare_model_vs_exhaustive``; measured records go to t
 so a second run only re-reads them: clear it with ``python -m taskmap.cache clear`` or point
 ``TASKMAP_CACHE_DIR`` elsewhere for fresh numbers).  The table lists the space's size, the
 measured time of the model's choice, the best measured time and their ratio (1.00: the model
-picked the fastest point; the issue's target is within 1.15).
+picked the fastest point; the issue's target is within 1.15).  Where the model's choice is not the
+best, the two are measured again side by side, in alternating rounds (``side by side``): the
+best of a whole space of noisy measurements is biased low — with points a few percent apart,
+whichever drew the quietest moment wins — and the pair re-measured together shows whether the
+model's loss is real.  ``--no-confirm`` skips that.
 """
 from __future__ import annotations
 
@@ -68,6 +72,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="cores the kernels use (default: all)")
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME",
                     help="problems whose label starts with one of these (e.g. C2 C9 512x512)")
+    ap.add_argument("--no-confirm", action="store_true",
+                    help="do not re-measure a model's choice that is not the best side by side with the best")
     args = ap.parse_args()
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -83,17 +89,20 @@ def main() -> None:
         for label, template, p in table[group]:
             if not template.applies(p, target) or (args.only and not label.startswith(tuple(args.only))):
                 continue
-            r = tune.compare_model_vs_exhaustive(template, p, target, progress=True)
+            r = tune.compare_model_vs_exhaustive(template, p, target, progress=True,
+                                                 confirm=None if args.no_confirm else tune.CONFIRM_SETTINGS)
             space = len(template.space(p, target))
+            side = "-" if r.side_by_side is None else f"{r.side_by_side:.2f}"
             rows.append([group, label, str(space), f"{r.model_time * 1e3:.3f}", f"{r.best_time * 1e3:.3f}",
-                         f"{r.ratio:.2f}"])
+                         f"{r.ratio:.2f}", side])
             print(f"  {group} {label}: model {r.model_time * 1e3:.3f} ms, best {r.best_time * 1e3:.3f} ms "
-                  f"({r.ratio:.2f}x)", flush=True)
+                  f"({r.ratio:.2f}x; side by side {side})", flush=True)
     print(f"\n{machine_description()}, {datetime.date.today()}; {target.num_cores} core(s); medians of the tuner's "
           "runs in isolated workers")
-    print_table(["group", "problem", "points", "model's choice ms", "best ms", "model / best"], rows)
+    print_table(["group", "problem", "points", "model's choice ms", "best ms", "model / best", "side by side"], rows)
     worst = max((float(r[5]) for r in rows), default=1.0)
-    print(f"worst model / best: {worst:.2f}")
+    confirmed = max((float(r[6] if r[6] != "-" else r[5]) for r in rows), default=1.0)
+    print(f"worst model / best: {worst:.2f} in the tuner's records, {confirmed:.2f} side by side")
 
 
 if __name__ == "__main__":

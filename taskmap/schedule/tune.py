@@ -215,22 +215,45 @@ def _measure_with_progress(template: Template, problem: Any, target: Target, can
 
 class ModelVsExhaustive(NamedTuple):
     """Measured time of the model's choice, the best measured time, and their ratio (>= 1;
-    1.0 means the model picked the fastest point; inf when the model's choice failed)."""
+    1.0 means the model picked the fastest point; inf when the model's choice failed).
+
+    ``side_by_side``: when the two differ and a confirmation was asked for, the ratio of the
+    two measured again against each other in alternating rounds (None otherwise).  The best of
+    many noisy measurements is biased low (the points whose noise happened to be favourable
+    win), so the exhaustive ratio overstates the model's loss where the points are close; the
+    pair measured side by side does not carry that selection bias."""
 
     model_time: float
     best_time: float
     ratio: float
+    model_choice: Schedule | None = None
+    best_choice: Schedule | None = None
+    side_by_side: float | None = None
+
+
+#: How ``compare_model_vs_exhaustive`` re-measures the model's choice against the best: many
+#: alternating rounds, so that both see the same load.
+CONFIRM_SETTINGS = MeasureSettings(repeat=40, rounds=8)
 
 
 def compare_model_vs_exhaustive(template: Template, problem: Any, target: Target, progress: bool = False,
-                                settings: MeasureSettings | None = None) -> ModelVsExhaustive:
+                                settings: MeasureSettings | None = None,
+                                confirm: MeasureSettings | None = None) -> ModelVsExhaustive:
     """How close model-only gets to exhaustive tuning (measures the whole space unless the
-    tuning cache already holds an exhaustive record)."""
+    tuning cache already holds an exhaustive record).  With ``confirm`` (e.g.
+    :data:`CONFIRM_SETTINGS`), a model's choice that is not the best is measured again side by
+    side with the best (see :class:`ModelVsExhaustive`)."""
     result = tune(template, problem, target, "exhaustive", progress=progress, settings=settings)
     assert result.record is not None
-    model_time = result.record.times.get(result.model_choice, math.inf)
-    best_time = result.record.times[result.record.best]
-    return ModelVsExhaustive(model_time, best_time, model_time / best_time)
+    model, best = result.model_choice, result.record.best
+    model_time = result.record.times.get(model, math.inf)
+    best_time = result.record.times[best]
+    side = None
+    if confirm is not None and model != best and math.isfinite(model_time):
+        pair = measure_candidates(template, problem, target, [model, best], confirm)
+        if all(m.ok for m in pair):
+            side = pair[0].time / pair[1].time
+    return ModelVsExhaustive(model_time, best_time, model_time / best_time, model, best, side)
 
 
 def clear_memo() -> None:

@@ -230,6 +230,26 @@ def test_env_var_sets_the_default_mode(cpu, monkeypatch):
         tune.choose(t, PROBLEM, cpu)
 
 
+def test_the_report_measures_a_losing_model_choice_again_side_by_side(cpu, monkeypatch):
+    # Exhaustive: the model's choice (FAST) measured 3x the best (ONE_TASK); measured again as a
+    # pair, in the confirmation's settings, it is 1.1x.  Without ``confirm`` there is no re-run.
+    calls, settings = [], []
+    passes = [{FAST: 3e-3, ONE_TASK: 1e-3, SLOW: 9e-3}, {FAST: 1.1e-3, ONE_TASK: 1e-3}]
+
+    def measure(template, problem, target, schedules, s=None, on_result=None, on_built=None):
+        settings.append(s)
+        return fake_measure(passes[len(calls)], calls)(template, problem, target, schedules, s, on_result, on_built)
+
+    monkeypatch.setattr(tune, "measure_candidates", measure)
+    t = RowSumTemplate()
+    plain = tune.compare_model_vs_exhaustive(t, PROBLEM, cpu)
+    assert plain.ratio == 3.0 and plain.side_by_side is None and len(calls) == 1
+    assert plain.model_choice == FAST and plain.best_choice == ONE_TASK
+    report = tune.compare_model_vs_exhaustive(t, PROBLEM, cpu, confirm=tune.CONFIRM_SETTINGS)
+    assert calls[1] == [FAST, ONE_TASK] and settings[1] is tune.CONFIRM_SETTINGS
+    assert report.ratio == 3.0 and report.side_by_side == pytest.approx(1.1)
+
+
 def test_mode_errors(cpu):
     t = RowSumTemplate()
     with pytest.raises(TaskmapError, match="unknown tuning mode 'best': use one of model, topk, exhaustive"):
