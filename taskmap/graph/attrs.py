@@ -45,6 +45,10 @@ class BinaryFn(enum.Enum):
     SUB = "sub"
     MUL = "mul"
     DIV = "div"
+    FLOOR_DIVIDE = "floor_divide"     # div(rounding_mode="floor"), ``//``
+    TRUNC_DIVIDE = "trunc_divide"     # div(rounding_mode="trunc")
+    REMAINDER = "remainder"           # ``%``: the divisor's sign (Python's, torch.remainder)
+    FMOD = "fmod"                     # the dividend's sign (C's, torch.fmod)
     POW = "pow"
     MAXIMUM = "maximum"
     MINIMUM = "minimum"

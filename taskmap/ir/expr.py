@@ -67,7 +67,9 @@ class Intrinsic(enum.Enum):
     FLOOR = ("floor", 1)
     CEIL = ("ceil", 1)
     ROUND = ("round", 1)
+    TRUNC = ("trunc", 1)
     POW = ("pow", 2)
+    FMOD = ("fmod", 2)      # C's fmod: the remainder with the dividend's sign
     FMA = ("fma", 3)
 
     @property

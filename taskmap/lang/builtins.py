@@ -272,7 +272,9 @@ cos = _math_builtin(Intrinsic.COS)
 floor = _math_builtin(Intrinsic.FLOOR)
 ceil = _math_builtin(Intrinsic.CEIL)
 round = _math_builtin(Intrinsic.ROUND)
+trunc = _math_builtin(Intrinsic.TRUNC)
 pow = _math_builtin(Intrinsic.POW)
+fmod = _math_builtin(Intrinsic.FMOD)
 fma = _math_builtin(Intrinsic.FMA)
 
 #: Python functions that become intrinsics when called on IR values (``math.exp(x)``, ``abs(x)``).
@@ -281,6 +283,7 @@ PY_INTRINSICS: dict[Any, Intrinsic] = {
     math.sqrt: Intrinsic.SQRT, math.tanh: Intrinsic.TANH, math.erf: Intrinsic.ERF,
     math.sin: Intrinsic.SIN, math.cos: Intrinsic.COS, math.floor: Intrinsic.FLOOR,
     math.ceil: Intrinsic.CEIL, math.pow: Intrinsic.POW, math.fabs: Intrinsic.ABS,
+    math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD,
     py.abs: Intrinsic.ABS, py.round: Intrinsic.ROUND, py.pow: Intrinsic.POW,
 }
 for _name, _fn in (("exp2", Intrinsic.EXP2), ("fma", Intrinsic.FMA)):

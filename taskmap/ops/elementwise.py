@@ -180,11 +180,55 @@ def _pow(a: Expr, b: Expr) -> Expr:
     return E.call(Intrinsic.POW, a, b)
 
 
+def _lt0(e: Expr) -> Expr:
+    return E.compare(E.CmpOp.LT, e, E.as_expr(0, like=e))
+
+
+def _differ(a: Expr, b: Expr) -> Expr:
+    """``(a < 0) != (b < 0)``."""
+    return E.compare(E.CmpOp.NE, _lt0(a), _lt0(b))
+
+
+def _floor_divide(a: Expr, b: Expr) -> Expr:
+    """``a // b`` rounded toward minus infinity.  Floats as PyTorch computes them — through
+    ``fmod``, not ``floor(a / b)``: ``1.0 // 0.1`` is 9 (``1.0 / 0.1`` rounds to 10); a zero
+    divisor gives ``a / b`` (inf or NaN).  Integers: Python's floor division (a zero divisor
+    gives -1 instead of trapping; PyTorch raises)."""
+    if not a.dtype.is_float:
+        return a // b
+    zero, one = E.as_expr(0, like=a), E.as_expr(1, like=a)
+    mod = E.call(Intrinsic.FMOD, a, b)
+    div = (a - mod) / b
+    div = E.select(E.logical_and(E.compare(E.CmpOp.NE, mod, zero), _differ(b, mod)), div - one, div)
+    fl = E.call(Intrinsic.FLOOR, div)
+    fl = E.select(E.compare(E.CmpOp.GT, div - fl, E.as_expr(0.5, like=a)), fl + one, fl)
+    out = E.select(E.compare(E.CmpOp.NE, div, zero), fl, (a / b) * zero)    # 0 with the quotient's sign
+    return E.select(E.compare(E.CmpOp.EQ, b, zero), a / b, out)
+
+
+def _trunc_divide(a: Expr, b: Expr) -> Expr:
+    """``a / b`` rounded toward zero (integers: C's division; a zero divisor does not trap)."""
+    if a.dtype.is_float:
+        return E.call(Intrinsic.TRUNC, a / b)
+    q, r = a // b, a % b
+    return E.select(E.logical_and(E.compare(E.CmpOp.NE, r, E.as_expr(0, like=a)), _differ(a, b)),
+                    q + E.as_expr(1, like=a), q)
+
+
+def _fmod(a: Expr, b: Expr) -> Expr:
+    """C's ``fmod``: the remainder of the division rounded toward zero (the dividend's sign)."""
+    if a.dtype.is_float:
+        return E.call(Intrinsic.FMOD, a, b)
+    return a - _trunc_divide(a, b) * b
+
+
 #: name -> (IR function of the (promoted) operands, result: "same" | "float" | "bool").
 BINARY: dict[str, tuple[Callable[[Expr, Expr], Expr], str]] = {
     "add": (lambda a, b: a + b, "same"), "sub": (lambda a, b: a - b, "same"),
     "mul": (lambda a, b: a * b, "same"), "div": (lambda a, b: a / b, "float"),
     "pow": (_pow, "same"), "maximum": (_maximum, "same"), "minimum": (_minimum, "same"),
+    "floor_divide": (_floor_divide, "same"), "trunc_divide": (_trunc_divide, "same"),
+    "remainder": (lambda a, b: a % b, "same"), "fmod": (_fmod, "same"),
     "eq": (lambda a, b: E.compare(E.CmpOp.EQ, a, b), "bool"), "ne": (lambda a, b: E.compare(E.CmpOp.NE, a, b), "bool"),
     "lt": (lambda a, b: E.compare(E.CmpOp.LT, a, b), "bool"), "le": (lambda a, b: E.compare(E.CmpOp.LE, a, b), "bool"),
     "gt": (lambda a, b: E.compare(E.CmpOp.GT, a, b), "bool"), "ge": (lambda a, b: E.compare(E.CmpOp.GE, a, b), "bool"),
@@ -248,7 +292,20 @@ def _binary(name: str, a: Operand, b: Operand) -> Any:
 def add(a: Operand, b: Operand) -> Any: return _binary("add", a, b)
 def sub(a: Operand, b: Operand) -> Any: return _binary("sub", a, b)
 def mul(a: Operand, b: Operand) -> Any: return _binary("mul", a, b)
-def div(a: Operand, b: Operand) -> Any: return _binary("div", a, b)
+def floor_divide(a: Operand, b: Operand) -> Any: return _binary("floor_divide", a, b)
+def remainder(a: Operand, b: Operand) -> Any: return _binary("remainder", a, b)
+def fmod(a: Operand, b: Operand) -> Any: return _binary("fmod", a, b)
+
+
+def div(a: Operand, b: Operand, rounding_mode: str | None = None) -> Any:
+    """``a / b`` (a float result), or rounded: ``rounding_mode="floor"`` / ``"trunc"`` (the
+    operands' type), as ``torch.div``."""
+    if rounding_mode is None:
+        return _binary("div", a, b)
+    modes = {"floor": "floor_divide", "trunc": "trunc_divide"}
+    if rounding_mode not in modes:
+        raise OpError(f"div(): rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+    return _binary(modes[rounding_mode], a, b)
 def pow(a: Operand, b: Operand) -> Any: return _binary("pow", a, b)  # noqa: A001 - torch's name
 def maximum(a: Operand, b: Operand) -> Any: return _binary("maximum", a, b)
 def minimum(a: Operand, b: Operand) -> Any: return _binary("minimum", a, b)
@@ -322,6 +379,7 @@ def cast(x: Any, dtype: Any) -> Any:
 
 
 __all__ = ["BINARY", "UNARY", "abs", "add", "binary_compute", "broadcast_index", "broadcast_shapes", "cast",
-           "cast_compute", "compute_type", "cos", "div", "eq", "erf", "exp", "ge", "gelu", "gt", "hardswish", "le",
-           "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "relu", "relu6", "result_type", "rsqrt",
+           "cast_compute", "compute_type", "cos", "div", "eq", "erf", "exp", "floor_divide", "fmod", "ge", "gelu", "gt",
+           "hardswish", "le", "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "relu", "relu6",
+           "remainder", "result_type", "rsqrt",
            "sigmoid", "silu", "sin", "sqrt", "sub", "tanh", "unary_compute", "where", "where_compute"]

@@ -100,9 +100,20 @@ def test_shapes_indexing_joining(fn):
     lambda a, b: (a > b).float() + (a <= 0.5).to(torch.float32), lambda a, b: torch.where(a > b, a, b),
     lambda a, b: torch.where(a > 0, a, 0.0), lambda a, b: a.masked_fill(b > 0, -1e4),
     lambda a, b: 2.0 - a, lambda a, b: torch.add(a, b, alpha=0.5), lambda a, b: (a == a).int() * 3,
+    lambda a, b: (a * 10) // b, lambda a, b: (a * 10) % b, lambda a, b: torch.fmod(a * 10, b) + a % 0.3,
+    lambda a, b: torch.div(a * 10, b, rounding_mode="floor") + torch.div(a, 0.07, rounding_mode="trunc"),
 ])
 def test_arithmetic_and_comparisons(fn):
     check(Fn(fn, 2), x2, torch.randn(6, 16))
+
+
+def test_integer_division_and_remainders():
+    # position arithmetic as models write it: ids // k, ids % k, div(..., rounding_mode), fmod
+    ids = torch.randint(-50, 50, (3, 17))
+    fn = lambda i: torch.stack([i // 4, i % 5, torch.div(i, 3, rounding_mode="trunc"),  # noqa: E731
+                                torch.div(i, -6, rounding_mode="floor"), torch.fmod(i, 7), torch.remainder(i, -4)])
+    fast = check(Fn(fn), ids)
+    assert fast(ids).dtype == torch.int64
 
 
 @pytest.mark.parametrize("fn, shapes", [
@@ -158,6 +169,7 @@ def test_registry_coverage():
               torch.sigmoid, torch.tanh, F.hardswish, F.softmax, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d,
               F.adaptive_max_pool2d, torch.flatten, torch.reshape, torch.permute, torch.transpose, operator.getitem,
               torch.cat, torch.split, torch.chunk, operator.add, torch.sub, torch.mul, torch.div, torch.eq, torch.lt,
+              operator.floordiv, operator.mod, torch.floor_divide, torch.remainder, torch.fmod,
               torch.matmul, torch.bmm, torch.addmm, torch.baddbmm, F.scaled_dot_product_attention, torch.where,
               F.dropout):
         assert f in reg["functions"], f

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import taskmap
 from taskmap import ops
 from taskmap.compute import dag_str, tensor_input
+from taskmap.errors import OpError
 from taskmap.ir import f32
 from taskmap.ops.elementwise import binary_compute
 from taskmap.testing import assert_close, shapes
@@ -115,6 +116,55 @@ def test_pow_by_small_constants_is_products_like_torch(exponent):
     assert_close(ops.pow(a, exponent), want)
     node = binary_compute("pow", tensor_input("x", f32, [3]), exponent, (3,))
     assert "pow(" not in dag_str(node)
+
+
+ROUNDED = {"floor_divide": torch.floor_divide, "remainder": torch.remainder, "fmod": torch.fmod,
+           "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+           "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc")}
+
+
+def _rounded(name, a, b):
+    if name.startswith("div_"):
+        return ops.div(a, b, rounding_mode=name[4:])
+    return getattr(ops, name)(a, b)
+
+
+@given(pair=broadcast_pairs(), name=st.sampled_from(sorted(ROUNDED)),
+       dtype=st.sampled_from(["float32", "float64", "int32", "int64"]))
+@FEW
+def test_rounded_division_and_remainders_match_torch_exactly(pair, name, dtype):
+    """``//``, ``%``, fmod and div's rounding modes: bit for bit torch's values, signs of zero
+    included, on both signs of dividend and divisor (no zero divisor here: integers trap in torch)."""
+    if dtype.startswith("int"):
+        a = np.asarray(RNG.integers(-60, 60, pair[0]), dtype)
+        b = np.asarray(RNG.integers(1, 9, pair[1]) * RNG.choice([-1, 1], pair[1]), dtype)
+    else:
+        a = np.asarray(RNG.standard_normal(pair[0]) * 10, dtype)
+        b = np.asarray(RNG.standard_normal(pair[1]) * 3, dtype)
+    want = ROUNDED[name](torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    got = _rounded(name, a, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("name", sorted(ROUNDED))
+def test_rounded_division_special_values_like_torch(name):
+    # 1.0 // 0.1 is 9 (floor(1.0 / 0.1) would be 10); zero divisors, infinities, NaN, -0.0
+    a = np.array([1.0, -1.0, 7.5, -7.5, 0.0, -0.0, np.inf, -np.inf, 3.0, np.nan, 5.0, -5.0, 1e30], np.float32)
+    b = np.array([0.1, 0.1, -2.0, 2.0, 3.0, 3.0, 2.0, 2.0, np.inf, 1.0, 0.0, 0.0, 1e-30], np.float32)
+    want = ROUNDED[name](torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    got = _rounded(name, a, b)
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+    assert_close(_rounded(name, a[:4], 2.5), ROUNDED[name](torch.from_numpy(a[:4]), 2.5).numpy())
+
+
+def test_rounded_division_errors_and_integer_zero_divisors():
+    with pytest.raises(OpError, match=r"div\(\): rounding_mode must be None, 'floor' or 'trunc', got 'round'"):
+        ops.div(np.ones(3, np.float32), 2.0, rounding_mode="round")
+    # torch raises on an integer division by zero; a kernel cannot, and must not trap: -1 / the dividend
+    i = np.array([7, -7, 0], np.int32)
+    assert np.array_equal(ops.floor_divide(i, np.zeros(3, np.int32)), [-1, -1, -1])
+    assert np.array_equal(ops.remainder(i, np.zeros(3, np.int32)), i)
 
 
 def test_nan_propagates_through_maximum_and_relu():

@@ -103,6 +103,9 @@ _BINARY = {
     BinaryFn.MUL: (torch.mul, torch.multiply, operator.mul, operator.imul, "mul", "mul_", "__mul__", "__rmul__"),
     BinaryFn.DIV: (torch.div, torch.divide, torch.true_divide, operator.truediv, operator.itruediv, "div", "div_",
                    "__truediv__"),
+    BinaryFn.FLOOR_DIVIDE: (torch.floor_divide, operator.floordiv, operator.ifloordiv, "floor_divide", "__floordiv__"),
+    BinaryFn.REMAINDER: (torch.remainder, operator.mod, operator.imod, "remainder", "__mod__"),
+    BinaryFn.FMOD: (torch.fmod, "fmod"),
     BinaryFn.POW: (torch.pow, operator.pow, "pow", "__pow__"),
     BinaryFn.MAXIMUM: (torch.maximum, "maximum"),
     BinaryFn.MINIMUM: (torch.minimum, "minimum"),
@@ -126,14 +129,20 @@ def _binary(fn: BinaryFn, targets: tuple[Any, ...]) -> None:
     @register(*targets)
     def handler(cv: Converter, a: Any, b: Any, *rest: Any, alpha: Any = 1, rounding_mode: Any = None,
                 out: Any = None) -> Tensor:
-        if rounding_mode is not None or out is not None:
-            raise NotConvertible(f"{fn.value} with rounding_mode/out")
+        if out is not None:
+            raise NotConvertible(f"{fn.value} with out=")
+        op = fn
+        if rounding_mode is not None:        # div(..., rounding_mode="floor" | "trunc")
+            op = {"floor": BinaryFn.FLOOR_DIVIDE, "trunc": BinaryFn.TRUNC_DIVIDE}.get(rounding_mode) \
+                if fn is BinaryFn.DIV else None
+            if op is None:
+                raise NotConvertible(f"{fn.value} with rounding_mode={rounding_mode!r}")
         if rest:
             alpha = rest[0]
         if alpha != 1:
             b = cv.binary(BinaryFn.MUL, b, alpha) if isinstance(b, Tensor) else b * alpha
         a, b = _scalar(cv, a), _scalar(cv, b)
-        return cv.binary(fn, a, b)
+        return cv.binary(op, a, b)
 
 
 for _fn, _targets in _BINARY.items():
