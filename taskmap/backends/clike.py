@@ -31,6 +31,7 @@ _FLOAT_FN = {  # intrinsic -> (f32 name, f64 name)
     E.Intrinsic.COS: ("cosf", "cos"), E.Intrinsic.FLOOR: ("floorf", "floor"), E.Intrinsic.CEIL: ("ceilf", "ceil"),
     E.Intrinsic.ROUND: ("nearbyintf", "nearbyint"), E.Intrinsic.POW: ("powf", "pow"), E.Intrinsic.FMA: ("fmaf", "fma"),
     E.Intrinsic.TRUNC: ("truncf", "trunc"), E.Intrinsic.FMOD: ("fmodf", "fmod"),
+    E.Intrinsic.EXPM1: ("expm1f", "expm1"), E.Intrinsic.LOG1P: ("log1pf", "log1p"),
 }
 _C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for
 goto if inline int long register restrict return short signed sizeof static struct switch typedef union
@@ -40,7 +41,7 @@ unsigned void volatile while bool true false main NAN INFINITY
 #: parameter called ``exp`` or ``free`` must not shadow them.
 C_RESERVED = _C_KEYWORDS | frozenset("""exp expf exp2 exp2f log logf log2 log2f sqrt sqrtf tanh tanhf erf erff
 fabs fabsf sin sinf cos cosf floor floorf ceil ceilf nearbyint nearbyintf pow powf fma fmaf fmin fminf fmax fmaxf
-fmod fmodf trunc truncf free malloc calloc aligned_alloc memset memcpy mmap munmap int8_t int16_t int32_t int64_t uint8_t
+fmod fmodf trunc truncf expm1 expm1f log1p log1pf free malloc calloc aligned_alloc memset memcpy mmap munmap int8_t int16_t int32_t int64_t uint8_t
 uint16_t uint32_t uint64_t uintptr_t size_t
 """.split())
 

@@ -36,6 +36,20 @@ class UnaryFn(enum.Enum):
     NEG = "neg"
     RELU = "relu"
     RELU6 = "relu6"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"             # half to even
+    TRUNC = "trunc"
+    SIGN = "sign"
+    RECIPROCAL = "reciprocal"
+    SQUARE = "square"
+    EXPM1 = "expm1"
+    LOG1P = "log1p"
+    SOFTPLUS = "softplus"       # beta 1, threshold 20 (others: composed by the frontend)
+    MISH = "mish"
+    HARDSIGMOID = "hardsigmoid"
+    LOGSIGMOID = "logsigmoid"
+    SELU = "selu"
 
 
 class BinaryFn(enum.Enum):

@@ -261,7 +261,9 @@ select = Builtin("select", _select, "``select(cond, a, b)``: ``a if cond else b`
 
 exp = _math_builtin(Intrinsic.EXP)
 exp2 = _math_builtin(Intrinsic.EXP2)
+expm1 = _math_builtin(Intrinsic.EXPM1)
 log = _math_builtin(Intrinsic.LOG)
+log1p = _math_builtin(Intrinsic.LOG1P)
 log2 = _math_builtin(Intrinsic.LOG2)
 sqrt = _math_builtin(Intrinsic.SQRT)
 rsqrt = _math_builtin(Intrinsic.RSQRT)
@@ -283,7 +285,7 @@ PY_INTRINSICS: dict[Any, Intrinsic] = {
     math.sqrt: Intrinsic.SQRT, math.tanh: Intrinsic.TANH, math.erf: Intrinsic.ERF,
     math.sin: Intrinsic.SIN, math.cos: Intrinsic.COS, math.floor: Intrinsic.FLOOR,
     math.ceil: Intrinsic.CEIL, math.pow: Intrinsic.POW, math.fabs: Intrinsic.ABS,
-    math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD,
+    math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD, math.expm1: Intrinsic.EXPM1, math.log1p: Intrinsic.LOG1P,
     py.abs: Intrinsic.ABS, py.round: Intrinsic.ROUND, py.pow: Intrinsic.POW,
 }
 for _name, _fn in (("exp2", Intrinsic.EXP2), ("fma", Intrinsic.FMA)):

@@ -51,6 +51,34 @@ def _gelu_tanh(e: Expr) -> Expr:
     return 0.5 * e * (1.0 + E.call(Intrinsic.TANH, inner))
 
 
+def _softplus(e: Expr) -> Expr:
+    """``log(1 + exp(x))``, and ``x`` itself above 20 (PyTorch's threshold)."""
+    return E.select(E.compare(E.CmpOp.GT, e, 20.0), e, E.call(Intrinsic.LOG1P, E.call(Intrinsic.EXP, e)))
+
+
+def _logsigmoid(e: Expr) -> Expr:
+    """``min(x, 0) - log1p(exp(-|x|))`` (PyTorch's form: no overflow at either end)."""
+    zero = E.as_expr(0.0, like=e)
+    low = E.select(E.compare(E.CmpOp.LT, e, zero), e, zero)
+    return low - E.call(Intrinsic.LOG1P, E.call(Intrinsic.EXP, -E.call(Intrinsic.ABS, e)))
+
+
+def _selu(e: Expr) -> Expr:
+    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+    neg = alpha * E.call(Intrinsic.EXPM1, e)
+    return scale * E.select(E.compare(E.CmpOp.GT, e, 0.0), e, neg)
+
+
+def _sign(e: Expr) -> Expr:
+    one, zero = E.as_expr(1, like=e), E.as_expr(0, like=e)
+    return E.select(E.compare(E.CmpOp.GT, e, zero), one, E.select(E.compare(E.CmpOp.LT, e, zero), -one, zero))
+
+
+def _integral(fn: Intrinsic) -> Callable[[Expr], Expr]:
+    """floor / ceil / round / trunc: integers are their own value."""
+    return lambda e: E.call(fn, e) if e.dtype.is_float else e
+
+
 #: name -> (IR function, needs a float input (ints are converted to float32 first)).
 UNARY: dict[str, tuple[Callable[[Expr], Expr], bool]] = {
     "exp": (_call(Intrinsic.EXP), True), "log": (_call(Intrinsic.LOG), True),
@@ -62,6 +90,13 @@ UNARY: dict[str, tuple[Callable[[Expr], Expr], bool]] = {
     "hardswish": (lambda e: e * _relu6(e + 3.0) * (1.0 / 6.0), True),
     "abs": (_call(Intrinsic.ABS), False), "neg": (lambda e: -e, False),
     "relu": (_relu, False), "relu6": (_relu6, False),
+    "floor": (_integral(Intrinsic.FLOOR), False), "ceil": (_integral(Intrinsic.CEIL), False),
+    "round": (_integral(Intrinsic.ROUND), False), "trunc": (_integral(Intrinsic.TRUNC), False),
+    "sign": (_sign, False), "reciprocal": (lambda e: 1.0 / e, True), "square": (lambda e: e * e, False),
+    "expm1": (_call(Intrinsic.EXPM1), True), "log1p": (_call(Intrinsic.LOG1P), True),
+    "softplus": (_softplus, True), "mish": (lambda e: e * E.call(Intrinsic.TANH, _softplus(e)), True),
+    "hardsigmoid": (lambda e: _relu6(e + 3.0) * (1.0 / 6.0), True), "logsigmoid": (_logsigmoid, True),
+    "selu": (_selu, True),
 }
 
 
@@ -97,6 +132,27 @@ def cos(x: Any) -> Any: return _unary("cos", x)
 def abs(x: Any) -> Any: return _unary("abs", x)  # noqa: A001 - torch's name
 def neg(x: Any) -> Any: return _unary("neg", x)
 def relu(x: Any) -> Any: return _unary("relu", x)
+def floor(x: Any) -> Any: return _unary("floor", x)
+def ceil(x: Any) -> Any: return _unary("ceil", x)
+def round(x: Any) -> Any: return _unary("round", x)  # noqa: A001 - torch's name (half to even)
+def trunc(x: Any) -> Any: return _unary("trunc", x)
+def sign(x: Any) -> Any: return _unary("sign", x)
+def reciprocal(x: Any) -> Any: return _unary("reciprocal", x)
+def square(x: Any) -> Any: return _unary("square", x)
+def expm1(x: Any) -> Any: return _unary("expm1", x)
+def log1p(x: Any) -> Any: return _unary("log1p", x)
+def mish(x: Any) -> Any: return _unary("mish", x)
+def hardsigmoid(x: Any) -> Any: return _unary("hardsigmoid", x)
+def logsigmoid(x: Any) -> Any: return _unary("logsigmoid", x)
+def selu(x: Any) -> Any: return _unary("selu", x)
+
+
+def softplus(x: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
+    """``log(1 + exp(beta x)) / beta``, ``x`` where ``beta x > threshold`` (as ``F.softplus``)."""
+    if beta == 1.0 and threshold == 20.0:
+        return _unary("softplus", x)
+    bx = mul(x, float(beta))
+    return where(gt(bx, float(threshold)), x, div(log1p(exp(bx)), float(beta)))
 def relu6(x: Any) -> Any: return _unary("relu6", x)
 def sigmoid(x: Any) -> Any: return _unary("sigmoid", x)
 def silu(x: Any) -> Any: return _unary("silu", x)
@@ -379,7 +435,8 @@ def cast(x: Any, dtype: Any) -> Any:
 
 
 __all__ = ["BINARY", "UNARY", "abs", "add", "binary_compute", "broadcast_index", "broadcast_shapes", "cast",
-           "cast_compute", "compute_type", "cos", "div", "eq", "erf", "exp", "floor_divide", "fmod", "ge", "gelu", "gt",
-           "hardswish", "le", "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "relu", "relu6",
-           "remainder", "result_type", "rsqrt",
+           "cast_compute", "ceil", "compute_type", "cos", "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide",
+           "fmod", "ge", "gelu", "gt", "hardsigmoid", "hardswish", "le", "log", "log1p", "logsigmoid", "lt",
+           "maximum", "minimum", "mish", "mul", "ne", "neg", "pow", "reciprocal", "relu", "relu6", "remainder",
+           "result_type", "round", "rsqrt", "selu", "sign", "softplus", "square", "trunc",
            "sigmoid", "silu", "sin", "sqrt", "sub", "tanh", "unary_compute", "where", "where_compute"]

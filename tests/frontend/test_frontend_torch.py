@@ -77,6 +77,11 @@ x2 = torch.randn(6, 16)
     torch.relu, F.relu6, F.gelu, lambda x: F.gelu(x, approximate="tanh"), F.silu, torch.sigmoid, torch.tanh,
     F.hardswish, lambda x: F.softmax(x, dim=-1), lambda x: F.log_softmax(x, 1), lambda x: torch.clamp(x, -0.5, 0.7),
     lambda x: F.hardtanh(x), torch.exp, lambda x: torch.sqrt(x.abs() + 1), lambda x: -x, lambda x: x.abs(),
+    lambda x: F.leaky_relu(x, 0.2), nn.LeakyReLU(), F.elu, nn.ELU(0.5), F.softplus, nn.Softplus(2.0, 3.0), F.mish,
+    nn.Hardsigmoid(), F.logsigmoid, nn.SELU(), lambda x: torch.floor(x * 3) + torch.ceil(x) + torch.round(x * 2),
+    lambda x: torch.trunc(x * 3) * torch.sign(x), lambda x: torch.reciprocal(x.abs() + 1) + torch.square(x),
+    lambda x: torch.expm1(x) + torch.log1p(x.abs()), lambda x: x.clamp_min(0.1) + x.clamp_max(-0.2),
+    lambda x: torch.clamp(x, min=x[:1], max=x[1:2].abs()),
 ], ids=lambda f: getattr(f, "__name__", "lambda"))
 def test_activations(fn):
     check(Fn(fn), x2)

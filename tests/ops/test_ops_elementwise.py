@@ -27,6 +27,13 @@ UNARY_REF = {
     "gelu": lambda x: F.gelu(torch.from_numpy(x)).numpy(),
     "hardswish": lambda x: F.hardswish(torch.from_numpy(x)).numpy(),
 }
+_T = lambda fn: lambda x: fn(torch.from_numpy(x)).numpy()  # noqa: E731
+UNARY_REF.update({
+    "floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc, "sign": np.sign,
+    "reciprocal": lambda x: 1 / x, "square": np.square, "expm1": np.expm1, "log1p": np.log1p,
+    "softplus": _T(F.softplus), "mish": _T(F.mish), "hardsigmoid": _T(F.hardsigmoid), "logsigmoid": _T(F.logsigmoid),
+    "selu": _T(F.selu),
+})
 POSITIVE = {"log", "sqrt", "rsqrt"}
 
 
@@ -43,6 +50,22 @@ def test_unary(name, shape, dtype):
     y = getattr(ops, name)(x)
     assert isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype
     assert_close(y, UNARY_REF[name](x.astype(np.float64)).astype(dtype))
+
+
+def test_new_unary_special_values_and_integers_like_torch():
+    # half-way rounding to even, large / tiny arguments (softplus's threshold, expm1 / log1p near 0), NaN
+    x = np.array([0.5, 1.5, 2.5, -0.5, -2.5, 30.0, -30.0, 1e-7, -1e-7, 100.0, -100.0, np.nan], np.float32)
+    t = torch.from_numpy(x)
+    for name, ref in (("round", torch.round), ("floor", torch.floor), ("trunc", torch.trunc), ("sign", torch.sign),
+                      ("softplus", F.softplus), ("logsigmoid", F.logsigmoid), ("mish", F.mish), ("selu", F.selu),
+                      ("expm1", torch.expm1), ("log1p", lambda v: torch.log1p(v.abs()))):
+        arg = np.abs(x) if name == "log1p" else x
+        np.testing.assert_allclose(getattr(ops, name)(arg), ref(t).numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
+    i = np.array([-3, 0, 4], np.int64)
+    for name in ("floor", "round", "sign", "square"):
+        y = getattr(ops, name)(i)
+        assert y.dtype == np.int64 and np.array_equal(y, getattr(torch, name)(torch.from_numpy(i)).numpy())
+    assert_close(ops.softplus(x[:11], beta=2.0, threshold=5.0), F.softplus(t[:11], 2.0, 5.0).numpy())
 
 
 def test_gelu_tanh_and_bad_approximate():

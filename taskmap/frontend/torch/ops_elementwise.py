@@ -37,6 +37,52 @@ _unary(UnaryFn.ABS, torch.abs, operator.abs, "abs")
 _unary(UnaryFn.NEG, torch.neg, operator.neg, "neg")
 _unary(UnaryFn.SIN, torch.sin, "sin")
 _unary(UnaryFn.COS, torch.cos, "cos")
+_unary(UnaryFn.FLOOR, torch.floor, "floor")
+_unary(UnaryFn.CEIL, torch.ceil, "ceil")
+_unary(UnaryFn.TRUNC, torch.trunc, torch.fix, "trunc", "fix")
+_unary(UnaryFn.SIGN, torch.sign, "sign")
+_unary(UnaryFn.RECIPROCAL, torch.reciprocal, "reciprocal")
+_unary(UnaryFn.SQUARE, torch.square, "square")
+_unary(UnaryFn.EXPM1, torch.expm1, torch.special.expm1, "expm1")
+_unary(UnaryFn.LOG1P, torch.log1p, torch.special.log1p, "log1p")
+_unary(UnaryFn.MISH, F.mish, nn.Mish)
+_unary(UnaryFn.HARDSIGMOID, F.hardsigmoid, nn.Hardsigmoid)
+_unary(UnaryFn.LOGSIGMOID, F.logsigmoid, nn.LogSigmoid)
+_unary(UnaryFn.SELU, F.selu, torch.selu, nn.SELU)
+
+
+@register(torch.round, "round")
+def round_(cv: Converter, x: Tensor, decimals: int = 0) -> Tensor:
+    if decimals:
+        raise NotConvertible("round(decimals=...)")
+    return cv.unary(UnaryFn.ROUND, x)
+
+
+@register(F.softplus, nn.Softplus)
+def softplus(cv: Converter, x: Any, beta: Any = 1.0, threshold: Any = 20.0) -> Tensor:
+    if isinstance(x, nn.Module):
+        beta, threshold, x = x.beta, x.threshold, beta
+    if beta == 1 and threshold == 20:
+        return cv.unary(UnaryFn.SOFTPLUS, x)
+    bx = cv.binary(BinaryFn.MUL, x, float(beta))
+    soft = cv.binary(BinaryFn.DIV, cv.unary(UnaryFn.LOG1P, cv.unary(UnaryFn.EXP, bx)), float(beta))
+    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.GT, bx, float(threshold)), x, soft], WhereAttrs())
+
+
+@register(F.leaky_relu, nn.LeakyReLU, "leaky_relu", torch._C._nn.leaky_relu)
+def leaky_relu(cv: Converter, x: Any, negative_slope: Any = 0.01, inplace: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        negative_slope, x = x.negative_slope, negative_slope
+    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.GT, x, 0.0), x, cv.binary(BinaryFn.MUL, x, float(negative_slope))],
+                 WhereAttrs())
+
+
+@register(F.elu, nn.ELU, "elu")
+def elu(cv: Converter, x: Any, alpha: Any = 1.0, inplace: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        alpha, x = x.alpha, alpha
+    neg = cv.binary(BinaryFn.MUL, cv.unary(UnaryFn.EXPM1, x), float(alpha))
+    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.GT, x, 0.0), x, neg], WhereAttrs())
 
 
 @register(F.gelu, "gelu", nn.GELU, torch._C._nn.gelu)
@@ -62,10 +108,20 @@ def clamp(cv: Converter, x: Tensor, min: Any = None, max: Any = None) -> Tensor:
     return _clamp(cv, x, min, max)
 
 
+@register("clamp_min", torch.clamp_min, "clamp_min_")
+def clamp_min(cv: Converter, x: Tensor, lo: Any) -> Tensor:
+    return _clamp(cv, x, lo, None)
+
+
+@register("clamp_max", torch.clamp_max, "clamp_max_")
+def clamp_max(cv: Converter, x: Tensor, hi: Any) -> Tensor:
+    return _clamp(cv, x, None, hi)
+
+
 def _clamp(cv: Converter, x: Tensor, lo: Any, hi: Any) -> Tensor:
-    if isinstance(lo, Tensor) or isinstance(hi, Tensor):
-        raise NotConvertible("clamp with tensor bounds")
-    if lo == 0 and hi == 6:
+    lo, hi = _scalar(cv, lo), _scalar(cv, hi)
+    if lo is not None and hi is not None and not isinstance(lo, Tensor) and not isinstance(hi, Tensor) \
+            and lo == 0 and hi == 6:
         return cv.unary(UnaryFn.RELU6, x)
     y = x
     if lo is not None:
