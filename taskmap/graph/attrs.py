@@ -137,7 +137,8 @@ class PermuteAttrs:
 
 @dataclass(frozen=True)
 class SliceAttrs:
-    """``x[..., start : start + step * length : step, ...]`` along ``axis`` (``step > 0``)."""
+    """``x[..., start + step * i, ...]`` for ``i < length`` along ``axis`` (``step`` may be negative:
+    ``flip`` is ``start = n - 1, step = -1``)."""
 
     axis: int
     start: int

@@ -130,8 +130,9 @@ def _infer_permute(xs: Sequence[Any], a: PermuteAttrs) -> Spec:
 def _infer_slice(xs: Sequence[Any], a: SliceAttrs) -> Spec:
     _expect(OpKind.SLICE, xs, 1)
     shape = tuple(xs[0].shape)
-    if not 0 <= a.axis < len(shape) or a.step <= 0 or a.length < 0 or \
-            (a.length and not (0 <= a.start and a.start + a.step * (a.length - 1) < shape[a.axis])):
+    last = a.start + a.step * (a.length - 1)
+    if not 0 <= a.axis < len(shape) or a.step == 0 or a.length < 0 or \
+            (a.length and not (0 <= min(a.start, last) and max(a.start, last) < shape[a.axis])):
         raise OpError(f"slice: {a} is out of range for shape {shape}")
     return [(tuple(a.length if d == a.axis else s for d, s in enumerate(shape)), xs[0].dtype)]
 

@@ -50,7 +50,8 @@ def _numpy(op: Op, xs: Sequence[np.ndarray]) -> np.ndarray | None:
         return np.transpose(xs[0], a.dims)
     if k is OpKind.SLICE:
         idx = [slice(None)] * xs[0].ndim
-        idx[a.axis] = slice(a.start, a.start + a.step * a.length, a.step) if a.length else slice(0, 0)
+        stop = a.start + a.step * a.length
+        idx[a.axis] = slice(a.start, stop if stop >= 0 else None, a.step) if a.length else slice(0, 0)
         return xs[0][tuple(idx)]
     if k is OpKind.CONCAT:
         return np.concatenate([x.astype(out.dtype.name) for x in xs], axis=a.axis)

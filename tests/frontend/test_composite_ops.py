@@ -1,0 +1,167 @@
+"""PyTorch operators the frontend composes from taskmap's own ops (``ops_composite.py``):
+statistics, NaN tests, group / instance norm, prelu, index transforms and interpolation — each
+against eager PyTorch on random inputs, special values included, and fused like native ops."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskmap
+from taskmap.errors import UnsupportedOpsError
+
+torch.manual_seed(3)
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def check(model, *inputs, rtol=1e-5, atol=1e-6):
+    model = model.eval()
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        want = model(*inputs)
+    got = fast(*inputs)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    return fast
+
+
+def kernels(fast, *inputs):
+    entry = fast._entry(fast._bind(inputs, {}))
+    return len(entry.ready(False).steps)
+
+
+x4 = torch.randn(2, 6, 9, 11)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.std(1), lambda x: torch.std(x, (2, 3), keepdim=True, correction=0), lambda x: x.std(),
+    lambda x: torch.logsumexp(x, 1), lambda x: x.logsumexp((2, 3), keepdim=True),
+    lambda x: torch.linalg.vector_norm(x, dim=-1), lambda x: torch.linalg.vector_norm(x, 1, (1, 2)),
+    lambda x: torch.linalg.vector_norm(x, math.inf, -1, keepdim=True), lambda x: x.norm(dim=1), lambda x: x.norm(),
+    lambda x: F.normalize(x, dim=1), lambda x: F.normalize(x, p=1, dim=-1),
+    lambda x: (x > 1).any(1), lambda x: (x > -2).all(), lambda x: x.any(-1), lambda x: torch.all(x > -1.5, 2, True),
+], ids=lambda f: "stat")
+def test_statistics(fn):
+    check(Fn(fn), x4)
+
+
+def test_logsumexp_of_infinite_rows_and_nan_tests():
+    x = torch.randn(5, 4)
+    x[0] = -math.inf
+    x[1, 2] = math.inf
+    x[2, 1] = math.nan
+    x[3, 0] = -math.inf
+    check(Fn(lambda x: torch.logsumexp(x, 1)), x)
+    check(Fn(lambda x: torch.stack([x.isnan(), torch.isinf(x), x.isfinite()])), x)
+    check(Fn(lambda x: torch.nan_to_num(x)), x)
+    check(Fn(lambda x: x.nan_to_num(1.5, posinf=7.0, neginf=-9.0)), x)
+    ints = torch.randint(-3, 3, (4, 5))
+    check(Fn(lambda i: torch.stack([i.isnan(), i.isinf(), i.isfinite()]).int() + i.nan_to_num()), ints)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 6])
+def test_group_norm(groups):
+    m = nn.GroupNorm(groups, 6)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(6))
+        m.bias.copy_(torch.randn(6))
+    check(m, x4, rtol=1e-4, atol=1e-5)
+    check(Fn(lambda x: F.group_norm(x, groups, eps=1e-3)), x4, rtol=1e-4, atol=1e-5)
+
+
+def test_instance_norm_and_prelu():
+    check(nn.InstanceNorm2d(6), x4, rtol=1e-4, atol=1e-5)
+    affine = nn.InstanceNorm2d(6, affine=True)
+    with torch.no_grad():
+        affine.weight.copy_(torch.randn(6))
+    check(affine, x4, rtol=1e-4, atol=1e-5)
+    tracked = nn.InstanceNorm2d(6, track_running_stats=True)
+    with torch.no_grad():
+        tracked.running_mean.copy_(torch.randn(6))
+        tracked.running_var.copy_(torch.rand(6) + 0.5)
+    check(tracked, x4, rtol=1e-4, atol=1e-5)            # eval: the running statistics
+    check(nn.InstanceNorm1d(6), torch.randn(3, 6, 20), rtol=1e-4, atol=1e-5)
+    p = nn.PReLU(6)
+    with torch.no_grad():
+        p.weight.copy_(torch.rand(6))
+    check(p, x4)
+    check(nn.PReLU(), torch.randn(7, 5))
+    check(Fn(lambda x: F.prelu(x, torch.full((1,), 0.3))), x4)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.flip(1), lambda x: torch.flip(x, (0, 3)), lambda x: x.flip(-1, -2) + 1, lambda x: torch.fliplr(x),
+    lambda x: torch.roll(x, 3, 2), lambda x: x.roll((1, -4), (1, 3)), lambda x: torch.roll(x, 5),
+    lambda x: x.tril(), lambda x: torch.triu(x, 2), lambda x: x.tril(-1), lambda x: (x > 0).triu(),
+    lambda x: F.pixel_unshuffle(x[..., :8, :10], 2), lambda x: x.repeat_interleave(3, 2),
+    lambda x: torch.repeat_interleave(x, 2), lambda x: x[:, [0, 3, -1]], lambda x: x[:, :, [4, 1]],
+], ids=lambda f: "index")
+def test_index_transforms(fn):
+    check(Fn(fn), x4)
+
+
+def test_pixel_shuffle_roundtrip_and_modules():
+    y = torch.randn(2, 12, 5, 7)
+    check(nn.PixelShuffle(2), y)
+    check(Fn(lambda t: F.pixel_unshuffle(F.pixel_shuffle(t, 2), 2) * 2), y)
+    check(nn.PixelUnshuffle(3), torch.randn(1, 2, 6, 9))
+
+
+def test_flip_and_friends_fuse_into_one_kernel():
+    # flip, roll and tril are index maps: with the activation around them, one kernel
+    fast = check(Fn(lambda x: torch.relu(x.flip(2).tril() * 2 + 1)), x4)
+    assert kernels(fast, x4) == 1
+
+
+@given(h=st.integers(1, 13), w=st.integers(1, 13), oh=st.integers(1, 29), ow=st.integers(1, 29),
+       mode=st.sampled_from(["nearest", "bilinear", "bilinear_ac"]))
+@settings(max_examples=25, deadline=None)
+def test_interpolate_to_any_size(h, w, oh, ow, mode):
+    x = torch.randn(2, 3, h, w)
+    kwargs = {"mode": "bilinear", "align_corners": True} if mode == "bilinear_ac" else {"mode": mode}
+    check(Fn(lambda t: F.interpolate(t, size=(oh, ow), **kwargs)), x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [2, 3, 0.5, 1.7, (2, 1.5)])
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_interpolate_by_scale_factor(scale, mode):
+    check(Fn(lambda t: F.interpolate(t, scale_factor=scale, mode=mode)), x4, atol=1e-5)
+    check(Fn(lambda t: F.interpolate(t, scale_factor=scale, mode=mode, recompute_scale_factor=True)), x4, atol=1e-5)
+
+
+def test_upsample_modules_linear_and_trilinear():
+    check(nn.Upsample(scale_factor=2), x4)
+    check(nn.Upsample(size=(5, 20), mode="bilinear"), x4, atol=1e-5)
+    check(nn.UpsamplingBilinear2d(scale_factor=2), x4, atol=1e-5)
+    check(nn.UpsamplingNearest2d(size=7), x4)
+    check(Fn(lambda t: F.interpolate(t, scale_factor=2.5, mode="linear")), torch.randn(2, 3, 7), atol=1e-5)
+    check(Fn(lambda t: F.interpolate(t, size=(3, 4, 5), mode="trilinear")), torch.randn(1, 2, 4, 3, 6), atol=1e-5)
+
+
+def test_nearest_upsampling_by_an_integer_factor_is_a_broadcast():
+    # a 2x nearest upsample, then a 3x3 conv: the upsample is the conv's prologue, no gather
+    m = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(6, 4, 3, padding=1))
+    fast = check(m, x4, rtol=1e-4, atol=1e-5)
+    entry = fast._entry(fast._bind((x4,), {}))
+    assert not any(op.kind.name == "GATHER" for op in entry.imported.graph.ops)
+
+
+def test_unsupported_variants_are_named():
+    with pytest.raises(UnsupportedOpsError) as e:
+        taskmap.compile(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="bicubic")), x4, progress=False)
+    assert "bicubic" in str(e.value)
+    with pytest.raises(UnsupportedOpsError, match="vector norm of order 3"):
+        taskmap.compile(Fn(lambda t: torch.linalg.vector_norm(t, 3)), x4, progress=False)
+    np.testing.assert_array_equal(taskmap.compile(Fn(lambda t: t.repeat_interleave(2, 0)), x4,
+                                                  progress=False)(x4).numpy(), x4.repeat_interleave(2, 0).numpy())
