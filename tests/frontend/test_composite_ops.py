@@ -1,6 +1,7 @@
-"""PyTorch operators the frontend composes from taskmap's own ops (``ops_composite.py``):
-statistics, NaN tests, group / instance norm, prelu, index transforms and interpolation — each
-against eager PyTorch on random inputs, special values included, and fused like native ops."""
+"""PyTorch operators the frontend composes from taskmap's own ops (``ops_composite.py``,
+``ops_einsum.py``, argmax in ``ops_nn.py``): statistics, NaN tests, group / instance norm, prelu,
+index transforms, einsum, argmax — each against eager PyTorch on random inputs, special values
+included, and fused like native ops.  (Upsampling: ``test_upsample_ops.py``.)"""
 import math
 
 import numpy as np
@@ -8,8 +9,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import taskmap
 from taskmap.errors import UnsupportedOpsError
@@ -124,44 +123,47 @@ def test_flip_and_friends_fuse_into_one_kernel():
     assert kernels(fast, x4) == 1
 
 
-@given(h=st.integers(1, 13), w=st.integers(1, 13), oh=st.integers(1, 29), ow=st.integers(1, 29),
-       mode=st.sampled_from(["nearest", "bilinear", "bilinear_ac"]))
-@settings(max_examples=25, deadline=None)
-def test_interpolate_to_any_size(h, w, oh, ow, mode):
-    x = torch.randn(2, 3, h, w)
-    kwargs = {"mode": "bilinear", "align_corners": True} if mode == "bilinear_ac" else {"mode": mode}
-    check(Fn(lambda t: F.interpolate(t, size=(oh, ow), **kwargs)), x, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("scale", [2, 3, 0.5, 1.7, (2, 1.5)])
-@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
-def test_interpolate_by_scale_factor(scale, mode):
-    check(Fn(lambda t: F.interpolate(t, scale_factor=scale, mode=mode)), x4, atol=1e-5)
-    check(Fn(lambda t: F.interpolate(t, scale_factor=scale, mode=mode, recompute_scale_factor=True)), x4, atol=1e-5)
-
-
-def test_upsample_modules_linear_and_trilinear():
-    check(nn.Upsample(scale_factor=2), x4)
-    check(nn.Upsample(size=(5, 20), mode="bilinear"), x4, atol=1e-5)
-    check(nn.UpsamplingBilinear2d(scale_factor=2), x4, atol=1e-5)
-    check(nn.UpsamplingNearest2d(size=7), x4)
-    check(Fn(lambda t: F.interpolate(t, scale_factor=2.5, mode="linear")), torch.randn(2, 3, 7), atol=1e-5)
-    check(Fn(lambda t: F.interpolate(t, size=(3, 4, 5), mode="trilinear")), torch.randn(1, 2, 4, 3, 6), atol=1e-5)
-
-
-def test_nearest_upsampling_by_an_integer_factor_is_a_broadcast():
-    # a 2x nearest upsample, then a 3x3 conv: the upsample is the conv's prologue, no gather
-    m = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(6, 4, 3, padding=1))
-    fast = check(m, x4, rtol=1e-4, atol=1e-5)
-    entry = fast._entry(fast._bind((x4,), {}))
-    assert not any(op.kind.name == "GATHER" for op in entry.imported.graph.ops)
-
-
 def test_unsupported_variants_are_named():
-    with pytest.raises(UnsupportedOpsError) as e:
-        taskmap.compile(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="bicubic")), x4, progress=False)
-    assert "bicubic" in str(e.value)
     with pytest.raises(UnsupportedOpsError, match="vector norm of order 3"):
         taskmap.compile(Fn(lambda t: torch.linalg.vector_norm(t, 3)), x4, progress=False)
     np.testing.assert_array_equal(taskmap.compile(Fn(lambda t: t.repeat_interleave(2, 0)), x4,
                                                   progress=False)(x4).numpy(), x4.repeat_interleave(2, 0).numpy())
+
+
+@pytest.mark.parametrize("eq, shapes", [
+    ("bhqd,bhkd->bhqk", [(2, 3, 5, 4), (2, 3, 6, 4)]), ("ij,jk", [(3, 4), (4, 5)]), ("ij->ji", [(3, 4)]),
+    ("bchw,bchw->bc", [(2, 3, 4, 5)] * 2), ("i,j->ij", [(3,), (4,)]), ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
+    ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 6)]), ("ijk->", [(2, 3, 4)]), ("ij,ij->i", [(3, 4)] * 2),
+    ("bn,anm,bm->ba", [(2, 3), (4, 3, 5), (2, 5)]), ("bij,jk->bki", [(2, 3, 4), (4, 5)]), ("ijk->kj", [(2, 3, 4)]),
+])
+def test_einsum(eq, shapes):
+    xs = [torch.randn(*s) for s in shapes]
+    if len(xs) == 1:
+        check(Fn(lambda a: torch.einsum(eq, a)), xs[0], rtol=1e-4, atol=1e-5)
+    else:
+        check(Fn(lambda t: torch.einsum(eq, t, *xs[1:])), xs[0], rtol=1e-4, atol=1e-5)
+
+
+def test_einsum_attention_is_two_matmuls():
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    fast = check(Fn(lambda t: torch.einsum("bhqd,bhkd->bhqk", t, k).softmax(-1) @ k), q, rtol=1e-4, atol=1e-5)
+    graph = fast._entry(fast._bind((q,), {})).imported.graph
+    assert sum(op.kind.name == "MATMUL" for op in graph.ops) == 2
+
+
+def test_einsum_refusals_are_named():
+    with pytest.raises(UnsupportedOpsError, match="repeated labels"):
+        taskmap.compile(Fn(lambda t: torch.einsum("ii->i", t)), torch.randn(3, 3), progress=False)
+
+
+def test_argmax_argmin_and_max_with_indices():
+    x = torch.randn(3, 5, 7)
+    x[0, 2, 3] = math.nan                    # torch: the first NaN is the maximum (and the minimum)
+    x[1, :, 0] = 2.0                         # ties: the first index
+    check(Fn(lambda t: t.argmax(1)), x)
+    check(Fn(lambda t: torch.argmin(t, 2)), x)
+    check(Fn(lambda t: t.argmax()), x)
+    check(Fn(lambda t: t.argmin(0, keepdim=True)), x)
+    check(Fn(lambda t: t.max(1)), x)
+    check(Fn(lambda t: torch.min(t, -1, keepdim=True).indices * 2 + t.max(0).values.int()), x)
+    check(Fn(lambda t: (t * 10).int().argmax(1)), x.nan_to_num())

@@ -84,6 +84,15 @@ class _Tracer(torch.fx.Tracer):
         return node
 
 
+def _no_recompile_limit() -> Any:
+    """Each export of a model adds an entry to the cache of its ``forward``'s code object, and
+    past dynamo's recompile limit (8) an export fails outright: compiling a ninth instance of a
+    class (or any ninth model sharing its forward) would raise.  Exports lift the limit."""
+    names = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
+    cfg = torch._dynamo.config
+    return cfg.patch(**{n: 1 << 30 for n in names if hasattr(cfg, n)})
+
+
 def try_symbolic_trace(model: torch.nn.Module) -> torch.fx.GraphModule | None:
     """``torch.fx.symbolic_trace`` recording each node's source line (for messages), or None
     when the model cannot be traced symbolically."""
@@ -109,7 +118,7 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     sig_names = [n for n, p in inspect.signature(model.forward).parameters.items()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     kwargs = {n: v for n, v in arguments.items()}
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit():
         warnings.simplefilter("ignore")
         exported = torch._dynamo.export(model)(**kwargs)
     gm = exported.graph_module

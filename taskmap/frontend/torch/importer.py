@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 
 from ...errors import IRError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
-from . import ops_composite, ops_elementwise, ops_layers, ops_nn, ops_tensor  # noqa: F401 - register the handlers
+from . import ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_nn, ops_tensor, ops_upsample  # noqa: F401
 from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch
 
 

@@ -1,11 +1,10 @@
 """Registry: PyTorch operators that taskmap composes from its own ops — statistics (std,
 logsumexp, vector norms, normalize, any / all), NaN and infinity tests, group / instance norm,
-prelu, index transforms (flip, roll, tril / triu, pixel (un)shuffle, repeat_interleave) and
-interpolation (nearest, bilinear).
+prelu and index transforms (flip, roll, tril / triu, pixel (un)shuffle, repeat_interleave).
 
 Every composition is injective ops around at most the reductions it needs, so the fusion pass
 folds it into as few kernels as the hand-written op would take (``flip`` is a slice of step -1,
-``pixel_shuffle`` a reshape / permute, nearest upsampling by an integer factor a broadcast)."""
+``pixel_shuffle`` a reshape / permute)."""
 from __future__ import annotations
 
 import math
@@ -123,7 +122,7 @@ def isfinite(cv: Converter, x: Tensor) -> Tensor:
 def nan_to_num(cv: Converter, x: Tensor, nan: Any = 0.0, posinf: Any = None, neginf: Any = None) -> Tensor:
     if not x.dtype.is_float:
         return x
-    big = float(np.finfo(x.dtype.numpy_dtype).max) if x.dtype.name != "bfloat16" else float(torch.finfo(torch.bfloat16).max)
+    big = float(torch.finfo(getattr(torch, x.dtype.name)).max)
     y = _where_scalar(cv, cv.binary(BinaryFn.NE, x, x), float(nan or 0.0), x)
     y = _where_scalar(cv, cv.binary(BinaryFn.EQ, x, math.inf), big if posinf is None else float(posinf), y)
     return _where_scalar(cv, cv.binary(BinaryFn.EQ, x, -math.inf), -big if neginf is None else float(neginf), y)
@@ -285,98 +284,6 @@ def repeat_interleave(cv: Converter, x: Tensor, repeats: Any = None, dim: Any = 
     if dim is None:
         return _repeat_each(cv, cv.reshape(x, (x.numel,)), 0, repeats)
     return _repeat_each(cv, x, norm_axis(dim, x.ndim), repeats)
-
-
-# ----------------------------------------------------------------------------- interpolation
-
-
-def _out_sizes(x: Tensor, size: Any, scale_factor: Any, recompute: Any) -> tuple[list[int], list[float]]:
-    """Output sizes of the spatial dims and the scales source = dst * scale uses (torch's rule:
-    ``1 / scale_factor`` when a factor is given and not recomputed, else in / out)."""
-    spatial = x.shape[2:]
-    k = len(spatial)
-    if size is not None:
-        outs = [int(size)] * k if isinstance(size, int) else [int(s) for s in size]
-        return outs, [i / o for i, o in zip(spatial, outs)]
-    if scale_factor is None:
-        raise NotConvertible("interpolate without size or scale_factor")
-    sfs = [float(scale_factor)] * k if isinstance(scale_factor, (int, float)) else [float(s) for s in scale_factor]
-    outs = [int(math.floor(i * s)) for i, s in zip(spatial, sfs)]
-    scales = [i / o for i, o in zip(spatial, outs)] if recompute else [1.0 / s for s in sfs]
-    return outs, scales
-
-
-def _gather_axis(cv: Converter, x: Tensor, axis: int, index: np.ndarray) -> Tensor:
-    """``x`` picked along ``axis`` at the constant ``index`` (one entry per output position)."""
-    shape = [1] * x.ndim
-    shape[axis] = len(index)
-    idx = cv.const(index.astype(np.int64).reshape(shape))
-    out = list(x.shape)
-    out[axis] = len(index)
-    return cv.op(OpKind.GATHER, [x, cv.expand(idx, out)], AxisAttrs(axis))
-
-
-def _nearest(cv: Converter, x: Tensor, outs: list[int], scales: list[float]) -> Tensor:
-    for k, (o, s) in enumerate(zip(outs, scales)):
-        axis, n = 2 + k, x.shape[2 + k]
-        if o == n:
-            continue
-        if o % n == 0 and np.isclose(s * (o // n), 1.0):       # an integer factor: a broadcast
-            x = _repeat_each(cv, x, axis, o // n)
-            continue
-        src = np.minimum(np.floor(np.arange(o, dtype=np.float32) * np.float32(s)), n - 1)
-        x = _gather_axis(cv, x, axis, src)
-    return x
-
-
-def _linear(cv: Converter, x: Tensor, outs: list[int], scales: list[float], align_corners: bool) -> Tensor:
-    """Separable linear interpolation, one spatial axis at a time (torch's source indices)."""
-    for k, (o, s) in enumerate(zip(outs, scales)):
-        axis, n = 2 + k, x.shape[2 + k]
-        dst = np.arange(o, dtype=np.float32)
-        if align_corners:
-            src = dst * np.float32((n - 1) / (o - 1) if o > 1 else 0.0)
-        else:
-            src = np.maximum(np.float32(s) * (dst + np.float32(0.5)) - np.float32(0.5), np.float32(0.0))
-        i0 = np.minimum(np.floor(src), n - 1).astype(np.int64)
-        i1 = np.minimum(i0 + 1, n - 1)
-        l1 = (src - i0).astype(np.float32)
-        shape = [1] * x.ndim
-        shape[axis] = o
-        w1 = cv.const(l1.reshape(shape))
-        w0 = cv.const((np.float32(1.0) - l1).reshape(shape))
-        x = cv.binary(BinaryFn.ADD, cv.binary(BinaryFn.MUL, _gather_axis(cv, x, axis, i0), w0),
-                      cv.binary(BinaryFn.MUL, _gather_axis(cv, x, axis, i1), w1))
-    return x
-
-
-def _interpolate(cv: Converter, x: Tensor, size: Any, scale_factor: Any, mode: str, align_corners: Any,
-                 recompute: Any) -> Tensor:
-    linear = {"linear": 1, "bilinear": 2, "trilinear": 3}
-    if mode == "nearest":
-        outs, scales = _out_sizes(x, size, scale_factor, recompute)
-        return _nearest(cv, x, outs, scales)
-    if linear.get(mode) == x.ndim - 2:
-        outs, scales = _out_sizes(x, size, scale_factor, recompute)
-        if not x.dtype.is_float:
-            raise NotConvertible(f"{mode} interpolation of a {x.dtype.name} tensor")
-        return _linear(cv, x, outs, scales, bool(align_corners))
-    raise NotConvertible(f"interpolate(mode={mode!r}) of a {x.ndim}-d tensor (nearest, and (bi/tri)linear "
-                         "on 3/4/5-d tensors are supported)")
-
-
-@register(F.interpolate, F.upsample)
-def interpolate(cv: Converter, x: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
-                align_corners: Any = None, recompute_scale_factor: Any = None, antialias: bool = False) -> Tensor:
-    if antialias:
-        raise NotConvertible("interpolate(antialias=True)")
-    return _interpolate(cv, x, size, scale_factor, mode, align_corners, recompute_scale_factor)
-
-
-@register(nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)
-def upsample(cv: Converter, m: nn.Module, x: Tensor) -> Tensor:
-    return _interpolate(cv, x, m.size, m.scale_factor, m.mode, m.align_corners,
-                        getattr(m, "recompute_scale_factor", None))
 
 
 __all__: list[str] = []

@@ -1,16 +1,17 @@
 """Registry: layers and anchors — linear, matmul / bmm / addmm / baddbmm, conv2d (groups,
 dilation, stride, padding), batch_norm (inference), layer_norm, embedding, pooling and adaptive
-pooling, scaled_dot_product_attention, reductions."""
+pooling, scaled_dot_product_attention, reductions, argmax / argmin."""
 from __future__ import annotations
 
 import operator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ...graph import (AdaptivePoolAttrs, AttentionAttrs, BinaryFn, Conv2dAttrs, NormAttrs, OpKind, PadAttrs,
-                      Pool2dAttrs, ReduceAttrs, ReduceFn, Tensor)
+                      Pool2dAttrs, ReduceAttrs, ReduceFn, Tensor, WhereAttrs)
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
 nn = torch.nn
@@ -220,7 +221,7 @@ def _axes(x: Tensor, dim: Any) -> tuple[int, ...]:
 def _reduction(fn: ReduceFn, *targets: Any) -> None:
     @register(*targets)
     def handler(cv: Converter, x: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None,
-                axis: Any = None) -> Tensor:
+                axis: Any = None) -> Any:
         if isinstance(dim, bool):
             raise NotConvertible("positional keepdim")
         if isinstance(dim, Tensor) and fn in (ReduceFn.MAX, ReduceFn.MIN):  # torch.max(a, b): element-wise
@@ -228,9 +229,43 @@ def _reduction(fn: ReduceFn, *targets: Any) -> None:
         if dtype is not None:
             x = cv.cast(x, from_torch_dtype(dtype))
         if fn in (ReduceFn.MAX, ReduceFn.MIN) and dim is not None and isinstance(dim, int) and \
-                targets[0] in (torch.max, torch.min):
-            raise NotConvertible(f"torch.{fn.value}(x, dim) returns (values, indices); use amax/amin")
+                targets[0] in (torch.max, torch.min):          # (values, indices)
+            return (_reduce(cv, fn, x, norm_axis(dim, x.ndim), bool(keepdim)),
+                    _arg_extreme(cv, x, dim, bool(keepdim), fn is ReduceFn.MAX))
         return cv.op(OpKind.REDUCE, [x], ReduceAttrs(fn, _axes(x, axis if axis is not None else dim), bool(keepdim)))
+
+
+def _reduce(cv: Converter, fn: ReduceFn, x: Tensor, axis: int, keepdim: bool) -> Tensor:
+    return cv.op(OpKind.REDUCE, [x], ReduceAttrs(fn, (axis,), keepdim))
+
+
+def _arg_extreme(cv: Converter, x: Tensor, dim: Any, keepdim: bool, largest: bool) -> Tensor:
+    """The index of the first maximum (minimum) along ``dim`` — of the first NaN where there is
+    one, as torch — as the least position where ``x`` equals the row's extreme (the extreme of
+    a row with a NaN is NaN): two reductions around injective ops."""
+    if dim is None:
+        x, axis, keepdim = cv.reshape(x, (x.numel,)), 0, False
+    else:
+        axis = norm_axis(dim, x.ndim)
+    n = x.shape[axis]
+    m = _reduce(cv, ReduceFn.MAX if largest else ReduceFn.MIN, x, axis, True)
+    hit = cv.binary(BinaryFn.EQ, x, m)
+    if x.dtype.is_float:
+        hit = cv.op(OpKind.WHERE, [cv.binary(BinaryFn.NE, x, x), hit], WhereAttrs(a_scalar=True))
+    shape = [1] * x.ndim
+    shape[axis] = n
+    pos = cv.const(np.arange(n, dtype=np.int64).reshape(shape))
+    return _reduce(cv, ReduceFn.MIN, cv.op(OpKind.WHERE, [hit, pos], WhereAttrs(b_scalar=n)), axis, keepdim)
+
+
+@register(torch.argmax, "argmax")
+def argmax(cv: Converter, x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _arg_extreme(cv, x, dim, bool(keepdim), True)
+
+
+@register(torch.argmin, "argmin")
+def argmin(cv: Converter, x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _arg_extreme(cv, x, dim, bool(keepdim), False)
 
 
 _reduction(ReduceFn.SUM, torch.sum, "sum")
