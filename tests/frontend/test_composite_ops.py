@@ -167,3 +167,41 @@ def test_argmax_argmin_and_max_with_indices():
     check(Fn(lambda t: t.max(1)), x)
     check(Fn(lambda t: torch.min(t, -1, keepdim=True).indices * 2 + t.max(0).values.int()), x)
     check(Fn(lambda t: (t * 10).int().argmax(1)), x.nan_to_num())
+
+
+x3 = torch.randn(2, 8, 17)
+
+
+@pytest.mark.parametrize("layer", [
+    nn.Conv1d(8, 4, 3, padding=1), nn.Conv1d(8, 4, 5, stride=2, groups=4, bias=False), nn.Conv1d(8, 6, 3, dilation=2),
+    nn.Conv1d(8, 4, 4, padding="same"), nn.MaxPool1d(2), nn.MaxPool1d(3, 2, 1, ceil_mode=True), nn.AvgPool1d(3, 2),
+    nn.AvgPool1d(4, 3, 2, count_include_pad=False), nn.AdaptiveAvgPool1d(5), nn.BatchNorm1d(8),
+], ids=lambda m: type(m).__name__)
+def test_one_d_layers(layer):
+    if isinstance(layer, nn.BatchNorm1d):
+        with torch.no_grad():
+            layer.running_mean.copy_(torch.randn(8))
+    check(layer, x3, rtol=1e-4, atol=1e-5)
+    if isinstance(layer, nn.Conv1d):
+        check(layer, x3[0], rtol=1e-4, atol=1e-5)       # unbatched (C, L)
+
+
+@pytest.mark.parametrize("fn", [
+    torch.exp2, lambda t: torch.log2(t.abs() + 0.1), lambda t: torch.log10(t.abs() + 0.1), F.softsign, F.tanhshrink,
+    lambda t: F.celu(t, 0.7), nn.CELU(), lambda t: F.threshold(t, 0.1, 20.0), nn.Threshold(-0.5, -3.0),
+    lambda t: F.rrelu(t, training=False), lambda t: F.softmin(t, -1), nn.Softmin(1), lambda t: F.glu(t, 1), lambda t: nn.GLU()(t[..., 1:]),
+    lambda t: torch.addcmul(t, t, t.flip(-1), value=0.5), lambda t: t.addcdiv(t, t.abs() + 1),
+    lambda t: torch.lerp(t, t * 2, 0.3), lambda t: torch.where(t > 0, 1.0, -1.0), lambda t: torch.outer(t[0, 0], t[1, 1]),
+    lambda t: torch.var_mean(t, -1)[0] + torch.var_mean(t, -1)[1], lambda t: torch.std_mean(t, (1, 2), correction=0)[0],
+    lambda t: F.cosine_similarity(t[0], t[1], dim=0), lambda t: F.cosine_similarity(t, t.flip(0), dim=-1),
+    lambda t: t.movedim(1, -1), lambda t: torch.moveaxis(t, (0, 2), (2, 0)), lambda t: t.unflatten(1, (2, -1)),
+    lambda t: torch.tensor_split(t, 3, 2)[2], lambda t: t.tensor_split([2, 5], 1)[1], lambda t: t.tile(2, 1, 1),
+    lambda t: torch.tile(t[0], (3,)), lambda t: F.one_hot((t[0] > 0).long() * 3, 5),
+], ids=lambda f: "fn")
+def test_more_element_wise_and_shape_ops(fn):
+    check(fn if isinstance(fn, nn.Module) else Fn(fn), x3, rtol=1e-5, atol=1e-5)
+
+
+def test_glu_of_an_odd_dimension_is_refused_like_torch():
+    with pytest.raises(RuntimeError, match="Halving dimension must be even"):
+        taskmap.compile(Fn(lambda t: F.glu(t, -1)), progress=False)(torch.randn(2, 5))

@@ -1,6 +1,8 @@
 """Registry: PyTorch operators that taskmap composes from its own ops — statistics (std,
-logsumexp, vector norms, normalize, any / all), NaN and infinity tests, group / instance norm,
-prelu and index transforms (flip, roll, tril / triu, pixel (un)shuffle, repeat_interleave).
+logsumexp, vector norms, normalize, cosine similarity, any / all), NaN and infinity tests, more
+activations and arithmetic (exp2, log2 / log10, softsign, celu, glu, addcmul, lerp, ...), group /
+instance norm, prelu and index transforms (flip, roll, tril / triu, pixel (un)shuffle,
+repeat_interleave, tile, movedim, unflatten, tensor_split, one_hot).
 
 Every composition is injective ops around at most the reductions it needs, so the fusion pass
 folds it into as few kernels as the hand-written op would take (``flip`` is a slice of step -1,
@@ -16,9 +18,9 @@ import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, NormAttrs, OpKind, ReduceAttrs, ReduceFn, SliceAttrs, Tensor, UnaryFn, \
     WhereAttrs
-from ...ir.dtypes import bool_, i32
+from ...ir.dtypes import bool_, f32, i32
 from .ops_nn import _axes
-from .registry import Converter, NotConvertible, norm_axis, register
+from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
 nn = torch.nn
 
@@ -98,6 +100,132 @@ def norm(cv: Converter, x: Tensor, p: Any = "fro", dim: Any = None, keepdim: boo
 def normalize(cv: Converter, x: Tensor, p: Any = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Tensor:
     n = _vector_norm(cv, x, p, dim, True)
     return cv.binary(BinaryFn.DIV, x, cv.binary(BinaryFn.MAXIMUM, n, float(eps)))
+
+
+def _stat_mean(var: bool) -> Any:
+    def handler(cv: Converter, x: Tensor, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *,
+                correction: Any = None) -> tuple[Tensor, Tensor]:
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
+        corr = int(correction) if correction is not None else (1 if unbiased else 0)
+        v = _reduce(cv, ReduceFn.VAR, x, _axes(x, dim), bool(keepdim), corr)
+        return (v if var else cv.unary(UnaryFn.SQRT, v)), _reduce(cv, ReduceFn.MEAN, x, _axes(x, dim), bool(keepdim))
+    return handler
+
+
+register(torch.var_mean)(_stat_mean(True))
+register(torch.std_mean)(_stat_mean(False))
+
+
+@register(F.cosine_similarity, torch.cosine_similarity)
+def cosine_similarity(cv: Converter, a: Tensor, b: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    """``sum(a b) / sqrt(max(|a|^2 |b|^2, eps^2))`` (PyTorch's form)."""
+    axes = (norm_axis(dim, max(a.ndim, b.ndim)),)
+    dot = _reduce(cv, ReduceFn.SUM, cv.binary(BinaryFn.MUL, a, b), axes, False)
+    na = _reduce(cv, ReduceFn.SUM, cv.unary(UnaryFn.SQUARE, a), (norm_axis(dim, a.ndim),), False)
+    nb = _reduce(cv, ReduceFn.SUM, cv.unary(UnaryFn.SQUARE, b), (norm_axis(dim, b.ndim),), False)
+    den = cv.unary(UnaryFn.SQRT, cv.binary(BinaryFn.MAXIMUM, cv.binary(BinaryFn.MUL, na, nb), float(eps) ** 2))
+    return cv.binary(BinaryFn.DIV, dot, den)
+
+
+# ----------------------------------------------------------------------------- arithmetic and activations
+
+
+def _scaled_unary(fn: UnaryFn, scale: float, *targets: Any) -> None:
+    @register(*targets)
+    def handler(cv: Converter, x: Tensor) -> Tensor:
+        y = cv.unary(fn, x if x.dtype.is_float else cv.cast(x, f32))
+        return cv.binary(BinaryFn.MUL, y, scale)
+
+
+_scaled_unary(UnaryFn.LOG, 1 / math.log(2.0), torch.log2, "log2")
+_scaled_unary(UnaryFn.LOG, 1 / math.log(10.0), torch.log10, "log10")
+
+
+@register(torch.exp2, torch.special.exp2, "exp2")
+def exp2(cv: Converter, x: Tensor) -> Tensor:
+    return cv.binary(BinaryFn.POW, 2.0, x if x.dtype.is_float else cv.cast(x, f32))
+
+
+@register(F.softsign, nn.Softsign)
+def softsign(cv: Converter, x: Any, *rest: Any) -> Tensor:
+    x = rest[0] if isinstance(x, nn.Module) else x
+    return cv.binary(BinaryFn.DIV, x, cv.binary(BinaryFn.ADD, cv.unary(UnaryFn.ABS, x), 1.0))
+
+
+@register(F.tanhshrink, nn.Tanhshrink)
+def tanhshrink(cv: Converter, x: Any, *rest: Any) -> Tensor:
+    x = rest[0] if isinstance(x, nn.Module) else x
+    return cv.binary(BinaryFn.SUB, x, cv.unary(UnaryFn.TANH, x))
+
+
+@register(F.celu, nn.CELU, torch.celu)
+def celu(cv: Converter, x: Any, alpha: Any = 1.0, inplace: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        alpha, x = x.alpha, alpha
+    neg = cv.binary(BinaryFn.MUL, cv.unary(UnaryFn.EXPM1, cv.binary(BinaryFn.DIV, x, float(alpha))), float(alpha))
+    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.GT, x, 0.0), x, neg], WhereAttrs())
+
+
+@register(F.threshold, F._threshold, nn.Threshold, torch.threshold)
+def threshold(cv: Converter, x: Any, threshold: Any = None, value: Any = None, inplace: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        threshold, value, x = x.threshold, x.value, threshold
+    return _where_scalar(cv, cv.binary(BinaryFn.LE, x, float(threshold)), float(value), x)
+
+
+@register(F.rrelu, nn.RReLU)
+def rrelu(cv: Converter, x: Any, lower: Any = 1.0 / 8, upper: Any = 1.0 / 3, training: bool = False,
+          inplace: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        if x.training:
+            raise NotConvertible("RReLU in training mode (random slopes)")
+        lower, upper, x = x.lower, x.upper, lower
+    elif training:
+        raise NotConvertible("rrelu(training=True) (random slopes)")
+    slope = (float(lower) + float(upper)) / 2
+    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.GE, x, 0.0), x, cv.binary(BinaryFn.MUL, x, slope)], WhereAttrs())
+
+
+@register(F.softmin, nn.Softmin)
+def softmin(cv: Converter, x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
+    if isinstance(x, nn.Module):
+        x, dim = dim, x.dim
+    if dim is None or dtype is not None:
+        raise NotConvertible("softmin without dim, or with dtype")
+    return cv.op(OpKind.SOFTMAX, [cv.unary(UnaryFn.NEG, x)], AxisAttrs(norm_axis(dim, x.ndim)))
+
+
+@register(F.glu, nn.GLU)
+def glu(cv: Converter, x: Any, dim: Any = -1) -> Tensor:
+    if isinstance(x, nn.Module):
+        x, dim = dim, x.dim
+    d = norm_axis(dim, x.ndim)
+    if x.shape[d] % 2:
+        raise NotConvertible(f"glu halves dimension {d}, of odd size {x.shape[d]}")
+    h = x.shape[d] // 2
+    return cv.binary(BinaryFn.MUL, cv.slice(x, d, 0, h), cv.unary(UnaryFn.SIGMOID, cv.slice(x, d, h, 2 * h)))
+
+
+def _addc(fn: BinaryFn, *targets: Any) -> None:
+    @register(*targets)
+    def handler(cv: Converter, x: Tensor, a: Tensor, b: Tensor, *, value: Any = 1) -> Tensor:
+        t = cv.binary(fn, a, b)
+        return cv.binary(BinaryFn.ADD, x, t if value == 1 else cv.binary(BinaryFn.MUL, t, value))
+
+
+_addc(BinaryFn.MUL, torch.addcmul, "addcmul")
+_addc(BinaryFn.DIV, torch.addcdiv, "addcdiv")
+
+
+@register(torch.lerp, "lerp")
+def lerp(cv: Converter, a: Tensor, b: Tensor, weight: Any) -> Tensor:
+    return cv.binary(BinaryFn.ADD, a, cv.binary(BinaryFn.MUL, cv.binary(BinaryFn.SUB, b, a), weight))
+
+
+@register(torch.outer, torch.ger, "outer")
+def outer(cv: Converter, a: Tensor, b: Tensor) -> Tensor:
+    return cv.binary(BinaryFn.MUL, cv.reshape(a, (a.numel, 1)), cv.reshape(b, (1, b.numel)))
 
 
 # ----------------------------------------------------------------------------- NaN and infinity
@@ -240,6 +368,58 @@ def _triangle(lower: bool, *targets: Any) -> None:
 
 _triangle(True, torch.tril, "tril")
 _triangle(False, torch.triu, "triu")
+
+
+@register(torch.movedim, torch.moveaxis, "movedim", "moveaxis")
+def movedim(cv: Converter, x: Tensor, source: Any, destination: Any) -> Tensor:
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    src, dst = [norm_axis(d, x.ndim) for d in src], [norm_axis(d, x.ndim) for d in dst]
+    rest = iter(d for d in range(x.ndim) if d not in src)
+    order = [src[dst.index(k)] if k in dst else next(rest) for k in range(x.ndim)]
+    return cv.permute(x, order)
+
+
+@register("unflatten", torch.unflatten)
+def unflatten(cv: Converter, x: Tensor, dim: int, sizes: Any) -> Tensor:
+    d = norm_axis(dim, x.ndim)
+    sizes = [int(v) for v in sizes]
+    if -1 in sizes:
+        known = int(np.prod([v for v in sizes if v != -1]))
+        sizes[sizes.index(-1)] = x.shape[d] // known
+    return cv.reshape(x, (*x.shape[:d], *sizes, *x.shape[d + 1:]))
+
+
+@register(torch.tensor_split, "tensor_split")
+def tensor_split(cv: Converter, x: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    d = norm_axis(dim, x.ndim)
+    n = x.shape[d]
+    if isinstance(indices_or_sections, int):
+        k = indices_or_sections
+        bounds = [i * (n // k) + min(i, n % k) for i in range(k + 1)]
+    else:
+        bounds = [0, *[int(i) for i in indices_or_sections], n]
+    bounds = [min(max(b + n if b < 0 else b, 0), n) for b in bounds]
+    return tuple(cv.slice(x, d, lo, max(lo, hi)) for lo, hi in zip(bounds, bounds[1:]))
+
+
+@register(torch.tile, "tile")
+def tile(cv: Converter, x: Tensor, *dims: Any) -> Tensor:
+    reps = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
+    reps = [1] * (x.ndim - len(reps)) + reps
+    x = cv.reshape(x, (1,) * (len(reps) - x.ndim) + x.shape)
+    inter = [v for r, n in zip(reps, x.shape) for v in (r, n)]
+    y = cv.expand(cv.reshape(x, tuple(v for n in x.shape for v in (1, n))), tuple(inter))
+    return cv.reshape(y, tuple(r * n for r, n in zip(reps, x.shape)))
+
+
+@register(F.one_hot)
+def one_hot(cv: Converter, x: Tensor, num_classes: int = -1) -> Tensor:
+    if num_classes < 0:
+        raise NotConvertible("one_hot without num_classes (the count depends on the data)")
+    classes = cv.const(np.arange(num_classes, dtype=np.int64))
+    hit = cv.binary(BinaryFn.EQ, cv.reshape(x, (*x.shape, 1)), classes)
+    return cv.cast(hit, from_torch_dtype(torch.int64))
 
 
 @register(F.pixel_shuffle, torch.pixel_shuffle, nn.PixelShuffle)

@@ -217,8 +217,8 @@ def where(cv: Converter, cond: Any, a: Any = None, b: Any = None) -> Tensor:
     a, b = _scalar(cv, a), _scalar(cv, b)
     ins = [cond] + [v for v in (a, b) if isinstance(v, Tensor)]
     attrs = WhereAttrs(None if isinstance(a, Tensor) else a, None if isinstance(b, Tensor) else b)
-    if not isinstance(cond, Tensor) or (attrs.a_scalar is not None and attrs.b_scalar is not None):
-        raise NotConvertible("where with a scalar condition or two scalar operands")
+    if not isinstance(cond, Tensor):
+        raise NotConvertible("where with a scalar condition")
     return cv.op(OpKind.WHERE, ins, attrs)
 
 

@@ -1,6 +1,7 @@
 """Registry: composite ``nn`` layers that ``symbolic_trace`` keeps as leaves —
 ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` — decomposed into graph ops
-(linear projections, head split, ``softmax(q k^T * scale + mask) v``, head merge)."""
+(linear projections, head split, ``softmax(q k^T * scale + mask) v``, head merge); and the 1-d
+convolutions and pools, as their 2-d forms over a ``(N, C, 1, L)`` view."""
 from __future__ import annotations
 
 import math
@@ -10,10 +11,85 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
-from .ops_nn import layer_norm, linear
+from .ops_nn import adaptive_avg_pool2d, avg_pool2d, conv2d, layer_norm, linear, max_pool2d
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
+
+
+# ----------------------------------------------------------------------------- 1-d layers as 2-d
+
+
+def _one(v: Any) -> int:
+    return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
+
+
+def _as_2d(cv: Converter, x: Tensor, name: str) -> tuple[Tensor, tuple[int, ...]]:
+    """``(N, C, L)`` (or unbatched ``(C, L)``) as ``(N, C, 1, L)``, and the shape to return to."""
+    if x.ndim not in (2, 3):
+        raise NotConvertible(f"{name} of a {x.ndim}-d input ((N, C, L) or (C, L) expected)")
+    lead = x.shape[:-1] if x.ndim == 3 else (1, x.shape[0])
+    return cv.reshape(x, (*lead, 1, x.shape[-1])), lead
+
+
+def _back(cv: Converter, y: Tensor, x: Tensor, lead: tuple[int, ...]) -> Tensor:
+    shape = (y.shape[0], y.shape[1], y.shape[3]) if x.ndim == 3 else (y.shape[1], y.shape[3])
+    return cv.reshape(y, shape)
+
+
+@register(F.conv1d, torch.conv1d, nn.Conv1d)
+def conv1d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    if isinstance(x, nn.Module):
+        m, x = x, weight
+        if m.padding_mode != "zeros":
+            raise NotConvertible(f"Conv1d(padding_mode={m.padding_mode!r})")
+        weight, bias = cv.param(m.weight, "weight"), cv.param(m.bias, "bias")
+        stride, padding, dilation, groups = m.stride, m.padding, m.dilation, m.groups
+    x2, lead = _as_2d(cv, x, "conv1d")
+    w2 = cv.reshape(weight, (weight.shape[0], weight.shape[1], 1, weight.shape[2]))
+    pad = padding if isinstance(padding, str) else (0, _one(padding))
+    y = conv2d(cv, x2, w2, bias, (1, _one(stride)), pad, (1, _one(dilation)), groups)
+    return _back(cv, y, x, lead)
+
+
+@register(F.max_pool1d, torch.max_pool1d, nn.MaxPool1d, F.max_pool1d_with_indices)
+def max_pool1d(cv: Converter, x: Any, kernel_size: Any = None, stride: Any = None, padding: Any = 0,
+               dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        m, x = x, kernel_size
+        kernel_size, stride, padding, dilation, ceil_mode, return_indices = (
+            m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, m.return_indices)
+    x2, lead = _as_2d(cv, x, "max_pool1d")
+    stride = kernel_size if stride in (None, [], ()) else stride
+    y = max_pool2d(cv, x2, (1, _one(kernel_size)), (1, _one(stride)), (0, _one(padding)), (1, _one(dilation)),
+                   ceil_mode, return_indices)
+    return _back(cv, y, x, lead)
+
+
+@register(F.avg_pool1d, torch.avg_pool1d, nn.AvgPool1d)
+def avg_pool1d(cv: Converter, x: Any, kernel_size: Any = None, stride: Any = None, padding: Any = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    if isinstance(x, nn.Module):
+        m, x = x, kernel_size
+        kernel_size, stride, padding, ceil_mode, count_include_pad = (
+            m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad)
+    x2, lead = _as_2d(cv, x, "avg_pool1d")
+    stride = kernel_size if stride in (None, [], ()) else stride
+    y = avg_pool2d(cv, x2, (1, _one(kernel_size)), (1, _one(stride)), (0, _one(padding)), ceil_mode,
+                   count_include_pad)
+    return _back(cv, y, x, lead)
+
+
+@register(F.adaptive_avg_pool1d, torch.adaptive_avg_pool1d, nn.AdaptiveAvgPool1d)
+def adaptive_avg_pool1d(cv: Converter, x: Any, output_size: Any = None) -> Tensor:
+    if isinstance(x, nn.Module):
+        x, output_size = output_size, x.output_size
+    x2, lead = _as_2d(cv, x, "adaptive_avg_pool1d")
+    return _back(cv, adaptive_avg_pool2d(cv, x2, (1, _one(output_size))), x, lead)
+
+
+# ----------------------------------------------------------------------------- attention layers
 
 
 def _mask_bias(cv: Converter, mask: Any, like: Tensor) -> Tensor | None:

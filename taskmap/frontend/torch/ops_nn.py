@@ -175,7 +175,7 @@ def avg_pool2d(cv: Converter, x: Any, kernel_size: Any = None, stride: Any = Non
                                                      divisor_override))
 
 
-def _adaptive(kind: OpKind, *targets: Any) -> None:
+def _adaptive(kind: OpKind, *targets: Any) -> Any:
     @register(*targets)
     def handler(cv: Converter, x: Any, output_size: Any = None, return_indices: bool = False) -> Tensor:
         if isinstance(x, nn.Module):
@@ -187,9 +187,11 @@ def _adaptive(kind: OpKind, *targets: Any) -> None:
         size = output_size if isinstance(output_size, (tuple, list)) else (output_size, output_size)
         size = tuple(int(s) if s is not None else x.shape[-2 + k] for k, s in enumerate(size))
         return cv.op(kind, [x], AdaptivePoolAttrs(size))
+    return handler
 
 
-_adaptive(OpKind.ADAPTIVE_AVG_POOL2D, F.adaptive_avg_pool2d, torch._C._nn.adaptive_avg_pool2d, nn.AdaptiveAvgPool2d)
+adaptive_avg_pool2d = _adaptive(OpKind.ADAPTIVE_AVG_POOL2D, F.adaptive_avg_pool2d,
+                                torch._C._nn.adaptive_avg_pool2d, nn.AdaptiveAvgPool2d)
 _adaptive(OpKind.ADAPTIVE_MAX_POOL2D, F.adaptive_max_pool2d, nn.AdaptiveMaxPool2d)
 
 
