@@ -148,7 +148,7 @@ class SliceAttrs:
 
 @dataclass(frozen=True)
 class AxisAttrs:
-    """CONCAT, GATHER, SOFTMAX, LOG_SOFTMAX: the axis (non-negative)."""
+    """CONCAT, GATHER, SOFTMAX, LOG_SOFTMAX, CUMSUM, CUMPROD: the axis (non-negative)."""
 
     axis: int
 

@@ -1,5 +1,5 @@
 """Definitions of the anchor op kinds (matmul, conv, pooling, reductions, softmax, norms,
-attention) and of the PyTorch fallback: shape/dtype inference and the :mod:`taskmap.ops`
+attention, scans) and of the PyTorch fallback: shape/dtype inference and the :mod:`taskmap.ops`
 function that runs each."""
 from __future__ import annotations
 
@@ -196,6 +196,14 @@ def _scalar_of(dtype: Any) -> ScalarType:
     return scalar_type(str(dtype).replace("torch.", ""))
 
 
+def _infer_scan(xs: Sequence[Any], a: AxisAttrs) -> Spec:
+    """Running sums / products: the input's shape; integers and bools give int64 (as torch)."""
+    x = xs[0]
+    if not 0 <= a.axis < max(x.ndim, 1):
+        raise OpError(f"cumsum / cumprod: axis {a.axis} out of range for shape {tuple(x.shape)}")
+    return [(tuple(x.shape), x.dtype if x.dtype.is_float else i64)]
+
+
 def _def(kind: OpKind, category: OpCategory, infer: Any, run: Any, attrs_type: type | None, run_name: str) -> None:
     register_def(OpDef(kind, category, infer, attrs_type, run=run, run_name=run_name))
 
@@ -219,6 +227,10 @@ _def(OpKind.LOG_SOFTMAX, OpCategory.REDUCTION, _infer_same, lambda xs, a: ops.lo
 _def(OpKind.LAYER_NORM, OpCategory.REDUCTION, _infer_layer_norm, _run_layer_norm, NormAttrs, "taskmap.ops.layer_norm")
 _def(OpKind.ATTENTION, OpCategory.OPAQUE, _infer_attention, _run_attention, AttentionAttrs,
      "taskmap.ops.scaled_dot_product_attention")
+_def(OpKind.CUMSUM, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumsum(xs[0], a.axis), AxisAttrs,
+     "taskmap.ops.cumsum")
+_def(OpKind.CUMPROD, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumprod(xs[0], a.axis), AxisAttrs,
+     "taskmap.ops.cumprod")
 _def(OpKind.TORCH, OpCategory.OPAQUE, _infer_torch, _run_torch, TorchAttrs, "PyTorch (fallback)")
 
 __all__ = ["fill_refs"]

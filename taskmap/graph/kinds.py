@@ -78,6 +78,8 @@ class OpKind(enum.Enum):
     LOG_SOFTMAX = enum.auto()    # [AxisAttrs]
     LAYER_NORM = enum.auto()     # [NormAttrs] x, weight?, bias?
     ATTENTION = enum.auto()      # [AttentionAttrs] q, k, v, mask?
+    CUMSUM = enum.auto()         # [AxisAttrs] running sums (prefix scan)
+    CUMPROD = enum.auto()        # [AxisAttrs] running products
     TORCH = enum.auto()          # [TorchAttrs] PyTorch fallback (opaque)
 
     @property

@@ -1,6 +1,6 @@
 """Registry: layers and anchors — linear, matmul / bmm / addmm / baddbmm, conv2d (groups,
 dilation, stride, padding), batch_norm (inference), layer_norm, embedding, pooling and adaptive
-pooling, scaled_dot_product_attention, reductions, argmax / argmin."""
+pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod."""
 from __future__ import annotations
 
 import operator
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...graph import (AdaptivePoolAttrs, AttentionAttrs, BinaryFn, Conv2dAttrs, NormAttrs, OpKind, PadAttrs,
+from ...graph import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, BinaryFn, Conv2dAttrs, NormAttrs, OpKind, PadAttrs,
                       Pool2dAttrs, ReduceAttrs, ReduceFn, Tensor, WhereAttrs)
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
@@ -258,6 +258,20 @@ def _arg_extreme(cv: Converter, x: Tensor, dim: Any, keepdim: bool, largest: boo
     shape[axis] = n
     pos = cv.const(np.arange(n, dtype=np.int64).reshape(shape))
     return _reduce(cv, ReduceFn.MIN, cv.op(OpKind.WHERE, [hit, pos], WhereAttrs(b_scalar=n)), axis, keepdim)
+
+
+def _scan(kind: OpKind, *targets: Any) -> None:
+    @register(*targets)
+    def handler(cv: Converter, x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
+        if not str(x.device).startswith("cpu"):
+            raise NotConvertible(f"{kind.name.lower()} on {x.device} (taskmap's scan runs on the CPU only)")
+        if dtype is not None:
+            x = cv.cast(x, from_torch_dtype(dtype))
+        return cv.op(kind, [x], AxisAttrs(norm_axis(dim, max(x.ndim, 1))))
+
+
+_scan(OpKind.CUMSUM, torch.cumsum, "cumsum", "cumsum_")
+_scan(OpKind.CUMPROD, torch.cumprod, "cumprod", "cumprod_")
 
 
 @register(torch.argmax, "argmax")

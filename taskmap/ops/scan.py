@@ -1,0 +1,91 @@
+"""Prefix scans along an axis: ``cumsum`` and ``cumprod`` (as ``torch.cumsum`` / ``torch.cumprod``).
+
+The input is viewed as ``(outer, extent, inner)`` with the scanned axis in the middle.  One CPU
+kernel per (op, dtypes), its sizes symbolic: the cores take blocks of ``outer``; each output row
+``y[o, i, :]`` is ``y[o, i - 1, :] (+|*) x[o, i, :]``, a vector loop over ``inner`` (contiguous)
+that reads back the row it just wrote — no accumulator array, whatever ``inner`` is.  Scanning
+the last axis (``inner = 1``) is a dependent chain per row, the cores splitting the rows.
+
+Types follow torch: integer and bool inputs give int64; float16 / bfloat16 accumulate in
+float32 (the row read back stays in float32 until the result is rounded once, by a final
+cast); ``dtype=`` converts first.  GPU arrays are not supported yet (``UnsupportedError``).
+"""
+
+import math
+from typing import Any
+
+from ..errors import OpError, UnsupportedError
+from ..ir.dtypes import ScalarType, f32, i64, scalar_type
+from ..lang import parallel, symbol
+from ..lang.kernel import kernel
+from ..runtime.args import view
+from ..runtime.kernel import Kernel
+from ._dispatch import SUPPORTED, _cached, _launch, dtype_name, new_output, normalize_axis, prepare, target_for
+from .elementwise import cast
+
+SCANS = ("cumsum", "cumprod")
+
+
+def scan_type(dtype: str) -> ScalarType:
+    """The type a scan of ``dtype`` computes and returns (before any final rounding)."""
+    t = scalar_type(dtype)
+    if t.is_float:
+        return f32 if t.nbytes == 2 else t
+    return i64
+
+
+def build_scan(op: str, t_in: ScalarType, t_out: ScalarType) -> Kernel:
+    outer, extent, inner = symbol("outer"), symbol("extent"), symbol("inner")
+    product = op == "cumprod"
+
+    @kernel
+    def scan(x: t_in[outer, extent, inner], y: t_out[outer, extent, inner]):
+        for o in parallel(outer):
+            for j in range(inner):
+                y[o, 0, j] = t_out(x[o, 0, j])
+            for i in range(1, extent):
+                for j in range(inner):
+                    if product:
+                        y[o, i, j] = y[o, i - 1, j] * t_out(x[o, i, j])
+                    else:
+                        y[o, i, j] = y[o, i - 1, j] + t_out(x[o, i, j])
+
+    return scan
+
+
+def _scan(op: str, x: Any, dim: int, dtype: Any = None) -> Any:
+    if dtype is not None:
+        x = cast(x, dtype_name(dtype))
+    args = prepare(op, x, allowed=SUPPORTED)
+    shape = tuple(args.shapes[0])
+    if not shape:
+        shape = (1,)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise OpError(f"{op}(): dim must be an int, got {dim!r}")
+    axis = normalize_axis(op, dim, len(shape))
+    target = target_for(args.kind)
+    if target.kind.value != "cpu":
+        raise UnsupportedError(f"{op}() runs on the CPU only for now; got a {target.kind.value} array")
+    t_in = scalar_type(args.dtypes[0])
+    t_acc = scan_type(args.dtypes[0])
+    out = new_output(args.kind, args.shapes[0], t_acc.name)
+    if math.prod(shape) == 0:
+        return out
+    k = _cached(("scan", op, t_in.name, t_acc.name, target), lambda: build_scan(op, t_in, t_acc))
+    outer, extent = math.prod(shape[:axis]), shape[axis]
+    inner = math.prod(shape[axis + 1:])
+    _launch(k, args.kind, [view(args.arrays[0], (outer, extent, inner)), view(out, (outer, extent, inner))])
+    return out if t_acc is t_in or not t_in.is_float else cast(out, t_in.name)
+
+
+def cumsum(x: Any, dim: int, dtype: Any = None) -> Any:
+    """``torch.cumsum(x, dim, dtype=None)``: running sums along ``dim``."""
+    return _scan("cumsum", x, dim, dtype)
+
+
+def cumprod(x: Any, dim: int, dtype: Any = None) -> Any:
+    """``torch.cumprod(x, dim, dtype=None)``: running products along ``dim``."""
+    return _scan("cumprod", x, dim, dtype)
+
+
+__all__ = ["SCANS", "build_scan", "cumprod", "cumsum", "scan_type"]

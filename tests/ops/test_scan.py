@@ -1,0 +1,74 @@
+"""``ops.cumsum`` / ``ops.cumprod``: against torch on hypothesis-drawn shapes, axes and dtypes
+(torch's result types: int64 for integers and bools, 16-bit floats accumulated in float32),
+the graph op behind ``torch.cumsum`` in compiled models, and clear errors."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskmap
+from taskmap import ops
+from taskmap.errors import OpError, UnsupportedError
+from taskmap.testing import shapes
+
+RNG = np.random.default_rng(23)
+
+
+@given(shape=shapes(min_dims=1, max_dims=4, max_side=40, max_elements=1 << 12), data=st.data(),
+       dtype=st.sampled_from(["float32", "float64", "int32", "int64", "bool"]), op=st.sampled_from(["cumsum", "cumprod"]))
+@settings(max_examples=30, deadline=None)
+def test_scans_match_torch(shape, data, dtype, op):
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    if dtype == "bool":
+        x = RNG.random(shape) < 0.5
+    elif dtype.startswith("int"):
+        x = RNG.integers(-3, 4, shape).astype(dtype)
+    else:   # products of values near 1 stay finite over 40 steps
+        x = (RNG.uniform(0.8, 1.25, shape) * RNG.choice([-1, 1], shape) if op == "cumprod"
+             else RNG.standard_normal(shape)).astype(dtype)
+    want = getattr(torch, op)(torch.from_numpy(np.asarray(x)), dim).numpy()
+    got = getattr(ops, op)(np.asarray(x), dim)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if dtype.startswith("float"):
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_half_precision_accumulates_in_float32_and_dtype_converts_first():
+    h = torch.randn(3, 500).half()
+    torch.testing.assert_close(ops.cumsum(h, 1), torch.cumsum(h, 1), rtol=1e-3, atol=1e-2)
+    assert ops.cumsum(h, 1).dtype == torch.float16
+    x = torch.randn(4, 6)
+    got = ops.cumsum(x, 0, dtype=torch.float64)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.cumsum(x, 0, dtype=torch.float64))
+
+
+def test_scan_errors():
+    with pytest.raises(OpError, match=r"cumsum\(\): axis 2 is out of range for a 2-d array"):
+        ops.cumsum(np.ones((2, 3), np.float32), 2)
+    with pytest.raises(OpError, match="dim must be an int"):
+        ops.cumsum(np.ones((2, 3), np.float32), 0.5)
+    with ops.emulate_gpu("sm_90"), pytest.raises(UnsupportedError, match="runs on the CPU only"):
+        ops.cumsum(np.ones((2, 3), np.float32), 1)
+
+
+class PositionIds(torch.nn.Module):
+    """RoBERTa's position ids: running count of non-padding tokens, padding at 1."""
+
+    def forward(self, ids, x):
+        mask = ids.ne(1).int()
+        pos = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask + 1
+        return pos, torch.cumprod(x, -1) + x.cumsum(0)
+
+
+def test_compiled_models_scan():
+    ids = torch.randint(0, 5, (3, 11))
+    x = torch.rand(3, 11) + 0.5
+    fast = taskmap.compile(PositionIds(), progress=False)
+    got, want = fast(ids, x), PositionIds()(ids, x)
+    assert torch.equal(got[0], want[0]) and got[0].dtype == want[0].dtype
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert "run by PyTorch" not in fast.summary()      # taskmap ran the scans (fallback is off anyway)
