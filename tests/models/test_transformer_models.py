@@ -58,3 +58,46 @@ def test_vit_encoder(batch):
     with torch.no_grad():
         want = model(x)
     torch.testing.assert_close(fast(x), want, rtol=1e-3, atol=1e-4)
+
+
+def _small(name):
+    """Small configurations of popular model families (2 layers, width 64): their default
+    forward, with an attention mask (padding), caches returned (``use_cache`` on)."""
+    t = transformers
+    return {
+        "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100)),
+        "llama": lambda: t.LlamaModel(t.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                    num_key_value_heads=2, intermediate_size=128, vocab_size=100)),
+        "roberta": lambda: t.RobertaModel(t.RobertaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                          intermediate_size=128, vocab_size=100)),
+        "t5": lambda: t.T5EncoderModel(t.T5Config(num_layers=2, d_model=64, num_heads=4, d_ff=128, d_kv=16,
+                                                  vocab_size=100)),
+        "distilbert": lambda: t.DistilBertModel(t.DistilBertConfig(n_layers=2, dim=64, n_heads=4, hidden_dim=128,
+                                                                   vocab_size=100)),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "roberta", "t5", "distilbert"])
+def test_model_families_with_masks_and_caches(name):
+    # RoBERTa's position ids are a cumsum; GPT-2 / Llama return a DynamicCache by default
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _small(name).eval()
+        ids = torch.randint(3, 100, (2, 12))
+        mask = torch.ones(2, 12, dtype=torch.long)
+        mask[1, 9:] = 0
+        fast = taskmap.compile(model, progress=False)
+        got = fast(input_ids=ids, attention_mask=mask)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask)
+    assert type(got) is type(want) and list(got.keys()) == list(want.keys())
+    for k in want.keys():
+        if k == "past_key_values":
+            assert type(got[k]) is type(want[k]) and len(got[k].layers) == len(want[k].layers)
+            for a, b in zip(got[k].layers, want[k].layers):
+                torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
+        else:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-3, atol=2e-4)
+    assert "run by PyTorch" not in fast.summary()

@@ -84,6 +84,20 @@ class _Tracer(torch.fx.Tracer):
         return node
 
 
+def _transformers_caches() -> None:
+    """Hugging Face models return their key / value caches (``DynamicCache``) by default;
+    ``transformers`` can register them as pytree nodes so that an export may return them.  Done
+    (once, idempotently) when ``transformers`` is loaded: the compiled model then returns the
+    same cache object, rebuilt from the graph's tensors."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except Exception:  # noqa: BLE001 - an older or partial transformers: nothing to register
+        return
+    register_dynamic_cache_export_support()
+
+
 def _no_recompile_limit() -> Any:
     """Each export of a model adds an entry to the cache of its ``forward``'s code object, and
     past dynamo's recompile limit (8) an export fails outright: compiling a ninth instance of a
@@ -118,6 +132,7 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     sig_names = [n for n, p in inspect.signature(model.forward).parameters.items()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     kwargs = {n: v for n, v in arguments.items()}
+    _transformers_caches()
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit():
         warnings.simplefilter("ignore")
         exported = torch._dynamo.export(model)(**kwargs)
