@@ -74,12 +74,18 @@ def _small(name):
                                                   vocab_size=100)),
         "distilbert": lambda: t.DistilBertModel(t.DistilBertConfig(n_layers=2, dim=64, n_heads=4, hidden_dim=128,
                                                                    vocab_size=100)),
+        "bloom": lambda: t.BloomModel(t.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=100)),
+        "bart": lambda: t.BartModel(t.BartConfig(encoder_layers=1, decoder_layers=1, d_model=64, encoder_attention_heads=4,
+                                                 decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                                 vocab_size=100)),
     }[name]()
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "roberta", "t5", "distilbert"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "roberta", "t5", "distilbert", "bloom", "bart"])
 def test_model_families_with_masks_and_caches(name):
-    # RoBERTa's position ids are a cumsum; GPT-2 / Llama return a DynamicCache by default
+    # RoBERTa's position ids are a cumsum; GPT-2 / Llama return a DynamicCache by default, BART an
+    # EncoderDecoderCache and shifts its decoder inputs by slice assignment; BLOOM calls baddbmm
+    # with keyword arguments
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -93,11 +99,10 @@ def test_model_families_with_masks_and_caches(name):
         want = model(input_ids=ids, attention_mask=mask)
     assert type(got) is type(want) and list(got.keys()) == list(want.keys())
     for k in want.keys():
-        if k == "past_key_values":
-            assert type(got[k]) is type(want[k]) and len(got[k].layers) == len(want[k].layers)
-            for a, b in zip(got[k].layers, want[k].layers):
-                torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
-                torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
-        else:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-3, atol=2e-4)
+        assert type(got[k]) is type(want[k])
+        leaves, spec = torch.utils._pytree.tree_flatten(got[k])      # caches: registered pytree nodes
+        want_leaves, want_spec = torch.utils._pytree.tree_flatten(want[k])
+        assert spec == want_spec and len(leaves) == len(want_leaves) > 0
+        for a, b in zip(leaves, want_leaves):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=2e-4)
     assert "run by PyTorch" not in fast.summary()

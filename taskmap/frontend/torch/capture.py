@@ -84,18 +84,24 @@ class _Tracer(torch.fx.Tracer):
         return node
 
 
-def _transformers_caches() -> None:
-    """Hugging Face models return their key / value caches (``DynamicCache``) by default;
-    ``transformers`` can register them as pytree nodes so that an export may return them.  Done
-    (once, idempotently) when ``transformers`` is loaded: the compiled model then returns the
-    same cache object, rebuilt from the graph's tensors."""
+def _transformers_caches(model: torch.nn.Module) -> None:
+    """Hugging Face models return their key / value caches (``DynamicCache``,
+    ``EncoderDecoderCache``, ...) by default; ``transformers`` can register its cache classes as
+    pytree nodes so that an export may return them.  Done (idempotently) when ``transformers`` is
+    loaded: the compiled model then returns the same kind of cache, rebuilt from the graph's
+    tensors."""
     if "transformers" not in sys.modules:
         return
     try:
-        from transformers.integrations.executorch import register_dynamic_cache_export_support
-    except Exception:  # noqa: BLE001 - an older or partial transformers: nothing to register
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except Exception:  # noqa: BLE001 - older transformers: DynamicCache only, if even that
+        try:
+            from transformers.integrations.executorch import register_dynamic_cache_export_support
+        except Exception:  # noqa: BLE001
+            return
+        register_dynamic_cache_export_support()
         return
-    register_dynamic_cache_export_support()
+    register_cache_pytrees_for_model(model)
 
 
 def _no_recompile_limit() -> Any:
@@ -132,7 +138,7 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     sig_names = [n for n, p in inspect.signature(model.forward).parameters.items()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     kwargs = {n: v for n, v in arguments.items()}
-    _transformers_caches()
+    _transformers_caches(model)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit():
         warnings.simplefilter("ignore")
         exported = torch._dynamo.export(model)(**kwargs)

@@ -170,7 +170,7 @@ class Importer:
             except NotConvertible as e:
                 reason = str(e)
         self.unsupported.append((target_name(node), where(node), reason))
-        result = self._torch_op(node, target, args, kwargs)
+        result = self._torch_op(node, _FUNCTIONAL.get(target, target), args, kwargs)
         self._rebind_inplace(node, target, result)
         return result
 
@@ -235,8 +235,18 @@ def _meta(node: torch.fx.Node) -> Any:
     return v
 
 
+def setitem_copy(x: torch.Tensor, idx: Any, value: Any) -> torch.Tensor:
+    """``x[idx] = value`` on a copy, returned: item assignment as a function (it returns None, and
+    graph ops are functional; the importer rebinds ``x`` to the result)."""
+    y = x.clone()
+    y[idx] = value
+    return y
+
+
+#: In-place Python operators run by PyTorch as functions returning the new value.
+_FUNCTIONAL = {operator.setitem: setitem_copy}
 _INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,
-                      operator.ixor, torch.relu_)
+                      operator.ixor, torch.relu_, operator.setitem)
 
 
 def _plain(v: Any) -> Any:

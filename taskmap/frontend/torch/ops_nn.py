@@ -55,13 +55,13 @@ def _scaled_sum(cv: Converter, base: Tensor, prod: Tensor, beta: Any, alpha: Any
 
 
 @register(torch.addmm, "addmm")
-def addmm(cv: Converter, inp: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    return _scaled_sum(cv, inp, cv.op(OpKind.MATMUL, [a, b]), beta, alpha)
+def addmm(cv: Converter, input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    return _scaled_sum(cv, input, cv.op(OpKind.MATMUL, [mat1, mat2]), beta, alpha)   # torch's argument names
 
 
 @register(torch.baddbmm, "baddbmm")
-def baddbmm(cv: Converter, inp: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    return _scaled_sum(cv, inp, cv.op(OpKind.MATMUL, [a, b]), beta, alpha)
+def baddbmm(cv: Converter, input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    return _scaled_sum(cv, input, cv.op(OpKind.MATMUL, [batch1, batch2]), beta, alpha)
 
 
 # ----------------------------------------------------------------------------- convolution

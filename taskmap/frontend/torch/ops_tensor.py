@@ -6,10 +6,11 @@ import builtins
 import operator
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...graph import AxisAttrs, BinaryFn, OpKind, PadAttrs, PadMode, Tensor
+from ...graph import AxisAttrs, BinaryFn, OpKind, PadAttrs, PadMode, Tensor, WhereAttrs
 from .registry import Converter, NotConvertible, norm_axis, register
 
 nn = torch.nn
@@ -230,6 +231,61 @@ def getitem(cv: Converter, x: Any, idx: Any) -> Any:
         else:
             raise NotConvertible(f"index of type {type(i).__name__}")
     return cv.reshape(y, tuple(shape))
+
+
+@register(operator.setitem)
+def setitem(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
+    """``x[idx] = value`` for basic indices (ints, slices of step 1, ``...``): a new tensor —
+    ``value`` broadcast to the region, padded out to ``x``'s shape, chosen where a constant mask
+    marks the region — that later uses of ``x`` read (the importer rebinds it)."""
+    if not isinstance(x, Tensor):
+        raise NotConvertible("item assignment into a non-tensor")
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if builtins.any(i is None or isinstance(i, (Tensor, list)) for i in items) or \
+            builtins.sum(i is Ellipsis for i in items) > 1:
+        raise NotConvertible("item assignment other than with ints, slices and one '...'")
+    n_real = builtins.sum(1 for i in items if i is not Ellipsis)
+    if n_real > x.ndim:
+        raise NotConvertible(f"too many indices for a {x.ndim}-d tensor")
+    full: list[Any] = []
+    for i in items:
+        full += [builtins.slice(None)] * (x.ndim - n_real) if i is Ellipsis else [i]
+    full += [builtins.slice(None)] * (x.ndim - len(full))
+    bounds, region, keep = [], [], []
+    for n, i in zip(x.shape, full):
+        if isinstance(i, int) and not isinstance(i, bool):
+            k = i + n if i < 0 else i
+            if not 0 <= k < n:
+                raise NotConvertible(f"index {i} out of range for a dimension of size {n}")
+            bounds.append((k, k + 1))
+            keep.append(False)
+        elif isinstance(i, builtins.slice):
+            b, e, step = i.indices(n)
+            if step != 1:
+                raise NotConvertible("item assignment into a slice with a step")
+            bounds.append((b, builtins.max(b, e)))
+            keep.append(True)
+        else:
+            raise NotConvertible(f"index of type {type(i).__name__}")
+        region.append(bounds[-1][1] - bounds[-1][0])
+    if isinstance(value, Tensor):
+        v = cv.cast(value, x.dtype)
+        lead = builtins.max(0, v.ndim - builtins.sum(keep))
+        if builtins.any(s != 1 for s in v.shape[:lead]):
+            raise NotConvertible(f"cannot assign a {list(v.shape)} tensor to a region of {region}")
+        kept = iter(v.shape[lead:])
+        shaped = [next(kept) if k else 1 for k in keep] if v.ndim - lead == builtins.sum(keep) else None
+        if shaped is None:
+            raise NotConvertible(f"cannot assign a {list(v.shape)} tensor to a region of {region}")
+        v = cv.expand(cv.reshape(v, tuple(shaped)), tuple(region))
+    else:
+        v = cv.expand(cv.const(np.full((1,) * x.ndim, value, dtype=x.dtype.numpy_dtype)), tuple(region))
+    widths = tuple((b, n - e) for (b, e), n in zip(bounds, x.shape))
+    padded = cv.op(OpKind.PAD, [v], PadAttrs(widths)) if builtins.any(w != (0, 0) for w in widths) else v
+    cut = [(b, e) != (0, n) for (b, e), n in zip(bounds, x.shape)]       # the axes the region restricts
+    mask = np.zeros(tuple(n if c else 1 for n, c in zip(x.shape, cut)), dtype=bool)
+    mask[tuple(builtins.slice(b, e) if c else builtins.slice(None) for (b, e), c in zip(bounds, cut))] = True
+    return cv.op(OpKind.WHERE, [cv.const(mask), padded, x], WhereAttrs())
 
 
 def _advanced(cv: Converter, x: Tensor, items: tuple[Any, ...]) -> Tensor:
