@@ -192,7 +192,7 @@ class Unsupported(nn.Module):
         self.lin = nn.Linear(8, 8)
 
     def forward(self, x):
-        y = torch.cumsum(self.lin(x), dim=1)
+        y = torch.cummax(self.lin(x), dim=1).values
         z = torch.sort(y, dim=-1).values
         return torch.relu(z) + torch.atan(x)
 
@@ -202,15 +202,15 @@ def test_unsupported_ops_all_reported():
         taskmap.compile(Unsupported(), torch.randn(4, 8), progress=False)
     text = str(e.value)
     assert "3 unsupported operator(s)" in text
-    for name in ("torch.cumsum", "torch.sort", "torch.atan"):
+    for name in ("torch.cummax", "torch.sort", "torch.atan"):
         assert name in text
     assert "fallback=True" in text and len(e.value.ops) == 3
-    assert 'test_frontend_torch.py", line' in text and "in forward: y = torch.cumsum(self.lin(x), dim=1)" in text
+    assert 'test_frontend_torch.py", line' in text and "in forward: y = torch.cummax(self.lin(x), dim=1).values" in text
 
 
 def test_fallback_runs_in_pytorch():
     fast = check(Unsupported(), torch.randn(4, 8), fallback=True)
-    assert "run by PyTorch: torch.atan, torch.cumsum, torch.sort" in fast.summary()
+    assert "run by PyTorch: torch.atan, torch.cummax, torch.sort" in fast.summary()
 
 
 def test_recompile_static_shapes_summary_and_debug(capsys, monkeypatch):
@@ -275,7 +275,7 @@ def test_torch_compile_dynamic_and_options():
         x = torch.randn(n, 8)
         torch.testing.assert_close(fast(x), model(x).detach(), rtol=1e-3, atol=1e-4)
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="torch.cumsum"):
+    with pytest.raises(Exception, match="torch.cummax"):
         torch.compile(model, backend="taskmap", options={"fallback": False})(torch.randn(4, 8))
     torch._dynamo.reset()
     with pytest.raises(Exception, match="unknown taskmap backend options"):
@@ -363,9 +363,18 @@ def test_inplace_ops_are_rebindings():
             y.add_(1)                      # alias sees the mutation
             z = torch.relu_(x * 1)
             w = alias.clone()
-            w.cumsum_(0)                   # unsupported in-place: runs in PyTorch on a copy
+            w.atan_()                      # unsupported in-place: runs in PyTorch on a copy
             out = alias + 0
             y += x                         # (symbolic_trace records += as a new value, like fx everywhere)
             return out, z, w, F.relu(y, inplace=True)
 
     check(M(), torch.randn(4, 5), fallback=True)
+
+
+def test_unsupported_op_of_a_torch_module_compiled_directly_points_at_its_forward():
+    # no user frame between taskmap and torch: the message names torch's forward, not taskmap's code
+    with pytest.raises(UnsupportedOpsError) as e:
+        taskmap.compile(nn.Bilinear(3, 3, 2), progress=False)(torch.randn(2, 3), torch.randn(2, 3))
+    text = str(e.value)
+    assert "torch.bilinear at node bilinear" in text and "nn/modules/linear.py" in text and "in forward" in text
+    assert "taskmap/frontend" not in text

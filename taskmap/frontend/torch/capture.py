@@ -34,6 +34,8 @@ from ...graph.passes import debug_enabled
 from .importer import Imported, import_fx
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_FX_DIR = os.path.join(_TORCH_DIR, "fx")
+_TASKMAP_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass
@@ -68,15 +70,24 @@ def bind(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) ->
 
 
 class _Tracer(torch.fx.Tracer):
-    """``torch.fx.Tracer`` recording, per node, the innermost frame outside torch and this
-    module (the model's line) as its ``stack_trace``, in the traceback format."""
+    """``torch.fx.Tracer`` recording, per node, the innermost frame outside torch and taskmap
+    (the model's line) as its ``stack_trace``, in the traceback format — or, for a model that is
+    itself a torch module (``taskmap.compile(nn.LSTM(...))``), the line of torch's ``forward``."""
 
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
         node = super().create_node(*args, **kwargs)
-        frame = sys._getframe(1)
-        while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
-                                     or frame.f_code.co_filename == __file__):
+        frame, torch_line = sys._getframe(1), None
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(_TASKMAP_DIR):        # back in taskmap: no user frame in between
+                frame = None
+                break
+            if not name.startswith(_TORCH_DIR):
+                break
+            if torch_line is None and not name.startswith(_TORCH_FX_DIR):
+                torch_line = frame
             frame = frame.f_back
+        frame = frame or torch_line
         if frame is not None:
             code = frame.f_code
             line = linecache.getline(code.co_filename, frame.f_lineno).strip()

@@ -67,15 +67,18 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 
 def where(node: torch.fx.Node) -> str:
     """``node NAME (File "model.py", line 12, in forward: the source line)``: the innermost frame
-    of the node's recorded stack outside torch itself."""
+    of the node's recorded stack outside torch itself (inside torch when it has no other: a
+    model that is a torch module)."""
     lines = (node.meta.get("stack_trace") or "").strip().splitlines()
-    frames = []
+    frames: list[tuple[bool, str]] = []
     for k, ln in enumerate(lines):
         m = re.match(r'\s*File "([^"]+)", line \d+', ln)
-        if m and not m.group(1).startswith(_TORCH_DIR):
+        if m:
             code = lines[k + 1].strip() if k + 1 < len(lines) and not lines[k + 1].strip().startswith("File ") else ""
-            frames.append(ln.strip() + (f": {code}" if code else ""))
-    return f"node {node.name}" + (f" ({frames[-1]})" if frames else "")
+            frames.append((m.group(1).startswith(_TORCH_DIR), ln.strip() + (f": {code}" if code else "")))
+    outside = [f for in_torch, f in frames if not in_torch]
+    best = outside[-1] if outside else frames[-1][1] if frames else ""
+    return f"node {node.name}" + (f" ({best})" if best else "")
 
 
 def _is_dynamic(v: Any) -> bool:
