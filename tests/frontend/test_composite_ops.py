@@ -189,9 +189,11 @@ def test_one_d_layers(layer):
 @pytest.mark.parametrize("fn", [
     torch.exp2, lambda t: torch.log2(t.abs() + 0.1), lambda t: torch.log10(t.abs() + 0.1), F.softsign, F.tanhshrink,
     lambda t: F.celu(t, 0.7), nn.CELU(), lambda t: F.threshold(t, 0.1, 20.0), nn.Threshold(-0.5, -3.0),
-    lambda t: F.rrelu(t, training=False), lambda t: F.softmin(t, -1), nn.Softmin(1), lambda t: F.glu(t, 1), lambda t: nn.GLU()(t[..., 1:]),
+    lambda t: F.rrelu(t, training=False), lambda t: F.softmin(t, -1), nn.Softmin(1), lambda t: F.glu(t, 1),
+    lambda t: nn.GLU()(t[..., 1:]),
     lambda t: torch.addcmul(t, t, t.flip(-1), value=0.5), lambda t: t.addcdiv(t, t.abs() + 1),
-    lambda t: torch.lerp(t, t * 2, 0.3), lambda t: torch.where(t > 0, 1.0, -1.0), lambda t: torch.outer(t[0, 0], t[1, 1]),
+    lambda t: torch.lerp(t, t * 2, 0.3), lambda t: torch.where(t > 0, 1.0, -1.0),
+    lambda t: torch.outer(t[0, 0], t[1, 1]),
     lambda t: torch.var_mean(t, -1)[0] + torch.var_mean(t, -1)[1], lambda t: torch.std_mean(t, (1, 2), correction=0)[0],
     lambda t: F.cosine_similarity(t[0], t[1], dim=0), lambda t: F.cosine_similarity(t, t.flip(0), dim=-1),
     lambda t: t.movedim(1, -1), lambda t: torch.moveaxis(t, (0, 2), (2, 0)), lambda t: t.unflatten(1, (2, -1)),
