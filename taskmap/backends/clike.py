@@ -41,8 +41,8 @@ unsigned void volatile while bool true false main NAN INFINITY
 #: parameter called ``exp`` or ``free`` must not shadow them.
 C_RESERVED = _C_KEYWORDS | frozenset("""exp expf exp2 exp2f log logf log2 log2f sqrt sqrtf tanh tanhf erf erff
 fabs fabsf sin sinf cos cosf floor floorf ceil ceilf nearbyint nearbyintf pow powf fma fmaf fmin fminf fmax fmaxf
-fmod fmodf trunc truncf expm1 expm1f log1p log1pf free malloc calloc aligned_alloc memset memcpy mmap munmap int8_t int16_t int32_t int64_t uint8_t
-uint16_t uint32_t uint64_t uintptr_t size_t
+fmod fmodf trunc truncf expm1 expm1f log1p log1pf free malloc calloc aligned_alloc memset memcpy mmap munmap
+int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t uintptr_t size_t
 """.split())
 
 
