@@ -271,6 +271,15 @@ tanh = _math_builtin(Intrinsic.TANH)
 erf = _math_builtin(Intrinsic.ERF)
 sin = _math_builtin(Intrinsic.SIN)
 cos = _math_builtin(Intrinsic.COS)
+tan = _math_builtin(Intrinsic.TAN)
+asin = _math_builtin(Intrinsic.ASIN)
+acos = _math_builtin(Intrinsic.ACOS)
+atan = _math_builtin(Intrinsic.ATAN)
+sinh = _math_builtin(Intrinsic.SINH)
+cosh = _math_builtin(Intrinsic.COSH)
+asinh = _math_builtin(Intrinsic.ASINH)
+acosh = _math_builtin(Intrinsic.ACOSH)
+atanh = _math_builtin(Intrinsic.ATANH)
 floor = _math_builtin(Intrinsic.FLOOR)
 ceil = _math_builtin(Intrinsic.CEIL)
 round = _math_builtin(Intrinsic.ROUND)
@@ -285,6 +294,8 @@ PY_INTRINSICS: dict[Any, Intrinsic] = {
     math.sqrt: Intrinsic.SQRT, math.tanh: Intrinsic.TANH, math.erf: Intrinsic.ERF,
     math.sin: Intrinsic.SIN, math.cos: Intrinsic.COS, math.floor: Intrinsic.FLOOR,
     math.ceil: Intrinsic.CEIL, math.pow: Intrinsic.POW, math.fabs: Intrinsic.ABS,
+    **{getattr(math, n): getattr(Intrinsic, n.upper()) for n in ("tan", "asin", "acos", "atan", "sinh", "cosh",
+                                                                 "asinh", "acosh", "atanh")},
     math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD, math.expm1: Intrinsic.EXPM1, math.log1p: Intrinsic.LOG1P,
     py.abs: Intrinsic.ABS, py.round: Intrinsic.ROUND, py.pow: Intrinsic.POW,
 }

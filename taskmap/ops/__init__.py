@@ -4,7 +4,7 @@ transform operators are compute definitions scheduled by rules; reductions, soft
 norms are templates (:mod:`taskmap.templates.reduce`).  ``emulate_gpu(arch)`` runs the GPU
 schedules on host arrays, with GPU semantics, for tests."""
 from ._dispatch import emulate_gpu
-from .elementwise import (abs, add, cast, ceil, cos, div, eq, erf, exp, expm1, floor, floor_divide, fmod, ge, gelu, gt,
+from .elementwise import (abs, acos, acosh, add, asin, asinh, atan, atanh, cast, cosh, sinh, tan, ceil, cos, div, eq, erf, exp, expm1, floor, floor_divide, fmod, ge, gelu, gt,
                           hardsigmoid, hardswish, le, log, log1p, logsigmoid, lt, maximum, minimum, mish, mul, ne, neg,
                           pow, reciprocal, relu, relu6, remainder, round, rsqrt, selu, sigmoid, sign, silu, sin,
                           softplus, sqrt, square, sub, tanh, trunc, where)

@@ -85,6 +85,8 @@ UNARY: dict[str, tuple[Callable[[Expr], Expr], bool]] = {
     "sqrt": (_call(Intrinsic.SQRT), True), "rsqrt": (_call(Intrinsic.RSQRT), True),
     "tanh": (_call(Intrinsic.TANH), True), "erf": (_call(Intrinsic.ERF), True),
     "sin": (_call(Intrinsic.SIN), True), "cos": (_call(Intrinsic.COS), True),
+    **{n: (_call(getattr(Intrinsic, n.upper())), True) for n in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+                                                                "acosh", "atanh")},
     "sigmoid": (_sigmoid, True), "silu": (lambda e: e * _sigmoid(e), True),
     "gelu": (_gelu, True), "gelu_tanh": (_gelu_tanh, True),
     "hardswish": (lambda e: e * _relu6(e + 3.0) * (1.0 / 6.0), True),
@@ -132,6 +134,15 @@ def cos(x: Any) -> Any: return _unary("cos", x)
 def abs(x: Any) -> Any: return _unary("abs", x)  # noqa: A001 - torch's name
 def neg(x: Any) -> Any: return _unary("neg", x)
 def relu(x: Any) -> Any: return _unary("relu", x)
+def tan(x: Any) -> Any: return _unary("tan", x)
+def asin(x: Any) -> Any: return _unary("asin", x)
+def acos(x: Any) -> Any: return _unary("acos", x)
+def atan(x: Any) -> Any: return _unary("atan", x)
+def sinh(x: Any) -> Any: return _unary("sinh", x)
+def cosh(x: Any) -> Any: return _unary("cosh", x)
+def asinh(x: Any) -> Any: return _unary("asinh", x)
+def acosh(x: Any) -> Any: return _unary("acosh", x)
+def atanh(x: Any) -> Any: return _unary("atanh", x)
 def floor(x: Any) -> Any: return _unary("floor", x)
 def ceil(x: Any) -> Any: return _unary("ceil", x)
 def round(x: Any) -> Any: return _unary("round", x)  # noqa: A001 - torch's name (half to even)
@@ -435,8 +446,8 @@ def cast(x: Any, dtype: Any) -> Any:
 
 
 __all__ = ["BINARY", "UNARY", "abs", "add", "binary_compute", "broadcast_index", "broadcast_shapes", "cast",
-           "cast_compute", "ceil", "compute_type", "cos", "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide",
+           "acos", "acosh", "asin", "asinh", "atan", "atanh", "cast_compute", "ceil", "compute_type", "cosh", "cos", "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide",
            "fmod", "ge", "gelu", "gt", "hardsigmoid", "hardswish", "le", "log", "log1p", "logsigmoid", "lt",
            "maximum", "minimum", "mish", "mul", "ne", "neg", "pow", "reciprocal", "relu", "relu6", "remainder",
-           "result_type", "round", "rsqrt", "selu", "sign", "softplus", "square", "trunc",
+           "result_type", "round", "rsqrt", "selu", "sign", "sinh", "softplus", "square", "tan", "trunc",
            "sigmoid", "silu", "sin", "sqrt", "sub", "tanh", "unary_compute", "where", "where_compute"]

@@ -68,6 +68,17 @@ def test_new_unary_special_values_and_integers_like_torch():
     assert_close(ops.softplus(x[:11], beta=2.0, threshold=5.0), F.softplus(t[:11], 2.0, 5.0).numpy())
 
 
+@pytest.mark.parametrize("name, lo, hi", [("tan", -1.4, 1.4), ("asin", -1, 1), ("acos", -1, 1), ("atan", -20, 20),
+                                          ("sinh", -8, 8), ("cosh", -8, 8), ("asinh", -50, 50), ("acosh", 1, 50),
+                                          ("atanh", -0.99, 0.99)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_trigonometric_and_hyperbolic(name, lo, hi, dtype):
+    x = RNG.uniform(lo, hi, (7, 33)).astype(dtype)
+    want = getattr(torch, name)(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(getattr(ops, name)(x), want, rtol=2e-6 if dtype == "float32" else 1e-13, atol=1e-7)
+    assert getattr(ops, name)(np.arange(3, dtype=np.int32) * 0 + (1 if name == "acosh" else 0)).dtype == np.float32
+
+
 def test_gelu_tanh_and_bad_approximate():
     x = _data((7, 9), np.float32)
     assert_close(ops.gelu(x, approximate="tanh"), F.gelu(torch.from_numpy(x), approximate="tanh"))

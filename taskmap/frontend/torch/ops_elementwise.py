@@ -37,6 +37,9 @@ _unary(UnaryFn.ABS, torch.abs, operator.abs, "abs")
 _unary(UnaryFn.NEG, torch.neg, operator.neg, "neg")
 _unary(UnaryFn.SIN, torch.sin, "sin")
 _unary(UnaryFn.COS, torch.cos, "cos")
+for _name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"):
+    _unary(getattr(UnaryFn, _name.upper()), getattr(torch, _name), _name,
+           *[getattr(torch, a) for a in (f"arc{_name[1:]}",) if _name.startswith("a") and hasattr(torch, a)])
 _unary(UnaryFn.FLOOR, torch.floor, "floor")
 _unary(UnaryFn.CEIL, torch.ceil, "ceil")
 _unary(UnaryFn.TRUNC, torch.trunc, torch.fix, "trunc", "fix")
