@@ -124,7 +124,7 @@ class WindowTemplate:
     """Pooling and depthwise convolution (see the module docstring)."""
 
     name = "window"
-    version = 1
+    version = 2  # 2: max pooling takes plain maxima when the staged input holds no NaN
 
     def __repr__(self) -> str:
         return "<WindowTemplate>"

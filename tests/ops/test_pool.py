@@ -95,6 +95,23 @@ def test_nan_wins_a_max_and_empty_batches():
     assert ops.adaptive_avg_pool2d(torch.zeros(2, 3, 8, 8), (0, 4)).shape == (2, 3, 0, 4)
 
 
+@pytest.mark.parametrize("stride, pad", [(1, 1), (2, 1), (2, 0), (3, 1)])
+def test_max_pool_fast_and_nan_paths_agree_with_torch(stride, pad):
+    # The kernel scans each chunk's staged input for NaN and takes plain vector maxima when there
+    # is none: chunks with and without NaN (and with infinities) in one call, bit for bit torch's
+    x = _data((2, 5, 40, 37))
+    x[0, 1, 7, 3] = float("nan")
+    x[1, 4, 39, 36] = float("nan")
+    x[0, 2, 20, :] = float("inf")
+    x[1, 0, :, 0] = float("-inf")
+    want = F.max_pool2d(x, 3, stride, pad)
+    got = ops.max_pool2d(x, 3, stride, pad)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.isnan(got).any()
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+    clean = torch.nan_to_num(x, nan=0.0)
+    assert torch.equal(ops.max_pool2d(clean, 3, stride, pad), F.max_pool2d(clean, 3, stride, pad))
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "gfx90a"])  # emulated; built with NVRTC / hipRTC (no GPU needed)
 def test_gpu_schedules(arch):
     x = _data((2, 3, 13, 17))
