@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
-from .ops_nn import adaptive_avg_pool2d, avg_pool2d, conv2d, layer_norm, linear, max_pool2d
+from .ops_nn import adaptive_avg_pool2d, avg_pool2d, conv2d, conv_module, layer_norm, linear, max_pool2d
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
@@ -41,11 +41,7 @@ def _back(cv: Converter, y: Tensor, x: Tensor, lead: tuple[int, ...]) -> Tensor:
 def conv1d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     if isinstance(x, nn.Module):
-        m, x = x, weight
-        if m.padding_mode != "zeros":
-            raise NotConvertible(f"Conv1d(padding_mode={m.padding_mode!r})")
-        weight, bias = cv.param(m.weight, "weight"), cv.param(m.bias, "bias")
-        stride, padding, dilation, groups = m.stride, m.padding, m.dilation, m.groups
+        x, (weight, bias, stride, padding, dilation, groups) = weight, conv_module(cv, x)
     x2, lead = _as_2d(cv, x, "conv1d")
     w2 = cv.reshape(weight, (weight.shape[0], weight.shape[1], 1, weight.shape[2]))
     pad = padding if isinstance(padding, str) else (0, _one(padding))

@@ -67,15 +67,18 @@ def baddbmm(cv: Converter, input: Tensor, batch1: Tensor, batch2: Tensor, *, bet
 # ----------------------------------------------------------------------------- convolution
 
 
+def conv_module(cv: Converter, m: nn.Module) -> tuple[Any, ...]:
+    """A convolution module's weight, bias, stride, padding, dilation and groups (zero padding only)."""
+    if m.padding_mode != "zeros":
+        raise NotConvertible(f"{type(m).__name__}(padding_mode={m.padding_mode!r})")
+    return cv.param(m.weight, "weight"), cv.param(m.bias, "bias"), m.stride, m.padding, m.dilation, m.groups
+
+
 @register(F.conv2d, torch.conv2d, nn.Conv2d)
 def conv2d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     if isinstance(x, nn.Module):
-        m, x = x, weight
-        if m.padding_mode != "zeros":
-            raise NotConvertible(f"Conv2d(padding_mode={m.padding_mode!r})")
-        weight, bias = cv.param(m.weight, "weight"), cv.param(m.bias, "bias")
-        stride, padding, dilation, groups = m.stride, m.padding, m.dilation, m.groups
+        x, (weight, bias, stride, padding, dilation, groups) = weight, conv_module(cv, x)
     if x.ndim != 4:
         raise NotConvertible(f"conv2d of a {x.ndim}-d input (NCHW expected)")
     stride, dilation = _pair(stride), _pair(dilation)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, Conv2dAttrs, OpKind, PadAttrs, SliceAttrs, Tensor
 from .ops_composite import _repeat_each
+from .ops_nn import conv_module
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
@@ -153,10 +154,8 @@ def conv_transpose2d(cv: Converter, x: Any, weight: Any = None, bias: Any = None
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     if isinstance(x, nn.Module):
         m, x = x, weight
-        if m.padding_mode != "zeros":
-            raise NotConvertible(f"ConvTranspose2d(padding_mode={m.padding_mode!r})")
-        weight, bias = cv.param(m.weight, "weight"), cv.param(m.bias, "bias")
-        stride, padding, output_padding, groups, dilation = m.stride, m.padding, m.output_padding, m.groups, m.dilation
+        weight, bias, stride, padding, dilation, groups = conv_module(cv, m)
+        output_padding = m.output_padding
     if x.ndim != 4 or isinstance(padding, str):
         raise NotConvertible("conv_transpose2d of a non-4-d input or with string padding")
     stride, padding, output_padding, dilation = map(_pair, (stride, padding, output_padding, dilation))
