@@ -156,6 +156,15 @@ class SliceAttrs:
 
 
 @dataclass(frozen=True)
+class TopkAttrs:
+    """TOPK: the ``k`` largest (``largest=False``: smallest) along ``axis``, in order."""
+
+    k: int
+    axis: int
+    largest: bool = True
+
+
+@dataclass(frozen=True)
 class AxisAttrs:
     """CONCAT, GATHER, SOFTMAX, LOG_SOFTMAX, CUMSUM, CUMPROD: the axis (non-negative)."""
 
@@ -252,5 +261,5 @@ class InputRef:
 
 __all__ = ["AdaptivePoolAttrs", "AttentionAttrs", "AxisAttrs", "BinaryAttrs", "BinaryFn", "CastAttrs",
            "Conv2dAttrs", "InputRef", "NormAttrs", "PadAttrs", "PadMode", "PermuteAttrs", "Pool2dAttrs",
-           "ReduceAttrs", "ReduceFn", "Scalar", "ShapeAttrs", "SliceAttrs", "TorchAttrs", "UnaryAttrs",
+           "ReduceAttrs", "ReduceFn", "Scalar", "ShapeAttrs", "SliceAttrs", "TopkAttrs", "TorchAttrs", "UnaryAttrs",
            "UnaryFn", "WhereAttrs"]

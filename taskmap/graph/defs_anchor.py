@@ -1,5 +1,5 @@
 """Definitions of the anchor op kinds (matmul, conv, pooling, reductions, softmax, norms,
-attention, scans) and of the PyTorch fallback: shape/dtype inference and the :mod:`taskmap.ops`
+attention, scans, top-k / sort) and of the PyTorch fallback: shape/dtype inference and the :mod:`taskmap.ops`
 function that runs each."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .. import ops
 from ..errors import OpError
 from ..ir.dtypes import ScalarType, i64, scalar_type
 from .attrs import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, Conv2dAttrs, InputRef, NormAttrs, Pool2dAttrs,
-                    ReduceAttrs, ReduceFn, TorchAttrs)
+                    ReduceAttrs, ReduceFn, TopkAttrs, TorchAttrs)
 from .kinds import OpCategory, OpDef, OpKind, register_def
 
 Spec = list[tuple[tuple[int, ...], ScalarType]]
@@ -204,6 +204,14 @@ def _infer_scan(xs: Sequence[Any], a: AxisAttrs) -> Spec:
     return [(tuple(x.shape), x.dtype if x.dtype.is_float else i64)]
 
 
+def _infer_topk(xs: Sequence[Any], a: TopkAttrs) -> Spec:
+    x = xs[0]
+    if not 0 <= a.axis < max(x.ndim, 1) or not 0 <= a.k <= (x.shape[a.axis] if x.ndim else 1):
+        raise OpError(f"topk: k={a.k} along axis {a.axis} of shape {tuple(x.shape)}")
+    shape = tuple(a.k if d == a.axis else n for d, n in enumerate(x.shape))
+    return [(shape, x.dtype), (shape, i64)]
+
+
 def _def(kind: OpKind, category: OpCategory, infer: Any, run: Any, attrs_type: type | None, run_name: str) -> None:
     register_def(OpDef(kind, category, infer, attrs_type, run=run, run_name=run_name))
 
@@ -231,6 +239,8 @@ _def(OpKind.CUMSUM, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumsum(xs[
      "taskmap.ops.cumsum")
 _def(OpKind.CUMPROD, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumprod(xs[0], a.axis), AxisAttrs,
      "taskmap.ops.cumprod")
+_def(OpKind.TOPK, OpCategory.OPAQUE, _infer_topk, lambda xs, a: ops.topk(xs[0], a.k, a.axis, a.largest), TopkAttrs,
+     "taskmap.ops.topk")
 _def(OpKind.TORCH, OpCategory.OPAQUE, _infer_torch, _run_torch, TorchAttrs, "PyTorch (fallback)")
 
 __all__ = ["fill_refs"]

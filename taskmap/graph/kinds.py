@@ -80,6 +80,7 @@ class OpKind(enum.Enum):
     ATTENTION = enum.auto()      # [AttentionAttrs] q, k, v, mask?
     CUMSUM = enum.auto()         # [AxisAttrs] running sums (prefix scan)
     CUMPROD = enum.auto()        # [AxisAttrs] running products
+    TOPK = enum.auto()           # [TopkAttrs] values, indices (sort: k = the axis' size)
     TORCH = enum.auto()          # [TorchAttrs] PyTorch fallback (opaque)
 
     @property

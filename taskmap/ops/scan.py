@@ -1,4 +1,5 @@
-"""Prefix scans along an axis: ``cumsum`` and ``cumprod`` (as ``torch.cumsum`` / ``torch.cumprod``).
+"""Sequential operators along an axis: prefix scans — ``cumsum`` and ``cumprod`` — and
+selection — ``topk`` and ``sort`` (as ``torch.cumsum`` / ``cumprod`` / ``topk`` / ``sort``).
 
 The input is viewed as ``(outer, extent, inner)`` with the scanned axis in the middle.  One CPU
 kernel per (op, dtypes), its sizes symbolic: the cores take blocks of ``outer``; each output row
@@ -8,7 +9,13 @@ the last axis (``inner = 1``) is a dependent chain per row, the cores splitting 
 
 Types follow torch: integer and bool inputs give int64; float16 / bfloat16 accumulate in
 float32 (the row read back stays in float32 until the result is rounded once, by a final
-cast); ``dtype=`` converts first.  GPU arrays are not supported yet (``UnsupportedError``).
+cast); ``dtype=`` converts first.
+
+``topk`` keeps each row's ``k`` best in its outputs, in order, by insertion (``k`` compares and
+moves at most per element: meant for small ``k``); ``sort`` is ``topk`` of the whole row
+(insertion sort: rows up to :data:`MAX_SORT` long).  NaN ranks above every number, as in torch;
+equal values keep their order (the first one ranks higher).  GPU arrays are not supported yet
+(``UnsupportedError``).
 """
 
 import math
@@ -24,6 +31,8 @@ from ._dispatch import SUPPORTED, _cached, _launch, dtype_name, new_output, norm
 from .elementwise import cast
 
 SCANS = ("cumsum", "cumprod")
+#: The longest row ``sort`` takes (insertion sort: quadratic in the row).
+MAX_SORT = 4096
 
 
 def scan_type(dtype: str) -> ScalarType:
@@ -51,6 +60,80 @@ def build_scan(op: str, t_in: ScalarType, t_out: ScalarType) -> Kernel:
                         y[o, i, j] = y[o, i - 1, j] + t_out(x[o, i, j])
 
     return scan
+
+
+def build_topk(k: int, largest: bool, t: ScalarType) -> Kernel:
+    outer, extent, inner = symbol("outer"), symbol("extent"), symbol("inner")
+    K = k
+    FLOAT = t.is_float
+
+    @kernel
+    def topk(x: t[outer, extent, inner], y: t[outer, K, inner], ix: i64[outer, K, inner]):
+        for r in parallel(outer * inner):
+            o = r // inner
+            j = r % inner
+            for i in range(extent):
+                v = x[o, i, j]
+                pos = min(i, K)
+                moving = True
+                while moving and pos > 0:
+                    w = y[o, pos - 1, j]
+                    if largest:
+                        better = v > w or (FLOAT and v != v and w == w)
+                    else:
+                        better = v < w or (FLOAT and w != w and v == v)
+                    if better:
+                        if pos < K:
+                            y[o, pos, j] = w
+                            ix[o, pos, j] = ix[o, pos - 1, j]
+                        pos = pos - 1
+                    else:
+                        moving = False
+                if pos < K:
+                    y[o, pos, j] = v
+                    ix[o, pos, j] = i64(i)
+
+    return topk
+
+
+def topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Any, Any]:  # noqa: A002
+    """``torch.topk``: the ``k`` largest (smallest) along ``dim``, in order, and their indices."""
+    return _select("topk", x, k, dim, largest)
+
+
+def sort(x: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple[Any, Any]:
+    """``torch.sort``: values along ``dim`` in order and their indices (equal values keep their
+    order, as ``stable=True``; rows up to :data:`MAX_SORT` long)."""
+    return _select("sort", x, None, dim, descending)
+
+
+def _select(op: str, x: Any, k: int | None, dim: int, largest: bool) -> tuple[Any, Any]:
+    args = prepare(op, x, allowed=[d for d in SUPPORTED if d != "bool"])
+    shape = tuple(args.shapes[0]) or (1,)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise OpError(f"{op}(): dim must be an int, got {dim!r}")
+    axis = normalize_axis(op, dim, len(shape))
+    extent = shape[axis]
+    if k is None:
+        if extent > MAX_SORT:
+            raise UnsupportedError(f"sort(): rows of {extent} elements; taskmap's insertion sort takes at most "
+                                   f"{MAX_SORT}")
+        k = extent
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= extent:
+        raise OpError(f"{op}(): k must be an int in 0..{extent} (the size of dim {dim}), got {k!r}")
+    target = target_for(args.kind)
+    if target.kind.value != "cpu":
+        raise UnsupportedError(f"{op}() runs on the CPU only for now; got a {target.kind.value} array")
+    out_shape = tuple(k if d == axis else n for d, n in enumerate(args.shapes[0]))
+    t = scalar_type(args.dtypes[0])
+    values, indices = new_output(args.kind, out_shape, t.name), new_output(args.kind, out_shape, "int64")
+    if math.prod(out_shape) == 0:
+        return values, indices
+    kern = _cached(("topk", k, bool(largest), t.name, target), lambda: build_topk(k, bool(largest), t))
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    _launch(kern, args.kind, [view(args.arrays[0], (outer, extent, inner)), view(values, (outer, k, inner)),
+                              view(indices, (outer, k, inner))])
+    return values, indices
 
 
 def _scan(op: str, x: Any, dim: int, dtype: Any = None) -> Any:
@@ -88,4 +171,4 @@ def cumprod(x: Any, dim: int, dtype: Any = None) -> Any:
     return _scan("cumprod", x, dim, dtype)
 
 
-__all__ = ["SCANS", "build_scan", "cumprod", "cumsum", "scan_type"]
+__all__ = ["MAX_SORT", "SCANS", "build_scan", "build_topk", "cumprod", "cumsum", "scan_type", "sort", "topk"]

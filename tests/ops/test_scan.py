@@ -1,6 +1,6 @@
-"""``ops.cumsum`` / ``ops.cumprod``: against torch on hypothesis-drawn shapes, axes and dtypes
-(torch's result types: int64 for integers and bools, 16-bit floats accumulated in float32),
-the graph op behind ``torch.cumsum`` in compiled models, and clear errors."""
+"""``ops.cumsum`` / ``cumprod`` / ``topk`` / ``sort``: against torch on hypothesis-drawn shapes,
+axes and dtypes (torch's result types: int64 for integers and bools, 16-bit floats accumulated in
+float32; NaN first in a top-k), the graph ops behind them in compiled models, and clear errors."""
 import numpy as np
 import pytest
 import torch
@@ -16,7 +16,8 @@ RNG = np.random.default_rng(23)
 
 
 @given(shape=shapes(min_dims=1, max_dims=4, max_side=40, max_elements=1 << 12), data=st.data(),
-       dtype=st.sampled_from(["float32", "float64", "int32", "int64", "bool"]), op=st.sampled_from(["cumsum", "cumprod"]))
+       dtype=st.sampled_from(["float32", "float64", "int32", "int64", "bool"]),
+       op=st.sampled_from(["cumsum", "cumprod"]))
 @settings(max_examples=30, deadline=None)
 def test_scans_match_torch(shape, data, dtype, op):
     dim = data.draw(st.integers(-len(shape), len(shape) - 1))
@@ -72,3 +73,67 @@ def test_compiled_models_scan():
     assert torch.equal(got[0], want[0]) and got[0].dtype == want[0].dtype
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert "run by PyTorch" not in fast.summary()      # taskmap ran the scans (fallback is off anyway)
+
+
+def _distinct(shape, dtype):
+    """Values without ties (torch orders equal values its own way)."""
+    n = int(np.prod(shape))
+    x = RNG.permutation(n).reshape(shape).astype(dtype)
+    return x / 7 - n / 14 if dtype.startswith("float") else x - n // 2
+
+
+@given(shape=shapes(min_dims=1, max_dims=3, max_side=30, max_elements=1 << 11), data=st.data(),
+       dtype=st.sampled_from(["float32", "float64", "int32", "int64"]), largest=st.booleans())
+@settings(max_examples=30, deadline=None)
+def test_topk_and_sort_match_torch(shape, data, dtype, largest):
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    k = data.draw(st.integers(0, shape[dim]))
+    x = _distinct(shape, dtype)
+    tv, ti = torch.topk(torch.from_numpy(x), k, dim, largest=largest)
+    v, i = ops.topk(x, k, dim, largest=largest)
+    assert v.dtype == x.dtype and i.dtype == np.int64
+    np.testing.assert_array_equal(v, tv.numpy())
+    np.testing.assert_array_equal(i, ti.numpy())
+    sv, si = torch.sort(torch.from_numpy(x), dim, descending=largest)
+    v, i = ops.sort(x, dim, descending=largest)
+    np.testing.assert_array_equal(v, sv.numpy())
+    np.testing.assert_array_equal(i, si.numpy())
+
+
+def test_topk_nan_ranks_first_and_ties_keep_their_order():
+    x = torch.tensor([[1.0, float("nan"), 3.0, -2.0, float("nan"), 0.5]])
+    for largest in (True, False):
+        v, i = ops.topk(x, 4, largest=largest)
+        tv, ti = torch.topk(x, 4, largest=largest)
+        torch.testing.assert_close(v, tv, equal_nan=True)
+        assert torch.equal(i, ti)
+    v, i = ops.sort(torch.tensor([2.0, 1.0, 2.0, 1.0]))
+    assert v.tolist() == [1.0, 1.0, 2.0, 2.0] and i.tolist() == [1, 3, 0, 2]      # stable
+
+
+def test_topk_and_sort_errors():
+    x = np.ones((2, 5), np.float32)
+    with pytest.raises(OpError, match=r"topk\(\): k must be an int in 0..5"):
+        ops.topk(x, 6)
+    with pytest.raises(UnsupportedError, match="at most 4096"):
+        ops.sort(np.ones((1, 5000), np.float32))
+
+
+class Router(torch.nn.Module):
+    """A mixture-of-experts router: the top-2 experts of each token, their weights renormalised."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(16, 8)
+
+    def forward(self, h):
+        w, experts = torch.topk(self.gate(h).softmax(-1), 2, dim=-1)
+        return w / w.sum(-1, keepdim=True), experts, h.argsort(-1, descending=True)[:, :3]
+
+
+def test_compiled_router_selects_like_torch():
+    h = torch.randn(5, 16)
+    m = Router().eval()
+    got, want = taskmap.compile(m, progress=False)(h), m(h)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])

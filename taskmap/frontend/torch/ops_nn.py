@@ -1,6 +1,6 @@
 """Registry: layers and anchors — linear, matmul / bmm / addmm / baddbmm, conv2d (groups,
 dilation, stride, padding), batch_norm (inference), layer_norm, embedding, pooling and adaptive
-pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod."""
+pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod, topk / sort."""
 from __future__ import annotations
 
 import operator
@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, BinaryFn, Conv2dAttrs, NormAttrs, OpKind, PadAttrs,
-                      Pool2dAttrs, ReduceAttrs, ReduceFn, Tensor, WhereAttrs)
+                      Pool2dAttrs, ReduceAttrs, ReduceFn, Tensor, TopkAttrs, WhereAttrs)
+from ...ops.scan import MAX_SORT
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
 nn = torch.nn
@@ -275,6 +276,33 @@ def _scan(kind: OpKind, *targets: Any) -> None:
 
 _scan(OpKind.CUMSUM, torch.cumsum, "cumsum", "cumsum_")
 _scan(OpKind.CUMPROD, torch.cumprod, "cumprod", "cumprod_")
+
+
+def _topk_op(cv: Converter, x: Tensor, k: int, dim: int, largest: bool) -> tuple[Tensor, Tensor]:
+    if not str(x.device).startswith("cpu"):
+        raise NotConvertible(f"topk / sort on {x.device} (taskmap's runs on the CPU only)")
+    if x.dtype.is_bool:
+        raise NotConvertible("topk / sort of a bool tensor")
+    return cv.builder.op_multi(OpKind.TOPK, [x], TopkAttrs(int(k), norm_axis(dim, max(x.ndim, 1)), bool(largest)),
+                               source=cv.source)
+
+
+@register(torch.topk, "topk")
+def topk(cv: Converter, x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+    return _topk_op(cv, x, k, dim, largest)
+
+
+@register(torch.sort, "sort")
+def sort(cv: Converter, x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:
+    n = x.shape[norm_axis(dim, max(x.ndim, 1))] if x.ndim else 1
+    if n > MAX_SORT:
+        raise NotConvertible(f"sort of rows of {n} elements (taskmap's insertion sort takes at most {MAX_SORT})")
+    return _topk_op(cv, x, n, dim, descending)
+
+
+@register(torch.argsort, "argsort")
+def argsort(cv: Converter, x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    return sort(cv, x, dim, descending)[1]
 
 
 @register(torch.argmax, "argmax")
