@@ -59,6 +59,7 @@ class UnaryFn(enum.Enum):
     HARDSIGMOID = "hardsigmoid"
     LOGSIGMOID = "logsigmoid"
     SELU = "selu"
+    LGAMMA = "lgamma"
 
 
 class BinaryFn(enum.Enum):
@@ -72,6 +73,7 @@ class BinaryFn(enum.Enum):
     TRUNC_DIVIDE = "trunc_divide"     # div(rounding_mode="trunc")
     REMAINDER = "remainder"           # ``%``: the divisor's sign (Python's, torch.remainder)
     FMOD = "fmod"                     # the dividend's sign (C's, torch.fmod)
+    ATAN2 = "atan2"
     POW = "pow"
     MAXIMUM = "maximum"
     MINIMUM = "minimum"

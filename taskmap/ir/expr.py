@@ -81,6 +81,8 @@ class Intrinsic(enum.Enum):
     TRUNC = ("trunc", 1)
     POW = ("pow", 2)
     FMOD = ("fmod", 2)      # C's fmod: the remainder with the dividend's sign
+    ATAN2 = ("atan2", 2)
+    LGAMMA = ("lgamma", 1)
     FMA = ("fma", 3)
 
     @property

@@ -19,10 +19,10 @@ operand layouts, as task mappings, in :mod:`.mma`.
 from ..ir.dtypes import bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
 from ..ir.expr import blockDim, blockIdx, gridDim, threadIdx
 from ..ir.mapping import auto_map, custom_mapping, repeat, spatial
-from .builtins import (DeviceFunction, acos, acosh, asin, asinh, atan, atanh, attrs, bitcast, cast, ceil, cos, cosh,
-                       erf, exp, exp2, expm1, floor, fma, fmod, func, log, log1p, log2, parallel, pow, register_tensor,
-                       round, rsqrt, select, shared_tensor, sin, sinh, sqrt, symbol, syncthreads, tan, tanh, trunc,
-                       unroll, vectorize)
+from .builtins import (DeviceFunction, acos, acosh, asin, asinh, atan, atan2, atanh, attrs, bitcast, cast, ceil, cos,
+                       cosh, erf, exp, exp2, expm1, floor, fma, fmod, func, lgamma, log, log1p, log2, parallel, pow,
+                       register_tensor, round, rsqrt, select, shared_tensor, sin, sinh, sqrt, symbol, syncthreads,
+                       tan, tanh, trunc, unroll, vectorize)
 from .gpu_builtins import (FULL_MASK, all_sync, any_sync, atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
                            ballot_sync, copy16, cp_async, cp_async_commit, cp_async_wait, lane_id, ldmatrix_x1,
                            ldmatrix_x2, ldmatrix_x4, mma_sync_m16n8k16, shfl_down_sync, shfl_sync, shfl_up_sync,
@@ -37,11 +37,11 @@ __all__ = [
     "atomic_max", "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
     "ldmatrix_x1", "ldmatrix_x1_rows", "ldmatrix_x2", "ldmatrix_x2_rows", "ldmatrix_x4", "ldmatrix_x4_rows",
     "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_sync_m16n8k16", "shfl_down_sync", "shfl_sync",
-    "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id", "warp_size",
-    "DeviceFunction", "acos", "acosh", "asin", "asinh", "atan", "atanh", "attrs", "auto_map", "bf16", "bitcast",
-    "blockDim", "blockIdx", "bool_", "cast", "ceil", "cos", "cosh", "custom_mapping", "erf", "exp", "exp2", "expm1",
-    "f16", "f32", "f64", "floor", "fma", "fmod", "func", "gridDim", "i8", "i16", "i32", "i64", "kernel", "log",
+    "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id", "warp_size", "DeviceFunction", "acos",
+    "acosh", "asin", "asinh", "atan", "atan2", "atanh", "attrs", "auto_map", "bf16", "bitcast", "blockDim",
+    "blockIdx", "bool_", "cast", "ceil", "cos", "cosh", "custom_mapping", "erf", "exp", "exp2", "expm1", "f16",
+    "f32", "f64", "floor", "fma", "fmod", "func", "gridDim", "i8", "i16", "i32", "i64", "kernel", "lgamma", "log",
     "log1p", "log2", "parallel", "pow", "register_tensor", "repeat", "round", "rsqrt", "select", "shared_tensor",
-    "sin", "sinh", "spatial", "sqrt", "symbol", "syncthreads", "tan", "tanh",
-    "threadIdx", "transpile", "trunc", "u8", "u16", "u32", "u64", "unroll", "vectorize",
+    "sin", "sinh", "spatial", "sqrt", "symbol", "syncthreads", "tan", "tanh", "threadIdx", "transpile", "trunc",
+    "u8", "u16", "u32", "u64", "unroll", "vectorize",
 ]

@@ -286,6 +286,8 @@ round = _math_builtin(Intrinsic.ROUND)
 trunc = _math_builtin(Intrinsic.TRUNC)
 pow = _math_builtin(Intrinsic.POW)
 fmod = _math_builtin(Intrinsic.FMOD)
+atan2 = _math_builtin(Intrinsic.ATAN2)
+lgamma = _math_builtin(Intrinsic.LGAMMA)
 fma = _math_builtin(Intrinsic.FMA)
 
 #: Python functions that become intrinsics when called on IR values (``math.exp(x)``, ``abs(x)``).
@@ -296,7 +298,7 @@ PY_INTRINSICS: dict[Any, Intrinsic] = {
     math.ceil: Intrinsic.CEIL, math.pow: Intrinsic.POW, math.fabs: Intrinsic.ABS,
     **{getattr(math, n): getattr(Intrinsic, n.upper()) for n in ("tan", "asin", "acos", "atan", "sinh", "cosh",
                                                                  "asinh", "acosh", "atanh")},
-    math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD, math.expm1: Intrinsic.EXPM1, math.log1p: Intrinsic.LOG1P,
+    math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD, math.atan2: Intrinsic.ATAN2, math.lgamma: Intrinsic.LGAMMA, math.expm1: Intrinsic.EXPM1, math.log1p: Intrinsic.LOG1P,
     py.abs: Intrinsic.ABS, py.round: Intrinsic.ROUND, py.pow: Intrinsic.POW,
 }
 for _name, _fn in (("exp2", Intrinsic.EXP2), ("fma", Intrinsic.FMA)):

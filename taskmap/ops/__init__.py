@@ -4,10 +4,11 @@ transform operators are compute definitions scheduled by rules; reductions, soft
 norms are templates (:mod:`taskmap.templates.reduce`).  ``emulate_gpu(arch)`` runs the GPU
 schedules on host arrays, with GPU semantics, for tests."""
 from ._dispatch import emulate_gpu
-from .elementwise import (abs, acos, acosh, add, asin, asinh, atan, atanh, cast, cosh, sinh, tan, ceil, cos, div, eq, erf, exp, expm1, floor, floor_divide, fmod, ge, gelu, gt,
-                          hardsigmoid, hardswish, le, log, log1p, logsigmoid, lt, maximum, minimum, mish, mul, ne, neg,
-                          pow, reciprocal, relu, relu6, remainder, round, rsqrt, selu, sigmoid, sign, silu, sin,
-                          softplus, sqrt, square, sub, tanh, trunc, where)
+from .elementwise import (abs, acos, acosh, add, asin, asinh, atan, atan2, atanh, cast, ceil, cos, cosh, div, eq,
+                          erf, exp, expm1, floor, floor_divide, fmod, ge, gelu, gt, hardsigmoid, hardswish, le,
+                          lgamma, log, log1p, logsigmoid, lt, maximum, minimum, mish, mul, ne, neg, pow, reciprocal,
+                          relu, relu6, remainder, round, rsqrt, selu, sigmoid, sign, silu, sin, sinh, softplus, sqrt,
+                          square, sub, tan, tanh, trunc, where)
 from .transform import (broadcast_to, cat, concat, expand, flatten, gather, narrow, pad, permute, reshape, slice,
                         squeeze, transpose, unsqueeze)
 from .reduction import amax, amin, layer_norm, log_softmax, max, mean, min, prod, rms_norm, softmax, sum, var

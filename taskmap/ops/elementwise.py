@@ -98,7 +98,7 @@ UNARY: dict[str, tuple[Callable[[Expr], Expr], bool]] = {
     "expm1": (_call(Intrinsic.EXPM1), True), "log1p": (_call(Intrinsic.LOG1P), True),
     "softplus": (_softplus, True), "mish": (lambda e: e * E.call(Intrinsic.TANH, _softplus(e)), True),
     "hardsigmoid": (lambda e: _relu6(e + 3.0) * (1.0 / 6.0), True), "logsigmoid": (_logsigmoid, True),
-    "selu": (_selu, True),
+    "selu": (_selu, True), "lgamma": (_call(Intrinsic.LGAMMA), True),
 }
 
 
@@ -156,6 +156,7 @@ def mish(x: Any) -> Any: return _unary("mish", x)
 def hardsigmoid(x: Any) -> Any: return _unary("hardsigmoid", x)
 def logsigmoid(x: Any) -> Any: return _unary("logsigmoid", x)
 def selu(x: Any) -> Any: return _unary("selu", x)
+def lgamma(x: Any) -> Any: return _unary("lgamma", x)
 
 
 def softplus(x: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
@@ -296,6 +297,7 @@ BINARY: dict[str, tuple[Callable[[Expr, Expr], Expr], str]] = {
     "pow": (_pow, "same"), "maximum": (_maximum, "same"), "minimum": (_minimum, "same"),
     "floor_divide": (_floor_divide, "same"), "trunc_divide": (_trunc_divide, "same"),
     "remainder": (lambda a, b: a % b, "same"), "fmod": (_fmod, "same"),
+    "atan2": (lambda a, b: E.call(Intrinsic.ATAN2, a, b), "float"),
     "eq": (lambda a, b: E.compare(E.CmpOp.EQ, a, b), "bool"), "ne": (lambda a, b: E.compare(E.CmpOp.NE, a, b), "bool"),
     "lt": (lambda a, b: E.compare(E.CmpOp.LT, a, b), "bool"), "le": (lambda a, b: E.compare(E.CmpOp.LE, a, b), "bool"),
     "gt": (lambda a, b: E.compare(E.CmpOp.GT, a, b), "bool"), "ge": (lambda a, b: E.compare(E.CmpOp.GE, a, b), "bool"),
@@ -361,6 +363,7 @@ def sub(a: Operand, b: Operand) -> Any: return _binary("sub", a, b)
 def mul(a: Operand, b: Operand) -> Any: return _binary("mul", a, b)
 def floor_divide(a: Operand, b: Operand) -> Any: return _binary("floor_divide", a, b)
 def remainder(a: Operand, b: Operand) -> Any: return _binary("remainder", a, b)
+def atan2(a: Operand, b: Operand) -> Any: return _binary("atan2", a, b)
 def fmod(a: Operand, b: Operand) -> Any: return _binary("fmod", a, b)
 
 
@@ -445,9 +448,10 @@ def cast(x: Any, dtype: Any) -> Any:
     return run_compute("cast", (name,), args, args.shapes[0], name, lambda xs: cast_compute(xs[0], t))
 
 
-__all__ = ["BINARY", "UNARY", "abs", "add", "binary_compute", "broadcast_index", "broadcast_shapes", "cast",
-           "acos", "acosh", "asin", "asinh", "atan", "atanh", "cast_compute", "ceil", "compute_type", "cosh", "cos", "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide",
-           "fmod", "ge", "gelu", "gt", "hardsigmoid", "hardswish", "le", "log", "log1p", "logsigmoid", "lt",
-           "maximum", "minimum", "mish", "mul", "ne", "neg", "pow", "reciprocal", "relu", "relu6", "remainder",
-           "result_type", "round", "rsqrt", "selu", "sign", "sinh", "softplus", "square", "tan", "trunc",
-           "sigmoid", "silu", "sin", "sqrt", "sub", "tanh", "unary_compute", "where", "where_compute"]
+__all__ = ["abs", "acos", "acosh", "add", "asin", "asinh", "atan", "atan2", "atanh", "binary_compute",
+           "broadcast_index", "broadcast_shapes", "cast", "cast_compute", "ceil", "compute_type", "cos", "cosh",
+           "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide", "fmod", "ge", "gelu", "gt", "hardsigmoid",
+           "hardswish", "le", "lgamma", "log", "log1p", "logsigmoid", "lt", "maximum", "minimum", "mish", "mul",
+           "ne", "neg", "pow", "reciprocal", "relu", "relu6", "remainder", "result_type", "round", "rsqrt", "selu",
+           "sigmoid", "sign", "silu", "sin", "sinh", "softplus", "sqrt", "square", "sub", "tan", "tanh", "trunc",
+           "unary_compute", "where", "where_compute", "BINARY", "UNARY"]

@@ -235,3 +235,14 @@ def test_slice_assignment_with_a_step_runs_in_pytorch_under_fallback():
     fast = taskmap.compile(fn, fallback=True, progress=False)
     torch.testing.assert_close(fast(x3), fn(x3))
     assert "run by PyTorch: operator.setitem" in fast.summary()
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: torch.diagonal(t, 0, 1, 2), lambda t: t.diagonal(1, -1, -2), lambda t: torch.diagonal(t, -2, 1, 2),
+    lambda t: torch.diag(t[0]), lambda t: torch.diag(t[0], 2), lambda t: torch.diag(t[0, 0]) * 2,
+    lambda t: torch.diag(t[0, 0], -2), lambda t: torch.diag((t[0, 0] > 0).int(), 3),
+    lambda t: torch.heaviside(t.round(), torch.tensor(0.5)), lambda t: torch.heaviside(t.round(), t),
+    lambda t: torch.atan2(t, t.flip(0)), lambda t: torch.lgamma(t.abs() + 0.1),
+], ids=lambda f: "fn")
+def test_diagonals_heaviside_atan2_lgamma(fn):
+    check(Fn(fn), torch.randn(3, 5, 6), rtol=1e-5, atol=1e-5)

@@ -79,6 +79,16 @@ def test_trigonometric_and_hyperbolic(name, lo, hi, dtype):
     assert getattr(ops, name)(np.arange(3, dtype=np.int32) * 0 + (1 if name == "acosh" else 0)).dtype == np.float32
 
 
+def test_atan2_and_lgamma_like_torch():
+    y, x = RNG.standard_normal((2, 9, 13)).astype(np.float32)
+    x[0, :3] = 0.0
+    np.testing.assert_allclose(ops.atan2(y, x), torch.atan2(torch.from_numpy(y), torch.from_numpy(x)).numpy(),
+                               rtol=2e-6, atol=1e-7)
+    assert ops.atan2(np.arange(3, dtype=np.int32), 2).dtype == np.float32
+    v = RNG.uniform(-4.5, 30, (9, 13)).astype(np.float32)
+    np.testing.assert_allclose(ops.lgamma(v), torch.lgamma(torch.from_numpy(v)).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_gelu_tanh_and_bad_approximate():
     x = _data((7, 9), np.float32)
     assert_close(ops.gelu(x, approximate="tanh"), F.gelu(torch.from_numpy(x), approximate="tanh"))

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...graph import AxisAttrs, BinaryFn, NormAttrs, OpKind, ReduceAttrs, ReduceFn, SliceAttrs, Tensor, UnaryFn, \
-    WhereAttrs
+from ...graph import AxisAttrs, BinaryFn, NormAttrs, OpKind, PadAttrs, ReduceAttrs, ReduceFn, SliceAttrs, Tensor, \
+    UnaryFn, WhereAttrs
 from ...ir.dtypes import bool_, f32, i32
 from .ops_nn import _axes
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
@@ -368,6 +368,49 @@ def _triangle(lower: bool, *targets: Any) -> None:
 
 _triangle(True, torch.tril, "tril")
 _triangle(False, torch.triu, "triu")
+
+
+@register(torch.diagonal, "diagonal")
+def diagonal_(cv: Converter, x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The two dims moved last and flattened: the diagonal is a slice of step ``m + 1``."""
+    d1, d2 = norm_axis(dim1, x.ndim), norm_axis(dim2, x.ndim)
+    if d1 == d2:
+        raise NotConvertible("diagonal of a dimension with itself")
+    rest = [d for d in range(x.ndim) if d not in (d1, d2)]
+    y = cv.permute(x, (*rest, d1, d2))
+    n, m = x.shape[d1], x.shape[d2]
+    length = max(0, min(n, m - offset) if offset >= 0 else min(n + offset, m))
+    lead = tuple(x.shape[d] for d in rest)
+    if length == 0:
+        raise NotConvertible("an empty diagonal")
+    flat = cv.reshape(y, (*lead, n * m))
+    start = offset if offset >= 0 else -offset * m
+    return cv.op(OpKind.SLICE, [flat], SliceAttrs(len(lead), start, m + 1, length))
+
+
+@register(torch.diag, "diag")
+def diag(cv: Converter, x: Tensor, diagonal: int = 0) -> Tensor:
+    """A 2-d tensor's diagonal, or the square matrix with a 1-d tensor on its ``diagonal``-th one
+    (the vector, padded to the matrix's size, broadcast along rows or columns, kept on the
+    diagonal)."""
+    if x.ndim == 2:
+        return diagonal_(cv, x, diagonal, 0, 1)
+    if x.ndim != 1:
+        raise NotConvertible(f"diag of a {x.ndim}-d tensor")
+    k = abs(diagonal)
+    n = x.shape[0] + k
+    padded = cv.op(OpKind.PAD, [x], PadAttrs(((0, k),))) if k else x
+    src = cv.reshape(padded, (n, 1) if diagonal >= 0 else (1, n))
+    zero = 0.0 if x.dtype.is_float else False if x.dtype is bool_ else 0
+    return _where_scalar(cv, cv.const(~np.eye(n, k=diagonal, dtype=bool)), zero, cv.expand(src, (n, n)))
+
+
+@register(torch.heaviside, "heaviside")
+def heaviside(cv: Converter, x: Tensor, values: Any) -> Tensor:
+    step = cv.cast(cv.binary(BinaryFn.GT, x, 0), x.dtype)
+    if isinstance(values, Tensor):
+        return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.EQ, x, 0), cv.cast(values, x.dtype), step], WhereAttrs())
+    return _where_scalar(cv, cv.binary(BinaryFn.EQ, x, 0), values, step)
 
 
 @register(torch.movedim, torch.moveaxis, "movedim", "moveaxis")

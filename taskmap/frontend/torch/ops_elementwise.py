@@ -52,6 +52,7 @@ _unary(UnaryFn.MISH, F.mish, nn.Mish)
 _unary(UnaryFn.HARDSIGMOID, F.hardsigmoid, nn.Hardsigmoid)
 _unary(UnaryFn.LOGSIGMOID, F.logsigmoid, nn.LogSigmoid)
 _unary(UnaryFn.SELU, F.selu, torch.selu, nn.SELU)
+_unary(UnaryFn.LGAMMA, torch.lgamma, torch.special.gammaln, "lgamma")
 
 
 @register(torch.round, "round")
@@ -165,6 +166,7 @@ _BINARY = {
     BinaryFn.FLOOR_DIVIDE: (torch.floor_divide, operator.floordiv, operator.ifloordiv, "floor_divide", "__floordiv__"),
     BinaryFn.REMAINDER: (torch.remainder, operator.mod, operator.imod, "remainder", "__mod__"),
     BinaryFn.FMOD: (torch.fmod, "fmod"),
+    BinaryFn.ATAN2: (torch.atan2, torch.arctan2, "atan2", "arctan2"),
     BinaryFn.POW: (torch.pow, operator.pow, "pow", "__pow__"),
     BinaryFn.MAXIMUM: (torch.maximum, "maximum"),
     BinaryFn.MINIMUM: (torch.minimum, "minimum"),
