@@ -52,7 +52,8 @@ unsigned void volatile while bool true false main NAN INFINITY
 C_RESERVED = _C_KEYWORDS | frozenset("""exp expf exp2 exp2f log logf log2 log2f sqrt sqrtf tanh tanhf erf erff
 fabs fabsf sin sinf cos cosf floor floorf ceil ceilf nearbyint nearbyintf pow powf fma fmaf fmin fminf fmax fmaxf
 fmod fmodf trunc truncf expm1 expm1f log1p log1pf free malloc calloc aligned_alloc memset memcpy mmap munmap
-atan2 atan2f lgamma lgammaf tan tanf asin asinf acos acosf atan atanf sinh sinhf cosh coshf asinh asinhf acosh acoshf atanh atanhf
+atan2 atan2f lgamma lgammaf tan tanf asin asinf acos acosf atan atanf sinh sinhf cosh coshf asinh asinhf
+acosh acoshf atanh atanhf
 int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t uintptr_t size_t
 """.split())
 

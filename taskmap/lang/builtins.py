@@ -298,7 +298,8 @@ PY_INTRINSICS: dict[Any, Intrinsic] = {
     math.ceil: Intrinsic.CEIL, math.pow: Intrinsic.POW, math.fabs: Intrinsic.ABS,
     **{getattr(math, n): getattr(Intrinsic, n.upper()) for n in ("tan", "asin", "acos", "atan", "sinh", "cosh",
                                                                  "asinh", "acosh", "atanh")},
-    math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD, math.atan2: Intrinsic.ATAN2, math.lgamma: Intrinsic.LGAMMA, math.expm1: Intrinsic.EXPM1, math.log1p: Intrinsic.LOG1P,
+    math.trunc: Intrinsic.TRUNC, math.fmod: Intrinsic.FMOD, math.atan2: Intrinsic.ATAN2, math.lgamma: Intrinsic.LGAMMA,
+    math.expm1: Intrinsic.EXPM1, math.log1p: Intrinsic.LOG1P,
     py.abs: Intrinsic.ABS, py.round: Intrinsic.ROUND, py.pow: Intrinsic.POW,
 }
 for _name, _fn in (("exp2", Intrinsic.EXP2), ("fma", Intrinsic.FMA)):
