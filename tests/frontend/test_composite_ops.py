@@ -246,3 +246,12 @@ def test_slice_assignment_with_a_step_runs_in_pytorch_under_fallback():
 ], ids=lambda f: "fn")
 def test_diagonals_heaviside_atan2_lgamma(fn):
     check(Fn(fn), torch.randn(3, 5, 6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(kernel_size=3), dict(kernel_size=(2, 3), stride=2, padding=1),
+                                    dict(kernel_size=3, dilation=2, padding=2, stride=(1, 2)), dict(kernel_size=1)],
+                         ids=lambda k: "unfold")
+def test_unfold_is_im2col(kwargs):
+    x = torch.randn(2, 3, 9, 11)
+    check(Fn(lambda t: F.unfold(t, **kwargs) * 2), x)
+    check(nn.Unfold(**kwargs), x)

@@ -2,7 +2,7 @@
 logsumexp, vector norms, normalize, cosine similarity, any / all), NaN and infinity tests, more
 activations and arithmetic (exp2, log2 / log10, softsign, celu, glu, addcmul, lerp, ...), group /
 instance norm, prelu and index transforms (flip, roll, tril / triu, pixel (un)shuffle,
-repeat_interleave, tile, movedim, unflatten, tensor_split, one_hot).
+repeat_interleave, tile, movedim, unflatten, tensor_split, one_hot, unfold).
 
 Every composition is injective ops around at most the reductions it needs, so the fusion pass
 folds it into as few kernels as the hand-written op would take (``flip`` is a slice of step -1,
@@ -485,6 +485,34 @@ def pixel_unshuffle(cv: Converter, x: Any, r: Any = None) -> Tensor:
     y = cv.reshape(x, (*lead, c, h // r, r, w // r, r))
     y = cv.permute(y, (*range(k), k, k + 2, k + 4, k + 1, k + 3))
     return cv.reshape(y, (*lead, c * r * r, h // r, w // r))
+
+
+@register(F.unfold, nn.Unfold)
+def unfold(cv: Converter, x: Any, kernel_size: Any = None, dilation: Any = 1, padding: Any = 0,
+           stride: Any = 1) -> Tensor:
+    """im2col: ``(N, C * kh * kw, L)``, one strided slice of the padded input per tap, stacked
+    after the channels (torch's order: channel, then tap row, then tap column)."""
+    if isinstance(x, nn.Module):
+        m, x = x, kernel_size
+        kernel_size, dilation, padding, stride = m.kernel_size, m.dilation, m.padding, m.stride
+    if x.ndim != 4:
+        raise NotConvertible(f"unfold of a {x.ndim}-d input (N, C, H, W expected)")
+    two = lambda v: (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))  # noqa: E731
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(two, (kernel_size, dilation, padding, stride))
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        raise NotConvertible(f"unfold: a {kh}x{kw} window does not fit a {h}x{w} input")
+    if ph or pw:
+        x = cv.op(OpKind.PAD, [x], PadAttrs(((0, 0), (0, 0), (ph, ph), (pw, pw))))
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            rows = cv.slice(x, 2, i * dh, i * dh + sh * (oh - 1) + 1, sh)
+            t = cv.slice(rows, 3, j * dw, j * dw + sw * (ow - 1) + 1, sw)
+            taps.append(cv.reshape(t, (n, c, 1, oh * ow)))
+    cols = taps[0] if len(taps) == 1 else cv.op(OpKind.CONCAT, taps, AxisAttrs(2))
+    return cv.reshape(cols, (n, c * kh * kw, oh * ow))
 
 
 def _repeat_each(cv: Converter, x: Tensor, axis: int, times: int) -> Tensor:
