@@ -195,7 +195,7 @@ class Unsupported(nn.Module):
     def forward(self, x):
         y = torch.cummax(self.lin(x), dim=1).values
         z = torch.kthvalue(y, 2, dim=-1, keepdim=True).values
-        return torch.relu(z) + torch.lgamma(x)
+        return torch.relu(z) + torch.digamma(x)
 
 
 def test_unsupported_ops_all_reported():
@@ -203,7 +203,7 @@ def test_unsupported_ops_all_reported():
         taskmap.compile(Unsupported(), torch.randn(4, 8), progress=False)
     text = str(e.value)
     assert "3 unsupported operator(s)" in text
-    for name in ("torch.cummax", "torch.kthvalue", "torch.lgamma"):
+    for name in ("torch.cummax", "torch.kthvalue", "torch.digamma"):
         assert name in text
     assert "fallback=True" in text and len(e.value.ops) == 3
     assert 'test_frontend_torch.py", line' in text and "in forward: y = torch.cummax(self.lin(x), dim=1).values" in text
@@ -211,7 +211,7 @@ def test_unsupported_ops_all_reported():
 
 def test_fallback_runs_in_pytorch():
     fast = check(Unsupported(), torch.randn(4, 8), fallback=True)
-    assert "run by PyTorch: torch.cummax, torch.kthvalue, torch.lgamma" in fast.summary()
+    assert "run by PyTorch: torch.cummax, torch.digamma, torch.kthvalue" in fast.summary()
 
 
 def test_recompile_static_shapes_summary_and_debug(capsys, monkeypatch):
@@ -364,7 +364,7 @@ def test_inplace_ops_are_rebindings():
             y.add_(1)                      # alias sees the mutation
             z = torch.relu_(x * 1)
             w = alias.clone()
-            w.lgamma_()                    # unsupported in-place: runs in PyTorch on a copy
+            w.digamma_()                   # unsupported in-place: runs in PyTorch on a copy
             out = alias + 0
             y += x                         # (symbolic_trace records += as a new value, like fx everywhere)
             return out, z, w, F.relu(y, inplace=True)

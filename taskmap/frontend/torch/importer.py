@@ -28,7 +28,8 @@ from torch.utils import _pytree as pytree
 
 from ...errors import IRError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
-from . import ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_nn, ops_tensor, ops_upsample  # noqa: F401
+from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
+               ops_tensor, ops_upsample)
 from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch
 
 

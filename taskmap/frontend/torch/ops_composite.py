@@ -1,8 +1,8 @@
 """Registry: PyTorch operators that taskmap composes from its own ops — statistics (std,
-logsumexp, vector norms, normalize, cosine similarity, any / all), NaN and infinity tests, more
-activations and arithmetic (exp2, log2 / log10, softsign, celu, glu, addcmul, lerp, ...), group /
-instance norm, prelu and index transforms (flip, roll, tril / triu, pixel (un)shuffle,
-repeat_interleave, tile, movedim, unflatten, tensor_split, one_hot, unfold).
+logsumexp, vector norms, normalize, cosine similarity, any / all), group / instance norm, prelu
+and index transforms (flip, roll, tril / triu, diagonal, pixel (un)shuffle, repeat_interleave,
+tile, movedim, unflatten, tensor_split, one_hot, unfold).  (Element-wise compositions:
+:mod:`.ops_math`; upsampling: :mod:`.ops_upsample`.)
 
 Every composition is injective ops around at most the reductions it needs, so the fusion pass
 folds it into as few kernels as the hand-written op would take (``flip`` is a slice of step -1,
@@ -18,16 +18,11 @@ import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, NormAttrs, OpKind, PadAttrs, ReduceAttrs, ReduceFn, SliceAttrs, Tensor, \
     UnaryFn, WhereAttrs
-from ...ir.dtypes import bool_, f32, i32
+from ...ir.dtypes import bool_, i32
 from .ops_nn import _axes
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
 nn = torch.nn
-
-
-def _where_scalar(cv: Converter, cond: Tensor, value: Any, x: Tensor) -> Tensor:
-    """``value if cond else x`` (a Python number for ``value``)."""
-    return cv.op(OpKind.WHERE, [cond, x], WhereAttrs(a_scalar=value))
 
 
 def _reduce(cv: Converter, fn: ReduceFn, x: Tensor, axes: tuple[int, ...], keepdim: bool, corr: int = 0) -> Tensor:
@@ -52,7 +47,7 @@ def logsumexp(cv: Converter, x: Tensor, dim: Any = None, keepdim: bool = False) 
     -inf; a +inf: +inf, as torch)."""
     axes = _axes(x, dim)
     m = _reduce(cv, ReduceFn.MAX, x, axes, True)
-    m = _where_scalar(cv, cv.binary(BinaryFn.EQ, cv.unary(UnaryFn.ABS, m), math.inf), 0.0, m)
+    m = cv.where_scalar(cv.binary(BinaryFn.EQ, cv.unary(UnaryFn.ABS, m), math.inf), 0.0, m)
     s = _reduce(cv, ReduceFn.SUM, cv.unary(UnaryFn.EXP, cv.binary(BinaryFn.SUB, x, m)), axes, bool(keepdim))
     if not keepdim:
         m = cv.reshape(m, s.shape)
@@ -126,134 +121,6 @@ def cosine_similarity(cv: Converter, a: Tensor, b: Tensor, dim: int = 1, eps: fl
     nb = _reduce(cv, ReduceFn.SUM, cv.unary(UnaryFn.SQUARE, b), (norm_axis(dim, b.ndim),), False)
     den = cv.unary(UnaryFn.SQRT, cv.binary(BinaryFn.MAXIMUM, cv.binary(BinaryFn.MUL, na, nb), float(eps) ** 2))
     return cv.binary(BinaryFn.DIV, dot, den)
-
-
-# ----------------------------------------------------------------------------- arithmetic and activations
-
-
-def _scaled_unary(fn: UnaryFn, scale: float, *targets: Any) -> None:
-    @register(*targets)
-    def handler(cv: Converter, x: Tensor) -> Tensor:
-        y = cv.unary(fn, x if x.dtype.is_float else cv.cast(x, f32))
-        return cv.binary(BinaryFn.MUL, y, scale)
-
-
-_scaled_unary(UnaryFn.LOG, 1 / math.log(2.0), torch.log2, "log2")
-_scaled_unary(UnaryFn.LOG, 1 / math.log(10.0), torch.log10, "log10")
-
-
-@register(torch.exp2, torch.special.exp2, "exp2")
-def exp2(cv: Converter, x: Tensor) -> Tensor:
-    return cv.binary(BinaryFn.POW, 2.0, x if x.dtype.is_float else cv.cast(x, f32))
-
-
-@register(F.softsign, nn.Softsign)
-def softsign(cv: Converter, x: Any, *rest: Any) -> Tensor:
-    x = rest[0] if isinstance(x, nn.Module) else x
-    return cv.binary(BinaryFn.DIV, x, cv.binary(BinaryFn.ADD, cv.unary(UnaryFn.ABS, x), 1.0))
-
-
-@register(F.tanhshrink, nn.Tanhshrink)
-def tanhshrink(cv: Converter, x: Any, *rest: Any) -> Tensor:
-    x = rest[0] if isinstance(x, nn.Module) else x
-    return cv.binary(BinaryFn.SUB, x, cv.unary(UnaryFn.TANH, x))
-
-
-@register(F.celu, nn.CELU, torch.celu)
-def celu(cv: Converter, x: Any, alpha: Any = 1.0, inplace: bool = False) -> Tensor:
-    if isinstance(x, nn.Module):
-        alpha, x = x.alpha, alpha
-    neg = cv.binary(BinaryFn.MUL, cv.unary(UnaryFn.EXPM1, cv.binary(BinaryFn.DIV, x, float(alpha))), float(alpha))
-    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.GT, x, 0.0), x, neg], WhereAttrs())
-
-
-@register(F.threshold, F._threshold, nn.Threshold, torch.threshold)
-def threshold(cv: Converter, x: Any, threshold: Any = None, value: Any = None, inplace: bool = False) -> Tensor:
-    if isinstance(x, nn.Module):
-        threshold, value, x = x.threshold, x.value, threshold
-    return _where_scalar(cv, cv.binary(BinaryFn.LE, x, float(threshold)), float(value), x)
-
-
-@register(F.rrelu, nn.RReLU)
-def rrelu(cv: Converter, x: Any, lower: Any = 1.0 / 8, upper: Any = 1.0 / 3, training: bool = False,
-          inplace: bool = False) -> Tensor:
-    if isinstance(x, nn.Module):
-        if x.training:
-            raise NotConvertible("RReLU in training mode (random slopes)")
-        lower, upper, x = x.lower, x.upper, lower
-    elif training:
-        raise NotConvertible("rrelu(training=True) (random slopes)")
-    slope = (float(lower) + float(upper)) / 2
-    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.GE, x, 0.0), x, cv.binary(BinaryFn.MUL, x, slope)], WhereAttrs())
-
-
-@register(F.softmin, nn.Softmin)
-def softmin(cv: Converter, x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
-    if isinstance(x, nn.Module):
-        x, dim = dim, x.dim
-    if dim is None or dtype is not None:
-        raise NotConvertible("softmin without dim, or with dtype")
-    return cv.op(OpKind.SOFTMAX, [cv.unary(UnaryFn.NEG, x)], AxisAttrs(norm_axis(dim, x.ndim)))
-
-
-@register(F.glu, nn.GLU)
-def glu(cv: Converter, x: Any, dim: Any = -1) -> Tensor:
-    if isinstance(x, nn.Module):
-        x, dim = dim, x.dim
-    d = norm_axis(dim, x.ndim)
-    if x.shape[d] % 2:
-        raise NotConvertible(f"glu halves dimension {d}, of odd size {x.shape[d]}")
-    h = x.shape[d] // 2
-    return cv.binary(BinaryFn.MUL, cv.slice(x, d, 0, h), cv.unary(UnaryFn.SIGMOID, cv.slice(x, d, h, 2 * h)))
-
-
-def _addc(fn: BinaryFn, *targets: Any) -> None:
-    @register(*targets)
-    def handler(cv: Converter, x: Tensor, a: Tensor, b: Tensor, *, value: Any = 1) -> Tensor:
-        t = cv.binary(fn, a, b)
-        return cv.binary(BinaryFn.ADD, x, t if value == 1 else cv.binary(BinaryFn.MUL, t, value))
-
-
-_addc(BinaryFn.MUL, torch.addcmul, "addcmul")
-_addc(BinaryFn.DIV, torch.addcdiv, "addcdiv")
-
-
-@register(torch.lerp, "lerp")
-def lerp(cv: Converter, a: Tensor, b: Tensor, weight: Any) -> Tensor:
-    return cv.binary(BinaryFn.ADD, a, cv.binary(BinaryFn.MUL, cv.binary(BinaryFn.SUB, b, a), weight))
-
-
-@register(torch.outer, torch.ger, "outer")
-def outer(cv: Converter, a: Tensor, b: Tensor) -> Tensor:
-    return cv.binary(BinaryFn.MUL, cv.reshape(a, (a.numel, 1)), cv.reshape(b, (1, b.numel)))
-
-
-# ----------------------------------------------------------------------------- NaN and infinity
-
-
-@register(torch.isnan, "isnan")
-def isnan(cv: Converter, x: Tensor) -> Tensor:
-    return cv.binary(BinaryFn.NE, x, x)
-
-
-@register(torch.isinf, "isinf")
-def isinf(cv: Converter, x: Tensor) -> Tensor:
-    return cv.binary(BinaryFn.EQ, cv.unary(UnaryFn.ABS, x), math.inf)
-
-
-@register(torch.isfinite, "isfinite")
-def isfinite(cv: Converter, x: Tensor) -> Tensor:
-    return cv.binary(BinaryFn.LT, cv.unary(UnaryFn.ABS, x), math.inf)     # NaN < inf is false
-
-
-@register(torch.nan_to_num, "nan_to_num")
-def nan_to_num(cv: Converter, x: Tensor, nan: Any = 0.0, posinf: Any = None, neginf: Any = None) -> Tensor:
-    if not x.dtype.is_float:
-        return x
-    big = float(torch.finfo(getattr(torch, x.dtype.name)).max)
-    y = _where_scalar(cv, cv.binary(BinaryFn.NE, x, x), float(nan or 0.0), x)
-    y = _where_scalar(cv, cv.binary(BinaryFn.EQ, x, math.inf), big if posinf is None else float(posinf), y)
-    return _where_scalar(cv, cv.binary(BinaryFn.EQ, x, -math.inf), -big if neginf is None else float(neginf), y)
 
 
 # ----------------------------------------------------------------------------- normalization layers
@@ -363,7 +230,7 @@ def _triangle(lower: bool, *targets: Any) -> None:
         off = np.arange(c)[None, :] - np.arange(r)[:, None]
         drop = off > diagonal if lower else off < diagonal
         zero = 0.0 if x.dtype.is_float else False if x.dtype is bool_ else 0
-        return _where_scalar(cv, cv.const(drop), zero, x)
+        return cv.where_scalar(cv.const(drop), zero, x)
 
 
 _triangle(True, torch.tril, "tril")
@@ -402,15 +269,7 @@ def diag(cv: Converter, x: Tensor, diagonal: int = 0) -> Tensor:
     padded = cv.op(OpKind.PAD, [x], PadAttrs(((0, k),))) if k else x
     src = cv.reshape(padded, (n, 1) if diagonal >= 0 else (1, n))
     zero = 0.0 if x.dtype.is_float else False if x.dtype is bool_ else 0
-    return _where_scalar(cv, cv.const(~np.eye(n, k=diagonal, dtype=bool)), zero, cv.expand(src, (n, n)))
-
-
-@register(torch.heaviside, "heaviside")
-def heaviside(cv: Converter, x: Tensor, values: Any) -> Tensor:
-    step = cv.cast(cv.binary(BinaryFn.GT, x, 0), x.dtype)
-    if isinstance(values, Tensor):
-        return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.EQ, x, 0), cv.cast(values, x.dtype), step], WhereAttrs())
-    return _where_scalar(cv, cv.binary(BinaryFn.EQ, x, 0), values, step)
+    return cv.where_scalar(cv.const(~np.eye(n, k=diagonal, dtype=bool)), zero, cv.expand(src, (n, n)))
 
 
 @register(torch.movedim, torch.moveaxis, "movedim", "moveaxis")

@@ -257,7 +257,7 @@ def _arg_extreme(cv: Converter, x: Tensor, dim: Any, keepdim: bool, largest: boo
     m = _reduce(cv, ReduceFn.MAX if largest else ReduceFn.MIN, x, axis, True)
     hit = cv.binary(BinaryFn.EQ, x, m)
     if x.dtype.is_float:
-        hit = cv.op(OpKind.WHERE, [cv.binary(BinaryFn.NE, x, x), hit], WhereAttrs(a_scalar=True))
+        hit = cv.where_scalar(cv.binary(BinaryFn.NE, x, x), True, hit)
     shape = [1] * x.ndim
     shape[axis] = n
     pos = cv.const(np.arange(n, dtype=np.int64).reshape(shape))

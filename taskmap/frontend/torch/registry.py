@@ -25,7 +25,7 @@ import torch
 
 from ...errors import UnsupportedError
 from ...graph import (BinaryAttrs, BinaryFn, CastAttrs, GraphBuilder, OpKind, PermuteAttrs, ShapeAttrs, SliceAttrs,
-                      Tensor, UnaryAttrs, UnaryFn)
+                      Tensor, UnaryAttrs, UnaryFn, WhereAttrs)
 from ...ir.dtypes import ScalarType, scalar_type
 
 Handler = Callable[..., Any]
@@ -158,6 +158,10 @@ class Converter:
         if isinstance(b, Tensor):
             return self.op(OpKind.BINARY, [b], BinaryAttrs(fn, _number(a), scalar_first=True))
         raise NotConvertible("a binary op without tensor operands")
+
+    def where_scalar(self, cond: Tensor, value: Any, x: Tensor) -> Tensor:
+        """``value if cond else x`` (``value`` a Python number)."""
+        return self.op(OpKind.WHERE, [cond, x], WhereAttrs(a_scalar=value))
 
     def cast(self, x: Tensor, dtype: ScalarType) -> Tensor:
         return x if x.dtype is dtype else self.op(OpKind.CAST, [x], CastAttrs(dtype))
