@@ -16,17 +16,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...graph import AxisAttrs, BinaryFn, NormAttrs, OpKind, PadAttrs, ReduceAttrs, ReduceFn, SliceAttrs, Tensor, \
+from ...graph import AxisAttrs, BinaryFn, NormAttrs, OpKind, PadAttrs, ReduceFn, SliceAttrs, Tensor, \
     UnaryFn, WhereAttrs
 from ...ir.dtypes import bool_, i32
-from .ops_nn import _axes
+from .ops_nn import _axes, _pair, _reduce
+from .ops_tensor import repeat
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
 nn = torch.nn
-
-
-def _reduce(cv: Converter, fn: ReduceFn, x: Tensor, axes: tuple[int, ...], keepdim: bool, corr: int = 0) -> Tensor:
-    return cv.op(OpKind.REDUCE, [x], ReduceAttrs(fn, axes, keepdim, corr))
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -307,12 +304,9 @@ def tensor_split(cv: Converter, x: Tensor, indices_or_sections: Any, dim: int = 
 
 @register(torch.tile, "tile")
 def tile(cv: Converter, x: Tensor, *dims: Any) -> Tensor:
+    """``x.repeat`` with the repeats padded with ones on the left to ``x``'s rank."""
     reps = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
-    reps = [1] * (x.ndim - len(reps)) + reps
-    x = cv.reshape(x, (1,) * (len(reps) - x.ndim) + x.shape)
-    inter = [v for r, n in zip(reps, x.shape) for v in (r, n)]
-    y = cv.expand(cv.reshape(x, tuple(v for n in x.shape for v in (1, n))), tuple(inter))
-    return cv.reshape(y, tuple(r * n for r, n in zip(reps, x.shape)))
+    return repeat(cv, x, *([1] * (x.ndim - len(reps)) + reps))
 
 
 @register(F.one_hot)
@@ -356,8 +350,7 @@ def unfold(cv: Converter, x: Any, kernel_size: Any = None, dilation: Any = 1, pa
         kernel_size, dilation, padding, stride = m.kernel_size, m.dilation, m.padding, m.stride
     if x.ndim != 4:
         raise NotConvertible(f"unfold of a {x.ndim}-d input (N, C, H, W expected)")
-    two = lambda v: (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))  # noqa: E731
-    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(two, (kernel_size, dilation, padding, stride))
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(_pair, (kernel_size, dilation, padding, stride))
     n, c, h, w = x.shape
     oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:

@@ -236,13 +236,13 @@ def _reduction(fn: ReduceFn, *targets: Any) -> None:
             x = cv.cast(x, from_torch_dtype(dtype))
         if fn in (ReduceFn.MAX, ReduceFn.MIN) and dim is not None and isinstance(dim, int) and \
                 targets[0] in (torch.max, torch.min):          # (values, indices)
-            return (_reduce(cv, fn, x, norm_axis(dim, x.ndim), bool(keepdim)),
+            return (_reduce(cv, fn, x, (norm_axis(dim, x.ndim),), bool(keepdim)),
                     _arg_extreme(cv, x, dim, bool(keepdim), fn is ReduceFn.MAX))
         return cv.op(OpKind.REDUCE, [x], ReduceAttrs(fn, _axes(x, axis if axis is not None else dim), bool(keepdim)))
 
 
-def _reduce(cv: Converter, fn: ReduceFn, x: Tensor, axis: int, keepdim: bool) -> Tensor:
-    return cv.op(OpKind.REDUCE, [x], ReduceAttrs(fn, (axis,), keepdim))
+def _reduce(cv: Converter, fn: ReduceFn, x: Tensor, axes: tuple[int, ...], keepdim: bool, corr: int = 0) -> Tensor:
+    return cv.op(OpKind.REDUCE, [x], ReduceAttrs(fn, axes, keepdim, corr))
 
 
 def _arg_extreme(cv: Converter, x: Tensor, dim: Any, keepdim: bool, largest: bool) -> Tensor:
@@ -254,14 +254,14 @@ def _arg_extreme(cv: Converter, x: Tensor, dim: Any, keepdim: bool, largest: boo
     else:
         axis = norm_axis(dim, x.ndim)
     n = x.shape[axis]
-    m = _reduce(cv, ReduceFn.MAX if largest else ReduceFn.MIN, x, axis, True)
+    m = _reduce(cv, ReduceFn.MAX if largest else ReduceFn.MIN, x, (axis,), True)
     hit = cv.binary(BinaryFn.EQ, x, m)
     if x.dtype.is_float:
         hit = cv.where_scalar(cv.binary(BinaryFn.NE, x, x), True, hit)
     shape = [1] * x.ndim
     shape[axis] = n
     pos = cv.const(np.arange(n, dtype=np.int64).reshape(shape))
-    return _reduce(cv, ReduceFn.MIN, cv.op(OpKind.WHERE, [hit, pos], WhereAttrs(b_scalar=n)), axis, keepdim)
+    return _reduce(cv, ReduceFn.MIN, cv.op(OpKind.WHERE, [hit, pos], WhereAttrs(b_scalar=n)), (axis,), keepdim)
 
 
 def _scan(kind: OpKind, *targets: Any) -> None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, Conv2dAttrs, OpKind, PadAttrs, SliceAttrs, Tensor
 from .ops_composite import _repeat_each
-from .ops_nn import conv_module
+from .ops_nn import _pair, conv_module
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
@@ -117,10 +117,6 @@ def upsample(cv: Converter, m: nn.Module, x: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- transposed convolution
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
 def _insert_zeros(cv: Converter, x: Tensor, axis: int, s: int) -> Tensor:
