@@ -15,6 +15,9 @@
   depthwise conv2d, attention: :mod:`.lower_template`) becomes ONE kernel of the op's template
   with its prologues and epilogue spliced in; when fusion is refused the group is split as
   above (the template alone is still one prepared kernel launch);
+* a 1x1-convolution group whose result only a depthwise convolution reads, and that depthwise
+  group, become ONE kernel together (:mod:`.lower_pwdw`, CPU): :func:`lowered` gives the pair's
+  launch at the depthwise group and none at the other;
 * a **single** op that is not injective and has no template lowering (PyTorch fallback,
   shapes / dtypes / targets the lowerings do not take) is run by its ``taskmap.ops`` runner
   (``kernel is None``).
@@ -27,7 +30,7 @@ as large as the largest request), :class:`~.lower_anchor.Zeros` or a
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +52,8 @@ from .lower_anchor import (
     plan_anchor,
 )
 from .lower_reduce import reduction_fusable, squeeze_output
-from .lower_template import Scalar, plan_template, template_fusable, template_prologue_inputs
+from .lower_pwdw import merged, pointwise_depthwise_pairs
+from .lower_template import Scalar, plan_problem, plan_template, template_fusable, template_prologue_inputs
 from .passes import debug_enabled
 from .partition import (
     FusionGroup,
@@ -209,9 +213,29 @@ def graph_groups(graph: Graph, target: Target) -> list[FusionGroup]:
     return groups
 
 
+def lowered(graph: Graph, groups: Sequence[FusionGroup], target: Target) -> Iterator[list[KernelGroup]]:
+    """Per fusion group of ``graph`` (in order), its kernel group(s) — none for a pointwise
+    convolution fused into the depthwise one after it (:mod:`.lower_pwdw`), whose group lowers
+    the pair."""
+    pairs = pointwise_depthwise_pairs(graph, groups, target)
+    producers = {j for j, _ in pairs.values()}
+    for i, g in enumerate(groups):
+        if i in producers:
+            yield []
+        elif i in pairs:
+            j, tp = pairs[i]
+            try:
+                plan = plan_problem(tp, g.anchor, (), g.epilogue, target)
+                yield [KernelGroup(merged(groups[j], g), plan.kernel, plan.args, plan.shapes)]
+            except FusionError:
+                yield lower_group(groups[j], target) + lower_group(g, target)
+        else:
+            yield lower_group(g, target)
+
+
 def lower_graph(graph: Graph, target: Target) -> list[KernelGroup]:
     """Every group of ``graph`` lowered for ``target`` (see the module docstring)."""
-    return [kg for g in graph_groups(graph, target) for kg in lower_group(g, target)]
+    return [kg for kgs in lowered(graph, graph_groups(graph, target), target) for kg in kgs]
 
 
 def workspace_sizes(groups: Sequence[KernelGroup]) -> dict[str, int]:
@@ -237,4 +261,4 @@ def summary(groups: Sequence[KernelGroup]) -> dict[str, Any]:
 
 
 __all__ = ["KernelGroup", "Scalar", "Workspace", "Zeros", "graph_groups", "injective_kernel", "kernel_count",
-           "lower_graph", "lower_group", "summary", "workspace_sizes"]
+           "lower_graph", "lower_group", "lowered", "summary", "workspace_sizes"]

@@ -60,7 +60,7 @@ TEMPLATE_KINDS = frozenset({OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NOR
 
 
 @dataclass
-class _Template:
+class TemplateProblem:
     """A template problem and where the kernel's parameters come from."""
 
     template: Any
@@ -78,7 +78,7 @@ def _f32(op: Op) -> bool:
     return all(t.dtype.name == "float32" for t in (*data, op.output)) and op.output.numel > 0
 
 
-def _row(op: Op) -> _Template | None:
+def _row(op: Op) -> TemplateProblem | None:
     x = op.inputs[0]
     name = {OpKind.SOFTMAX: "softmax", OpKind.LOG_SOFTMAX: "log_softmax", OpKind.LAYER_NORM: "layer_norm"}[op.kind]
     a = op.attrs
@@ -92,10 +92,10 @@ def _row(op: Op) -> _Template | None:
     operands = {"x": (x, rows)}
     for param, t in zip(("w", "b") if p.weight else ("b",), op.inputs[1:]):
         operands[param] = (t, (p.extent,))
-    return _Template(template_for(name), p, operands, {0: "x"}, "y", rows, {})
+    return TemplateProblem(template_for(name), p, operands, {0: "x"}, "y", rows, {})
 
 
-def _window(op: Op) -> _Template | None:
+def _window(op: Op) -> TemplateProblem | None:
     x, a = op.inputs[0], op.attrs
     shape, dt = tuple(x.shape), x.dtype.name
     if op.kind is OpKind.MAX_POOL2D:
@@ -116,16 +116,16 @@ def _window(op: Op) -> _Template | None:
         return None
     out = (p.n, p.c_out, p.oh, p.ow)
     if p.is_global:
-        return _Template(WINDOW, p, {"x": (x, (p.n * p.c_in, p.h * p.w))}, {0: "x"}, "y", (p.n * p.c_out,), {})
+        return TemplateProblem(WINDOW, p, {"x": (x, (p.n * p.c_in, p.h * p.w))}, {0: "x"}, "y", (p.n * p.c_out,), {})
     operands = {"x": (x, (p.n, p.c_in, p.h, p.w))}
     if p.op == "conv":
         operands["w"] = (op.inputs[1], (p.c_out, p.kh * p.kw))
         if p.bias:
             operands["bias"] = (op.inputs[2], (p.c_out,))
-    return _Template(WINDOW, p, operands, {0: "x"}, "y", out, {})
+    return TemplateProblem(WINDOW, p, operands, {0: "x"}, "y", out, {})
 
 
-def _attention(op: Op, target: Target) -> _Template | None:
+def _attention(op: Op, target: Target) -> TemplateProblem | None:
     q, k, v = op.inputs[:3]
     a = op.attrs
     mask = op.inputs[3] if a.has_mask else None
@@ -144,10 +144,11 @@ def _attention(op: Op, target: Target) -> _Template | None:
     fixed["kt"] = (Workspace("cpu_attn_kt", ws), (ws,))
     for name, value in zip(("scale", "kd", "km", "md", "mm"), (float(p.scale), p.kd, p.km, p.md, p.mm)):
         fixed[name] = (Scalar(value), None)
-    return _Template(ATTENTION_CPU, p, operands, {0: "q", 1: "k", 2: "v", 3: "mask"}, "o", (p.bh, p.L, p.ev), fixed)
+    return TemplateProblem(ATTENTION_CPU, p, operands, {0: "q", 1: "k", 2: "v", 3: "mask"}, "o", (p.bh, p.L, p.ev),
+                           fixed)
 
 
-def template_problem(op: Op, target: Target) -> _Template | None:
+def template_problem(op: Op, target: Target) -> TemplateProblem | None:
     """The template problem of a template-anchor op, or None (another lowering, or its runner)."""
     if target.kind is not TargetKind.CPU or op.kind not in TEMPLATE_KINDS or len(op.outputs) != 1 or not _f32(op):
         return None
@@ -186,6 +187,13 @@ def plan_template(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epi
     if tp is None:
         raise FusionError(f"{anchor.name}: no template lowering for {anchor.kind.name} with these shapes on "
                           f"{target.name}")
+    return plan_problem(tp, anchor, prologues, epilogue, target)
+
+
+def plan_problem(tp: TemplateProblem, anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]],
+                 epilogue: Sequence[Op], target: Target) -> AnchorPlan:
+    """One kernel: ``tp``'s template (the kernel its schedule choice gives) with the prologues
+    of ``anchor``'s inputs and its epilogue spliced in (FusionError: cannot)."""
     base = template_kernel(tp.template, tp.problem, target)
     pro_defs: dict[str, TensorNode] = {}
     sources: dict[str, Tensor] = {}
@@ -240,6 +248,8 @@ def plan_template(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epi
 __all__ = [
     "TEMPLATE_KINDS",
     "Scalar",
+    "TemplateProblem",
+    "plan_problem",
     "plan_template",
     "template_fusable",
     "template_problem",

@@ -50,7 +50,7 @@ from ..compute.nodes import graph_inputs, tensor_input
 from ..errors import LaunchError
 from ..graph.ir import Graph, Op, Tensor
 from ..graph.kinds import OpKind
-from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, graph_groups, lower_group, workspace_sizes
+from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, graph_groups, lowered, workspace_sizes
 from ..graph.passes import debug_enabled, optimize
 from ..graph.printer import graph_str
 from ..ir.types import TensorType
@@ -392,8 +392,7 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
     out: list[KernelGroup] = []
     futures: dict[Kernel, Future[Any]] = {}
     with bar, ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 16)) as pool:
-        for g in groups:
-            kgs = lower_group(g, target)
+        for kgs in lowered(graph, groups, target):
             out.extend(kgs)
             new = [kg.kernel for kg in kgs if kg.kernel is not None and kg.kernel not in futures]
             for k in new:

@@ -1,0 +1,247 @@
+"""The CPU f32 kernel of a pointwise convolution feeding a depthwise one (MobileNet's inverted
+residual: 1x1 expansion + activation, then a ``kh x kw`` depthwise convolution), in one pass
+that never writes the expanded tensor to memory.  Written in the DSL with task mappings.
+
+``build_kernel(cfg)`` makes one kernel per :class:`PwDwConfig` (the sizes are constants).
+
+* **Units**: ``n x bands x channel blocks`` — a band is ``rows`` output rows, a channel block
+  ``MR`` expanded channels; the cores take contiguous ranges of units (``spatial(P).parallel()``,
+  channel blocks innermost: a core sweeps all its channel blocks over one band of the input,
+  which stays in its L2).
+* **Expansion** (the pointwise convolution): the input rows a band's windows read (the halo
+  rows of neighbouring bands are computed by both), ``MR`` channels at a time, as a register
+  tile of ``MR`` channels x ``NR`` pixels (``repeat(MR, NR // V) * spatial(1, V)``: per input
+  channel ``MR`` weight broadcasts, ``NR / V`` vector loads of the input row, ``MR * NR / V``
+  FMAs), bias and activation applied on the way to the core's scratch ``E`` (L1 / L2).  The last
+  pixel tile of a band is shifted left to end at the band's end (whole vectors, a few pixels
+  computed twice).
+* **Depthwise**: per expanded channel, the band's rows of ``E`` are staged zero-padded and split
+  into the ``sw`` column phases of the stride (``P[q][row][t]`` = padded column ``t * sw + q``),
+  so every tap reads contiguous lanes; then each output row is vectors of ``V`` outputs (the
+  last one shifted left onto the row's end; a row shorter than ``V`` is one masked vector), each
+  lane summing its window's taps with the weight broadcast.  Each output element is stored
+  (with the same value) by one or two vectors and never read: post-scheduling fusion splices an
+  epilogue (BatchNorm, activation, residual) into these stores (:mod:`taskmap.fusion`).
+"""
+from dataclasses import dataclass
+
+from ..ir.mapping import repeat, spatial
+from ..lang import exp, f32, func, i32, register_tensor, select, symbol
+from ..lang.kernel import kernel
+from ..runtime.kernel import Kernel
+
+#: Activations between the two convolutions (of the graph's unary functions).
+ACTIVATIONS = ("none", "relu", "relu6", "hardswish", "silu")
+
+
+@dataclass(frozen=True)
+class PwDwConfig:
+    """Everything the kernel's code depends on: the problem's sizes and window, the register
+    tile (``mr`` channels x ``nr`` pixels), the output rows per band and the cores."""
+
+    n: int
+    cin: int
+    h: int
+    w: int
+    cexp: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    oh: int
+    ow: int
+    act: str
+    mr: int
+    nr: int
+    rows: int
+    lanes: int
+    cores: int
+
+    @property
+    def bands(self) -> int:
+        return -(-self.oh // self.rows)
+
+    def band_rows(self, band: int) -> tuple[int, int]:
+        """Input rows (of the image) that band ``band``'s windows read: ``[lo, hi)``."""
+        oi0 = band * self.rows
+        oi1 = min(oi0 + self.rows, self.oh)
+        return max(oi0 * self.sh - self.pt, 0), min((oi1 - 1) * self.sh + self.kh - self.pt, self.h)
+
+    @property
+    def band_pixels(self) -> int:
+        """The most input pixels of a band (the rows of ``E``)."""
+        return max((hi - lo) * self.w for lo, hi in map(self.band_rows, range(self.bands)))
+
+    @property
+    def min_band_pixels(self) -> int:
+        return min((hi - lo) * self.w for lo, hi in map(self.band_rows, range(self.bands)))
+
+    @property
+    def padded_rows(self) -> int:
+        """Rows of a band's staged, padded plane."""
+        return (self.rows - 1) * self.sh + self.kh
+
+    @property
+    def phase_width(self) -> int:
+        """Columns of one stride phase of the staged plane: the taps of every output vector
+        (a masked one included) stay inside."""
+        return max(-(-((self.ow - 1) * self.sw + self.kw) // self.sw), self.lanes + (self.kw - 1) // self.sw)
+
+    @property
+    def per_core(self) -> int:
+        """Scratch elements of one core: ``E`` (``MR`` channels of a band) and the staged plane."""
+        return self.mr * self.band_pixels + self.sw * self.padded_rows * self.phase_width
+
+    @property
+    def workspace(self) -> int:
+        return self.cores * self.per_core
+
+
+def build_kernel(cfg: PwDwConfig) -> Kernel:
+    assert cfg.nr % cfg.lanes == 0 and cfg.act in ACTIVATIONS and cfg.sw in (1, 2)
+    N, CIN, H, W, CEXP = cfg.n, cfg.cin, cfg.h, cfg.w, cfg.cexp
+    KH, KW, SH, SW, PT, PL, OH, OW = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.pt, cfg.pl, cfg.oh, cfg.ow
+    MR, NR, V, P, ROWS = cfg.mr, cfg.nr, cfg.lanes, cfg.cores, cfg.rows
+    RELU, RELU6 = cfg.act in ("relu", "relu6"), cfg.act == "relu6"
+    HSWISH, SILU = cfg.act == "hardswish", cfg.act == "silu"
+    NB, CB = cfg.bands, -(-CEXP // MR)
+    EB, PR, WQ, PER_CORE = cfg.band_pixels, cfg.padded_rows, cfg.phase_width, cfg.per_core
+    CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
+    WS_T = f32[symbol("wsz")]                   # the scratch (at least P * PER_CORE)
+    tile = repeat(MR, NR // V) * spatial(1, V)
+    lanes = spatial(V)
+    WIDE = OW >= V                       # whole output vectors (the last one shifted left)
+    VECS = -(-OW // V)
+    SHORT = cfg.min_band_pixels < NR     # (tiny images) masked pixel tiles
+
+    @func
+    def expand(x: f32[N, CIN, H * W], w1: f32[CEXP, CIN], b1: f32[CEXP], ws: WS_T, e0: i32, b: i32,
+               c0: i32, pix0: i32, npix: i32):
+        """Channels ``c0 .. c0 + MR`` of the pointwise convolution, activated, at the band's
+        pixels ``pix0 .. pix0 + npix`` of image ``b``: to ``E`` at ``ws[e0:]`` (``MR`` rows of
+        ``EB``).  Channels past C_exp repeat the last one (never read)."""
+        acc = register_tensor(f32, [MR, NR])
+        for t in range((npix + NR - 1) // NR):
+            p0 = max(min(t * NR, npix - NR), 0)
+            for r, s in tile.vectorize():
+                acc[r, s] = b1[min(c0 + r, CEXP - 1)]
+            for k in range(CIN):
+                if SHORT:       # a band of fewer pixels than a tile: lanes past it read its last pixel
+                    for r, s in tile.vectorize():
+                        acc[r, s] += w1[min(c0 + r, CEXP - 1), k] * x[b, k, pix0 + min(p0 + s, npix - 1)]
+                else:
+                    for r, s in tile.vectorize():
+                        acc[r, s] += w1[min(c0 + r, CEXP - 1), k] * x[b, k, pix0 + p0 + s]
+            for r, s in tile.vectorize():
+                v = acc[r, s]
+                if RELU6:
+                    acc[r, s] = select(v > 6.0, 6.0, select(v < 0.0, 0.0, v))
+                elif RELU:
+                    acc[r, s] = select(v < 0.0, 0.0, v)
+                elif HSWISH:
+                    u = v + 3.0
+                    acc[r, s] = v * select(u > 6.0, 6.0, select(u < 0.0, 0.0, u)) * (1.0 / 6.0)
+                elif SILU:
+                    acc[r, s] = v * (1.0 / (1.0 + exp(-v)))
+            if SHORT:
+                for r, s in tile.vectorize():
+                    if p0 + s < npix:
+                        ws[e0 + r * EB + p0 + s] = acc[r, s]
+            else:
+                for r, s in tile.vectorize():
+                    ws[e0 + r * EB + p0 + s] = acc[r, s]
+
+    # per stride phase q: the phase columns t whose image column t * SW + q - PL is inside: [lo, hi)
+    SPANS = []
+    for q in range(SW):
+        lo = min(max(-(-(PL - q) // SW), 0), WQ)
+        SPANS.append((lo, max(min(-(-(W + PL - q) // SW), WQ), lo)))
+
+    def make_stage(q: int, lo: int, hi: int) -> func:
+        inside = spatial(max(hi - lo, 1))
+        left, right = spatial(max(lo, 1)), spatial(max(WQ - hi, 1))
+        every = spatial(WQ)
+
+        def stage(ws: WS_T, e0: i32, q0: i32, r: i32, ilo: i32, top: i32):
+            """Phase ``q`` of channel row ``r`` of ``E`` (image rows from ``ilo``) as the band's
+            padded plane at ``ws[q0:]``: ``P[q][pr][t]`` = padded row ``top + pr``, column
+            ``t * SW + q`` (zero outside the image); constant bounds, vectorized copies."""
+            for pr in range(PR):
+                i = top + pr - PT                        # the image row
+                row = q0 + (q * PR + pr) * WQ
+                if i >= 0 and i < H:
+                    src = e0 + r * EB + (i - ilo) * W + q - PL
+                    if lo > 0:
+                        for t in left.vectorize():
+                            ws[row + t] = 0.0
+                    if hi > lo:
+                        for t in inside.vectorize():
+                            ws[row + lo + t] = ws[src + (lo + t) * SW]
+                    if WQ > hi:
+                        for t in right.vectorize():
+                            ws[row + hi + t] = 0.0
+                else:
+                    for t in every.vectorize():
+                        ws[row + t] = 0.0
+        stage.__name__ = f"stage_{q}"
+        return func(stage)
+
+    stage0 = make_stage(0, *SPANS[0])
+    stage1 = make_stage(1, *SPANS[-1]) if SW == 2 else stage0
+
+    @func
+    def depthwise(ws: WS_T, wd: f32[CEXP, KH * KW], bd: f32[CEXP], y: f32[N, CEXP, OH, OW], q0: i32,
+                  b: i32, c: i32, oi0: i32, oi1: i32, top: i32):
+        """Output rows ``oi0 .. oi1`` of channel ``c`` from the staged plane at ``ws[q0:]``."""
+        acc = register_tensor(f32, [V])
+        for oi in range(oi0, oi1):
+            base = q0 + (oi * SH - top) * WQ
+            for vj in range(VECS):
+                oj0 = 0
+                if WIDE:
+                    oj0 = min(vj * V, OW - V)
+                for j in lanes.vectorize():
+                    acc[j] = bd[c]
+                for kh in range(KH):
+                    for kw in range(KW):
+                        for j in lanes.vectorize():
+                            acc[j] += ws[base + ((kw % SW) * PR + kh) * WQ + oj0 + j + kw // SW] * wd[c, kh * KW + kw]
+                if WIDE:
+                    for j in lanes.vectorize():
+                        y[b, c, oi, oj0 + j] = acc[j]
+                else:
+                    for j in lanes.vectorize():
+                        if j < OW:
+                            y[b, c, oi, oj0 + j] = acc[j]
+
+    @kernel
+    def pwdw_cpu(x: f32[N, CIN, H * W], w1: f32[CEXP, CIN], b1: f32[CEXP], wd: f32[CEXP, KH * KW], bd: f32[CEXP],
+                 y: f32[N, CEXP, OH, OW], ws: WS_T):
+        units = N * NB * CB
+        for p in CORES:
+            u0 = p * units // P
+            u1 = (p + 1) * units // P
+            e0 = p * PER_CORE
+            q0 = e0 + MR * EB
+            for u in range(u0, u1):
+                b = u // (NB * CB)
+                band = u // CB % NB
+                c0 = u % CB * MR
+                oi0 = band * ROWS
+                oi1 = min(oi0 + ROWS, OH)
+                top = oi0 * SH                               # the band's first padded row
+                ilo = max(top - PT, 0)
+                ihi = min((oi1 - 1) * SH + KH - PT, H)
+                expand(x, w1, b1, ws, e0, b, c0, ilo * W, (ihi - ilo) * W)
+                for r in range(min(MR, CEXP - c0)):
+                    stage0(ws, e0, q0, r, ilo, top)
+                    if SW == 2:
+                        stage1(ws, e0, q0, r, ilo, top)
+                    depthwise(ws, wd, bd, y, q0, b, c0 + r, oi0, oi1, top)
+
+    return pwdw_cpu
+
+
+__all__ = ["ACTIVATIONS", "PwDwConfig", "build_kernel"]

@@ -1,0 +1,94 @@
+"""A 1x1 convolution feeding a depthwise one, lowered to ONE kernel (taskmap.graph.lower_pwdw):
+MobileNet-style blocks compiled from PyTorch against eager, the launches counted; the pair is
+kept as two kernels where it does not qualify (the expanded tensor read twice or returned, an
+activation the kernel lacks (GELU), a small expanded tensor, ``TASKMAP_FUSE_PWDW=0``)."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import taskmap
+from taskmap.testing import assert_close
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.models.cnn_defs import mobilenet_v2, randomize_bn
+
+
+class Block(nn.Module):
+    """Expansion (1x1 conv, BN, activation), depthwise conv (BN, ReLU6), projection."""
+
+    def __init__(self, cin=8, cexp=192, k=3, stride=1, act=nn.ReLU6, bn=True, extra=None):
+        super().__init__()
+        norm = nn.BatchNorm2d if bn else (lambda c: nn.Identity())
+        self.expand = nn.Sequential(nn.Conv2d(cin, cexp, 1, bias=not bn), norm(cexp), act())
+        self.dw = nn.Sequential(nn.Conv2d(cexp, cexp, k, stride, k // 2, groups=cexp, bias=not bn), norm(cexp),
+                                nn.ReLU6())
+        self.project = nn.Conv2d(cexp, cin, 1)
+        self.extra = extra
+
+    def forward(self, x):
+        e = self.expand(x)
+        y = self.project(self.dw(e))
+        if self.extra == "reuse":          # the expanded tensor read twice
+            return y, e.mean()
+        return y
+
+
+def compiled_steps(model, x):
+    fast = taskmap.compile(model, (x,))
+    with torch.no_grad():
+        want = model(x)
+    got = fast(x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert_close(g, w, rtol=1e-4, atol=1e-4)
+    return [s.name for e in fast.entries.values() for s in e.compiled.steps]
+
+
+def fused(names):
+    return [n for n in names if n.count("conv2d") == 2]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("act", [nn.ReLU6, nn.ReLU, nn.Hardswish, nn.SiLU])
+def test_block_is_one_kernel_less(stride, act):
+    torch.manual_seed(0)
+    model = randomize_bn(Block(stride=stride, act=act)).eval()
+    names = compiled_steps(model, torch.randn(1, 8, 28, 28))
+    assert len(names) == 2 and len(fused(names)) == 1          # (expand + depthwise), projection
+    assert names[0].count("unary") == 2                       # both activations inside
+
+
+def test_five_by_five_without_batch_norm():
+    torch.manual_seed(0)
+    model = Block(cin=6, cexp=160, k=5, stride=2, bn=False).eval()       # the convs' own biases
+    names = compiled_steps(model, torch.randn(2, 6, 30, 30))
+    assert len(fused(names)) == 1
+
+
+def test_no_bias_at_all():
+    torch.manual_seed(0)
+    model = Block(cin=6, cexp=160, k=3, bn=False).eval()
+    for conv in (model.expand[0], model.dw[0]):
+        conv.bias = None
+    assert len(fused(compiled_steps(model, torch.randn(1, 6, 32, 32)))) == 1
+
+
+@pytest.mark.parametrize("why", ["reuse", "gelu", "small", "env"])
+def test_pairs_that_stay_two_kernels(why, monkeypatch):
+    torch.manual_seed(0)
+    if why == "env":
+        monkeypatch.setenv("TASKMAP_FUSE_PWDW", "0")
+    model = Block(act=nn.GELU if why == "gelu" else nn.ReLU6, extra="reuse" if why == "reuse" else None)
+    x = torch.randn(1, 8, 8 if why == "small" else 28, 8 if why == "small" else 28)  # 8x8x192: 48 KB
+    names = compiled_steps(randomize_bn(model).eval(), x)
+    assert not fused(names)
+
+
+def test_mobilenet_v2_launches():
+    """The six pairs at 112x112 .. 28x28 are fused (their expanded tensors 0.6-4.8 MB); the
+    14x14 and 7x7 ones stay two kernels."""
+    torch.manual_seed(0)
+    names = compiled_steps(mobilenet_v2().eval(), torch.randn(1, 3, 224, 224))
+    assert len(fused(names)) == 6 and len(names) == 54 - 6
