@@ -26,7 +26,7 @@ that never writes the expanded tensor to memory.  Written in the DSL with task m
 from dataclasses import dataclass
 
 from ..ir.mapping import repeat, spatial
-from ..lang import exp, f32, func, i32, register_tensor, select, symbol
+from ..lang import exp, f32, func, i32, register_tensor, select, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 
@@ -111,9 +111,11 @@ def build_kernel(cfg: PwDwConfig) -> Kernel:
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     WS_T = f32[symbol("wsz")]                   # the scratch (at least P * PER_CORE)
     tile = repeat(MR, NR // V) * spatial(1, V)
-    lanes = spatial(V)
     WIDE = OW >= V                       # whole output vectors (the last one shifted left)
     VECS = -(-OW // V)
+    VG = min(VECS, 8)                    # vectors of an output row computed together
+    GROUPS = -(-VECS // VG)
+    row = repeat(VG, 1) * spatial(1, V)  # (a group's last vectors shift left onto the row's end)
     SHORT = cfg.min_band_pixels < NR     # (tiny images) masked pixel tiles
 
     @func
@@ -194,27 +196,29 @@ def build_kernel(cfg: PwDwConfig) -> Kernel:
     @func
     def depthwise(ws: WS_T, wd: f32[CEXP, KH * KW], bd: f32[CEXP], y: f32[N, CEXP, OH, OW], q0: i32,
                   b: i32, c: i32, oi0: i32, oi1: i32, top: i32):
-        """Output rows ``oi0 .. oi1`` of channel ``c`` from the staged plane at ``ws[q0:]``."""
-        acc = register_tensor(f32, [V])
+        """Output rows ``oi0 .. oi1`` of channel ``c`` from the staged plane at ``ws[q0:]``: ``VG``
+        vectors of a row at a time (independent accumulators), the weights in registers."""
+        acc = register_tensor(f32, [VG, V])
+        wv = register_tensor(f32, [KH * KW])
+        for t in range(KH * KW):
+            wv[t] = wd[c, t]
         for oi in range(oi0, oi1):
             base = q0 + (oi * SH - top) * WQ
-            for vj in range(VECS):
-                oj0 = 0
+            for g in range(GROUPS):
+                for v, j in row.vectorize():
+                    acc[v, j] = bd[c]
+                for kh in unroll(KH):
+                    for kw in unroll(KW):
+                        for v, j in row.vectorize():
+                            acc[v, j] += ws[base + ((kw % SW) * PR + kh) * WQ + max(min((g * VG + v) * V, OW - V), 0) + j
+                                            + kw // SW] * wv[kh * KW + kw]
                 if WIDE:
-                    oj0 = min(vj * V, OW - V)
-                for j in lanes.vectorize():
-                    acc[j] = bd[c]
-                for kh in range(KH):
-                    for kw in range(KW):
-                        for j in lanes.vectorize():
-                            acc[j] += ws[base + ((kw % SW) * PR + kh) * WQ + oj0 + j + kw // SW] * wd[c, kh * KW + kw]
-                if WIDE:
-                    for j in lanes.vectorize():
-                        y[b, c, oi, oj0 + j] = acc[j]
+                    for v, j in row.vectorize():
+                        y[b, c, oi, max(min((g * VG + v) * V, OW - V), 0) + j] = acc[v, j]
                 else:
-                    for j in lanes.vectorize():
+                    for v, j in row.vectorize():
                         if j < OW:
-                            y[b, c, oi, oj0 + j] = acc[j]
+                            y[b, c, oi, j] = acc[v, j]
 
     @kernel
     def pwdw_cpu(x: f32[N, CIN, H * W], w1: f32[CEXP, CIN], b1: f32[CEXP], wd: f32[CEXP, KH * KW], bd: f32[CEXP],
