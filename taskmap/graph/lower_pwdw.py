@@ -104,7 +104,7 @@ def pointwise_depthwise_pairs(graph: Graph, groups: Sequence[FusionGroup], targe
                               ) -> dict[int, tuple[int, TemplateProblem]]:
     """Per index of a depthwise group fused with its producer: (the producer's index, the
     fused problem)."""
-    made = {g.last.output: i for i, g in enumerate(groups)}
+    made = {t: i for i, g in enumerate(groups) for t in g.last.outputs}
     pairs: dict[int, tuple[int, TemplateProblem]] = {}
     for i, g in enumerate(groups):
         if g.anchor is None or g.anchor.kind is not OpKind.CONV2D:

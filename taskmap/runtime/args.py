@@ -19,6 +19,7 @@ layout or device.  Nothing here reads the arrays' memory.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import sys
 from collections.abc import Sequence
@@ -240,6 +241,14 @@ def _dim_value(dim: E.Expr, sizes: dict[str, int]) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _derived(dim: E.Expr, sizes: tuple[tuple[str, int], ...]) -> E.Expr:
+    """A derived dimension (``2 * n``) with the symbolic sizes bound (memoized: a launch's checks
+    repeat per call, and simplifying the expression costs far more than the kernel of a small
+    problem)."""
+    return simplify_expr(substitute(dim, {E.SizeVar(k): E.const(v) for k, v in sizes}))
+
+
 def bind_args(func: Function, args: Sequence[Any], written: set[str]) -> BoundArgs:
     """Check ``args`` against ``func``'s parameters; ``written`` names the tensors it stores to."""
     if len(args) != len(func.params):
@@ -260,9 +269,9 @@ def bind_args(func: Function, args: Sequence[Any], written: set[str]) -> BoundAr
     if missing:
         raise LaunchError(f"{func.name}(): cannot infer symbolic sizes {missing} from the arguments "
                           "(each must be a whole dimension of some tensor argument)")
-    env = {E.SizeVar(k): E.const(v) for k, v in sizes.items()}
+    bound = tuple(sorted(sizes.items()))
     for where, d, dim, shape in derived:
-        want = simplify_expr(substitute(dim, env))
+        want = _derived(dim, bound)
         if not isinstance(want, E.Const) or int(want.value) != shape[d]:
             raise LaunchError(f"{where}: dimension {d} must be {dim!r} = {want!r}, got shape {shape}")
     values += [sizes[sv.name] for sv in func.size_vars]

@@ -26,7 +26,9 @@ from ..version import __version__
 
 NAMESPACE = "tuning"
 SUFFIX = ".json"
-FORMAT = 1
+#: Bumped when records change meaning (2: samples time prepared launches, without the per-call
+#: argument checks that weighed on small kernels).
+FORMAT = 2
 
 _log = logging.getLogger("taskmap.tune")
 _cache = DiskCache(NAMESPACE)

@@ -69,11 +69,12 @@ def measure_candidate(template: Any, problem: Any, target: Target, schedule: Sch
         raise NoDevice(f"cannot measure on {target.name}: no such device is present")
     args = example_arguments(template, problem, target, settings.seed, schedule)
     sync = _synchronizer(target)
+    launch = compiled.prepare(*args)        # checked once: the samples time the kernel, not the checks
 
     def timed(number: int) -> float:
         start = time.perf_counter()
         for _ in range(number):
-            compiled(*args)
+            launch()
         sync()
         return (time.perf_counter() - start) / number
 
