@@ -332,3 +332,15 @@ def test_progress_bar_shows_the_best_time_on_a_terminal(cpu, monkeypatch):
     monkeypatch.setattr("sys.stderr", quiet)
     tune.tune(RowSumTemplate(), PROBLEM, cpu, mode="exhaustive", progress=False, use_cache=False)
     assert quiet.getvalue() == ""
+
+
+def test_samples_time_the_kernel_not_the_argument_checks(cpu, monkeypatch):
+    """Every sample launches the prepared kernel: the arguments are checked once per candidate
+    (the checks cost up to hundreds of microseconds — more than a small kernel runs)."""
+    from taskmap.runtime.kernel import CompiledKernel
+    from taskmap.schedule import worker
+    prepared = []
+    real = CompiledKernel.prepare
+    monkeypatch.setattr(CompiledKernel, "prepare", lambda self, *a: prepared.append(1) or real(self, *a))
+    seconds = worker.measure_candidate(RowSumTemplate(), PROBLEM, cpu, FAST, QUICK, first=lambda t: None)
+    assert seconds > 0 and prepared == [1]
