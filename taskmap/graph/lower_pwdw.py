@@ -110,7 +110,7 @@ def pointwise_depthwise_pairs(graph: Graph, groups: Sequence[FusionGroup], targe
         if g.anchor is None or g.anchor.kind is not OpKind.CONV2D:
             continue
         j = made.get(g.anchor.inputs[0])
-        if j is None:
+        if j is None or j in pairs:             # (no chains: a group fused as a depthwise one stays so)
             continue
         tp = pair_problem(graph, groups[j], g, target)
         if tp is not None:

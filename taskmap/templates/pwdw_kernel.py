@@ -14,12 +14,13 @@ that never writes the expanded tensor to memory.  Written in the DSL with task m
   channel ``MR`` weight broadcasts, ``NR / V`` vector loads of the input row, ``MR * NR / V``
   FMAs), bias and activation applied on the way to the core's scratch ``E`` (L1 / L2).  The last
   pixel tile of a band is shifted left to end at the band's end (whole vectors, a few pixels
-  computed twice).
+  computed twice); a band of fewer pixels than a tile (tiny images) takes masked tiles.
 * **Depthwise**: per expanded channel, the band's rows of ``E`` are staged zero-padded and split
-  into the ``sw`` column phases of the stride (``P[q][row][t]`` = padded column ``t * sw + q``),
-  so every tap reads contiguous lanes; then each output row is vectors of ``V`` outputs (the
-  last one shifted left onto the row's end; a row shorter than ``V`` is one masked vector), each
-  lane summing its window's taps with the weight broadcast.  Each output element is stored
+  into the column phases of the stride (1 or 2; ``P[q][row][t]`` = padded column ``t * sw + q``:
+  constant bounds, vectorized copies), so every tap reads contiguous lanes; then each output row
+  is vectors of ``V`` outputs, up to 8 of them together (independent accumulators; the last one
+  shifted left onto the row's end, a row shorter than ``V`` one masked vector), each lane summing
+  its window's taps with the channel's weights held in registers.  Each output element is stored
   (with the same value) by one or two vectors and never read: post-scheduling fusion splices an
   epilogue (BatchNorm, activation, residual) into these stores (:mod:`taskmap.fusion`).
 """
