@@ -13,7 +13,6 @@ whole tiles (halo rows computed by both bands), the staging and the depthwise ta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..backends.base import Target, TargetKind, host_cpu_target
@@ -24,6 +23,7 @@ from .base import KernelFamily, Schedule
 from .matmul_cpu import CALL_COST, FORK_COST, MICRO_EFFICIENCY, fma_rate, lanes_of
 from .matmul_problem import WORKSPACE
 from .pwdw_kernel import ACTIVATIONS, PwDwConfig, build_kernel
+from .pwdw_problem import PwDwProblem
 
 #: Register tiles of the expansion (MR channels, NR in vectors) with AVX-512 / AVX2.
 TILES = {32: ((6, 4), (8, 3), (12, 2)), 16: ((6, 2), (4, 3), (8, 1))}
@@ -34,48 +34,6 @@ SMALL_TILE = 12
 STAGE_CYCLES, TAP_CYCLES = 0.3, 1.2
 #: Below this many FLOPs the kernel runs on one core.
 SMALL_FLOPS = 2e5
-
-
-@dataclass(frozen=True)
-class PwDwProblem:
-    """``(n, cin, h, w)`` input, ``cexp`` expanded channels, a ``kh x kw`` depthwise window with
-    stride ``(sh, sw)`` and padding ``(pt, pb, pl, pr)``, activation ``act`` between the two."""
-
-    n: int
-    cin: int
-    h: int
-    w: int
-    cexp: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pb: int
-    pl: int
-    pr: int
-    act: str
-    dtype: str = "float32"
-
-    @property
-    def oh(self) -> int:
-        return (self.h + self.pt + self.pb - self.kh) // self.sh + 1
-
-    @property
-    def ow(self) -> int:
-        return (self.w + self.pl + self.pr - self.kw) // self.sw + 1
-
-    @property
-    def flops(self) -> float:
-        return 2.0 * self.n * self.cexp * (self.h * self.w * self.cin + self.oh * self.ow * self.kh * self.kw)
-
-    def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
-        """x, w1 (C_exp, C_in), b1, wd (C_exp, kh * kw), bd."""
-        return [((self.n, self.cin, self.h, self.w), self.dtype), ((self.cexp, self.cin), self.dtype),
-                ((self.cexp,), self.dtype), ((self.cexp, self.kh * self.kw), self.dtype), ((self.cexp,), self.dtype)]
-
-    def output_specs(self) -> list[tuple[tuple[int, ...], str]]:
-        return [((self.n, self.cexp, self.oh, self.ow), self.dtype)]
 
 
 def band_rows(p: PwDwProblem, mr: int, nr: int, lanes: int, cores: int, l2: int) -> int:
@@ -95,8 +53,7 @@ def band_rows(p: PwDwProblem, mr: int, nr: int, lanes: int, cores: int, l2: int)
 
 
 def _config(p: PwDwProblem, mr: int, nr: int, lanes: int, rows: int, cores: int) -> PwDwConfig:
-    return PwDwConfig(p.n, p.cin, p.h, p.w, p.cexp, p.kh, p.kw, p.sh, p.sw, p.pt, p.pl, p.oh, p.ow, p.act,
-                      mr, nr, rows, lanes, cores)
+    return PwDwConfig(p, mr, nr, rows, lanes, cores)
 
 
 class PwDwCpuTemplate(KernelFamily):
@@ -135,7 +92,7 @@ class PwDwCpuTemplate(KernelFamily):
         step = (max(fmas / fma_rate(V), (cfg.mr + cfg.nr / V) / 2.0) + 0.02 * fmas) / MICRO_EFFICIENCY
         tiles = -(-cfg.band_pixels // cfg.nr)
         expand = tiles * (p.cin * step + 2 * fmas + 20)
-        staged = cfg.mr * cfg.sw * cfg.padded_rows * cfg.phase_width * STAGE_CYCLES
+        staged = cfg.mr * p.sw * cfg.padded_rows * cfg.phase_width * STAGE_CYCLES
         taps = cfg.mr * cfg.rows * -(-p.ow // V) * (p.kh * p.kw * TAP_CYCLES + 4)
         units = p.n * cfg.bands * -(-p.cexp // cfg.mr)
         seconds = -(-units // cfg.cores) * (expand + staged + taps) / clock

@@ -30,6 +30,7 @@ from ..ir.mapping import repeat, spatial
 from ..lang import exp, f32, func, i32, register_tensor, select, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
+from .pwdw_problem import PwDwProblem
 
 #: Activations between the two convolutions (of the graph's unary functions).
 ACTIVATIONS = ("none", "relu", "relu6", "hardswish", "silu")
@@ -37,23 +38,10 @@ ACTIVATIONS = ("none", "relu", "relu6", "hardswish", "silu")
 
 @dataclass(frozen=True)
 class PwDwConfig:
-    """Everything the kernel's code depends on: the problem's sizes and window, the register
-    tile (``mr`` channels x ``nr`` pixels), the output rows per band and the cores."""
+    """Everything the kernel's code depends on: the problem (sizes, window, activation), the
+    register tile (``mr`` channels x ``nr`` pixels), the output rows per band and the cores."""
 
-    n: int
-    cin: int
-    h: int
-    w: int
-    cexp: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    oh: int
-    ow: int
-    act: str
+    p: PwDwProblem
     mr: int
     nr: int
     rows: int
@@ -62,38 +50,39 @@ class PwDwConfig:
 
     @property
     def bands(self) -> int:
-        return -(-self.oh // self.rows)
+        return -(-self.p.oh // self.rows)
 
     def band_rows(self, band: int) -> tuple[int, int]:
         """Input rows (of the image) that band ``band``'s windows read: ``[lo, hi)``."""
         oi0 = band * self.rows
-        oi1 = min(oi0 + self.rows, self.oh)
-        return max(oi0 * self.sh - self.pt, 0), min((oi1 - 1) * self.sh + self.kh - self.pt, self.h)
+        oi1 = min(oi0 + self.rows, self.p.oh)
+        return max(oi0 * self.p.sh - self.p.pt, 0), min((oi1 - 1) * self.p.sh + self.p.kh - self.p.pt, self.p.h)
 
     @property
     def band_pixels(self) -> int:
         """The most input pixels of a band (the rows of ``E``)."""
-        return max((hi - lo) * self.w for lo, hi in map(self.band_rows, range(self.bands)))
+        return max((hi - lo) * self.p.w for lo, hi in map(self.band_rows, range(self.bands)))
 
     @property
     def min_band_pixels(self) -> int:
-        return min((hi - lo) * self.w for lo, hi in map(self.band_rows, range(self.bands)))
+        return min((hi - lo) * self.p.w for lo, hi in map(self.band_rows, range(self.bands)))
 
     @property
     def padded_rows(self) -> int:
         """Rows of a band's staged, padded plane."""
-        return (self.rows - 1) * self.sh + self.kh
+        return (self.rows - 1) * self.p.sh + self.p.kh
 
     @property
     def phase_width(self) -> int:
         """Columns of one stride phase of the staged plane: the taps of every output vector
         (a masked one included) stay inside."""
-        return max(-(-((self.ow - 1) * self.sw + self.kw) // self.sw), self.lanes + (self.kw - 1) // self.sw)
+        p = self.p
+        return max(-(-((p.ow - 1) * p.sw + p.kw) // p.sw), self.lanes + (p.kw - 1) // p.sw)
 
     @property
     def per_core(self) -> int:
         """Scratch elements of one core: ``E`` (``MR`` channels of a band) and the staged plane."""
-        return self.mr * self.band_pixels + self.sw * self.padded_rows * self.phase_width
+        return self.mr * self.band_pixels + self.p.sw * self.padded_rows * self.phase_width
 
     @property
     def workspace(self) -> int:
@@ -101,12 +90,13 @@ class PwDwConfig:
 
 
 def build_kernel(cfg: PwDwConfig) -> Kernel:
-    assert cfg.nr % cfg.lanes == 0 and cfg.act in ACTIVATIONS and cfg.sw in (1, 2)
-    N, CIN, H, W, CEXP = cfg.n, cfg.cin, cfg.h, cfg.w, cfg.cexp
-    KH, KW, SH, SW, PT, PL, OH, OW = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.pt, cfg.pl, cfg.oh, cfg.ow
+    p = cfg.p
+    assert cfg.nr % cfg.lanes == 0 and p.act in ACTIVATIONS and p.sw in (1, 2)
+    N, CIN, H, W, CEXP = p.n, p.cin, p.h, p.w, p.cexp
+    KH, KW, SH, SW, PT, PL, OH, OW = p.kh, p.kw, p.sh, p.sw, p.pt, p.pl, p.oh, p.ow
     MR, NR, V, P, ROWS = cfg.mr, cfg.nr, cfg.lanes, cfg.cores, cfg.rows
-    RELU, RELU6 = cfg.act in ("relu", "relu6"), cfg.act == "relu6"
-    HSWISH, SILU = cfg.act == "hardswish", cfg.act == "silu"
+    RELU, RELU6 = p.act in ("relu", "relu6"), p.act == "relu6"
+    HSWISH, SILU = p.act == "hardswish", p.act == "silu"
     NB, CB = cfg.bands, -(-CEXP // MR)
     EB, PR, WQ, PER_CORE = cfg.band_pixels, cfg.padded_rows, cfg.phase_width, cfg.per_core
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
@@ -211,8 +201,8 @@ def build_kernel(cfg: PwDwConfig) -> Kernel:
                 for kh in unroll(KH):
                     for kw in unroll(KW):
                         for v, j in row.vectorize():
-                            acc[v, j] += ws[base + ((kw % SW) * PR + kh) * WQ + max(min((g * VG + v) * V, OW - V), 0) + j
-                                            + kw // SW] * wv[kh * KW + kw]
+                            col = max(min((g * VG + v) * V, OW - V), 0) + j + kw // SW
+                            acc[v, j] += ws[base + ((kw % SW) * PR + kh) * WQ + col] * wv[kh * KW + kw]
                 if WIDE:
                     for v, j in row.vectorize():
                         y[b, c, oi, max(min((g * VG + v) * V, OW - V), 0) + j] = acc[v, j]
