@@ -219,6 +219,9 @@ def lowered(graph: Graph, groups: Sequence[FusionGroup], target: Target) -> Iter
     the pair."""
     pairs = pointwise_depthwise_pairs(graph, groups, target)
     producers = {j for j, _ in pairs.values()}
+    if pairs and debug_enabled("groups"):
+        print(f"// fused 1x1 + depthwise pairs of {graph.name}: "
+              + ", ".join(f"{groups[j].name} -> {groups[i].name}" for i, (j, _) in pairs.items()), file=sys.stderr)
     for i, g in enumerate(groups):
         if i in producers:
             yield []

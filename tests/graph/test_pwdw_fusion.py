@@ -92,3 +92,10 @@ def test_mobilenet_v2_launches():
     torch.manual_seed(0)
     names = compiled_steps(mobilenet_v2().eval(), torch.randn(1, 3, 224, 224))
     assert len(fused(names)) == 6 and len(names) == 54 - 6
+
+
+def test_debug_output_names_the_pairs(monkeypatch, capsys):
+    monkeypatch.setenv("TASKMAP_DEBUG", "groups")
+    torch.manual_seed(0)
+    compiled_steps(randomize_bn(Block()).eval(), torch.randn(1, 8, 28, 28))
+    assert "fused 1x1 + depthwise pairs" in capsys.readouterr().err
