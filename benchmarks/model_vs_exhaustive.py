@@ -41,6 +41,8 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
     from taskmap.templates.conv_problem import ConvProblem
     from taskmap.templates.matmul_cpu import MATMUL_CPU
     from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.pwdw_cpu import PWDW_CPU
+    from taskmap.templates.pwdw_problem import PwDwProblem
     from taskmap.templates.window import WINDOW, WindowProblem
 
     convs = []
@@ -63,12 +65,17 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
     attention = [("BERT-base seq 128", ATTENTION_CPU, AttentionProblem(12, 12, 128, 128, 64, 64, scale=0.125)),
                  ("GPT-2 causal seq 1024", ATTENTION_CPU,
                   AttentionProblem(12, 12, 1024, 1024, 64, 64, causal=True, scale=0.125))]
-    return {"conv": convs, "depthwise": depthwise, "matmul": matmuls, "attention": attention}
+    # MobileNetV2's 1x1 + depthwise pairs the graph lowering fuses (P1: 16->96 at 112x112, stride 2)
+    pwdw = [(f"{name} {cin}->{cexp} @{hw} s{s}", PWDW_CPU, PwDwProblem(1, cin, hw, hw, cexp, 3, 3, s, s, 1, 1, 1, 1,
+                                                                       "relu6"))
+            for name, (cin, hw, cexp, s) in {"P1": (16, 112, 96, 2), "P2": (24, 56, 144, 1), "P3": (24, 56, 144, 2),
+                                             "P4": (32, 28, 192, 1), "P5": (32, 28, 192, 2)}.items()]
+    return {"conv": convs, "depthwise": depthwise, "matmul": matmuls, "attention": attention, "pwdw": pwdw}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("groups", nargs="*", help="conv, depthwise, matmul, attention (default: all)")
+    ap.add_argument("groups", nargs="*", help="conv, depthwise, matmul, attention, pwdw (default: all)")
     ap.add_argument("--threads", type=int, default=0, help="cores the kernels use (default: all)")
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME",
                     help="problems whose label starts with one of these (e.g. C2 C9 512x512)")
