@@ -20,7 +20,7 @@ from ..runtime.args import view
 from ..runtime.kernel import Kernel
 from .attention_cpu import l2_per_core
 from .base import KernelFamily, Schedule
-from .matmul_cpu import CALL_COST, FORK_COST, MICRO_EFFICIENCY, fma_rate, lanes_of
+from .matmul_cpu import CALL_COST, FORK_COST, MICRO_EFFICIENCY, SMALL_FLOPS, fma_rate, lanes_of
 from .matmul_problem import WORKSPACE
 from .pwdw_kernel import ACTIVATIONS, PwDwConfig, build_kernel
 from .pwdw_problem import PwDwProblem
@@ -32,8 +32,6 @@ SMALL_TILE = 12
 #: Cycles per staged element (de-interleaving copies from L1 / L2) and per depthwise tap of a
 #: vector (an unaligned load, an FMA and the loop around them).
 STAGE_CYCLES, TAP_CYCLES = 0.3, 1.2
-#: Below this many FLOPs the kernel runs on one core.
-SMALL_FLOPS = 2e5
 
 
 def band_rows(p: PwDwProblem, mr: int, nr: int, lanes: int, cores: int, l2: int) -> int:

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
-from .ops_nn import adaptive_avg_pool2d, avg_pool2d, conv2d, conv_module, layer_norm, linear, max_pool2d
+from .ops_nn import (adaptive_avg_pool2d, avg_pool2d, conv2d, conv_module, layer_norm, linear, max_pool2d,
+                     max_pool_module)
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
@@ -53,9 +54,7 @@ def conv1d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: 
 def max_pool1d(cv: Converter, x: Any, kernel_size: Any = None, stride: Any = None, padding: Any = 0,
                dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
     if isinstance(x, nn.Module):
-        m, x = x, kernel_size
-        kernel_size, stride, padding, dilation, ceil_mode, return_indices = (
-            m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, m.return_indices)
+        x, (kernel_size, stride, padding, dilation, ceil_mode, return_indices) = kernel_size, max_pool_module(x)
     x2, lead = _as_2d(cv, x, "max_pool1d")
     stride = kernel_size if stride in (None, [], ()) else stride
     y = max_pool2d(cv, x2, (1, _one(kernel_size)), (1, _one(stride)), (0, _one(padding)), (1, _one(dilation)),

@@ -148,6 +148,11 @@ def embedding(cv: Converter, idx: Any, weight: Any = None, padding_idx: Any = No
 # ----------------------------------------------------------------------------- pooling
 
 
+def max_pool_module(m: nn.Module) -> tuple[Any, ...]:
+    """A max-pooling module's kernel size, stride, padding, dilation, ceil_mode and return_indices."""
+    return m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, m.return_indices
+
+
 def _pool_attrs(kernel: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, count_include_pad: bool = True,
                 divisor_override: Any = None) -> Pool2dAttrs:
     k = _pair(kernel)
@@ -160,9 +165,7 @@ def _pool_attrs(kernel: Any, stride: Any, padding: Any, dilation: Any, ceil_mode
 def max_pool2d(cv: Converter, x: Any, kernel_size: Any = None, stride: Any = None, padding: Any = 0,
                dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
     if isinstance(x, nn.Module):
-        m, x = x, kernel_size
-        kernel_size, stride, padding, dilation, ceil_mode, return_indices = (
-            m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, m.return_indices)
+        x, (kernel_size, stride, padding, dilation, ceil_mode, return_indices) = kernel_size, max_pool_module(x)
     if return_indices:
         raise NotConvertible("max_pool2d(return_indices=True)")
     return cv.op(OpKind.MAX_POOL2D, [x], _pool_attrs(kernel_size, stride, padding, dilation, ceil_mode))
