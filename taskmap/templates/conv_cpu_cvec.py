@@ -36,6 +36,7 @@ from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, tra
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .conv_cpu_kernel import ConvKernelConfig
+from .panels import row_panels
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,7 @@ class CvecConfig(ConvKernelConfig):
 def pack_weights(w: np.ndarray, nr: int) -> np.ndarray:
     """NCHW weights ``(C_out, C_in, kh, kw)`` as the kernel's panels: ``[C_out / NR (rounded up),
     C_in, kh, kw, NR]`` flat, zeros past ``C_out`` (what ``prepacked`` kernels take as ``wt``)."""
-    cout = w.shape[0]
-    cp = -(-cout // nr)
-    padded = np.zeros((cp * nr, *w.shape[1:]), np.float32)
-    padded[:cout] = w
-    return np.ascontiguousarray(padded.reshape(cp, nr, -1).transpose(0, 2, 1)).reshape(-1)
+    return row_panels(np.asarray(w).reshape(w.shape[0], -1), nr)
 
 
 def build_kernel(cfg: CvecConfig) -> Kernel:

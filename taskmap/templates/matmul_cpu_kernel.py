@@ -39,6 +39,7 @@ from ..ir.mapping import repeat, spatial
 from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, transpose_block, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
+from .panels import row_panels
 
 #: Rows of K packed by one parallel task of the up-front packing loops.
 PACK_CHUNK = 256
@@ -286,23 +287,13 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
 def pack_a_panels(a: np.ndarray, mr: int) -> np.ndarray:
     """A ``(ba, m, k)`` as the kernel's packed row panels ``[ba][ceil(m / MR)][k][MR]`` (rows past
     ``m`` repeat the last row, as the kernel's own packing does), flat: a ``pre_a`` kernel's ``wa``."""
-    ba, m, k = a.shape
-    mp = -(-m // mr)
-    rows = np.minimum(np.arange(mp * mr), m - 1)
-    return np.ascontiguousarray(np.asarray(a, np.float32)[:, rows, :].reshape(ba, mp, mr, k)
-                                .transpose(0, 1, 3, 2)).reshape(-1)
+    return row_panels(a, mr, edge=True)
 
 
 def pack_b_panels(b: np.ndarray, nr: int, trans_b: bool) -> np.ndarray:
     """B ``(bb, k, n)`` (or ``(bb, n, k)`` with ``trans_b``) as the kernel's packed column panels
     ``[bb][ceil(n / NR)][k][NR]`` (zeros past ``n``), flat: a ``pre_b`` kernel's ``wb``."""
-    b = np.asarray(b, np.float32)
-    bt = b if trans_b else b.transpose(0, 2, 1)           # (bb, n, k)
-    bb, n, k = bt.shape
-    np_ = -(-n // nr)
-    padded = np.zeros((bb, np_ * nr, k), np.float32)
-    padded[:, :n] = bt
-    return np.ascontiguousarray(padded.reshape(bb, np_, nr, k).transpose(0, 1, 3, 2)).reshape(-1)
+    return row_panels(b, nr, transposed=not trans_b)
 
 
 __all__ = ["PACK_CHUNK", "CpuConfig", "build_kernel", "pack_a_panels", "pack_b_panels"]
