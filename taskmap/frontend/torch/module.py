@@ -8,7 +8,6 @@ loaded module recompiles for new shapes only when given the model.
 """
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from torch.utils import _pytree as pytree
 from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
 from ...runtime.graph import CompiledGraph
-from .capture import Capture, bind, capture, try_symbolic_trace
+from .capture import Capture, bind, capture, forward_signature, try_symbolic_trace
 from .importer import Imported
 
 
@@ -34,6 +33,19 @@ def signature_key(arguments: dict[str, Any]) -> tuple[Any, ...]:
         else:
             items.append(("value", type(v).__name__, repr(v)))
     return (str(spec), tuple(items))
+
+
+def _quick_key(args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """For calls with tensors as the only (positional) arguments: their shapes, dtypes and
+    devices, which pick the entry as :func:`signature_key` would (the rest of the signature is
+    the model's defaults).  Hashed directly, it saves the pytree walk and the strings on every
+    call of a compiled model."""
+    key = []
+    for a in args:
+        if type(a) is not torch.Tensor:
+            return None
+        key.append((a.shape, a.dtype, a.device))
+    return tuple(key)
 
 
 def _describe(key: tuple[Any, ...]) -> str:
@@ -83,6 +95,7 @@ class CompiledModule:
     cache_hits: int = 0
     _traced: Any = field(default=None, repr=False)
     _traced_done: bool = field(default=False, repr=False)
+    _quick: dict[tuple[Any, ...], Entry] = field(default_factory=dict, repr=False)   # see _quick_key
 
     @property
     def name(self) -> str:
@@ -111,7 +124,15 @@ class CompiledModule:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         arguments = self._bind(args, kwargs)
-        return self._entry(arguments).run(arguments, self.progress)
+        quick = None if kwargs else _quick_key(args)
+        entry = self._quick.get(quick) if quick is not None else None
+        if entry is None:
+            entry = self._entry(arguments)
+            if quick is not None:
+                self._quick[quick] = entry
+        else:
+            self.cache_hits += 1
+        return entry.run(arguments, self.progress)
 
     def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         if self.model is not None:
@@ -192,7 +213,7 @@ class CompiledModule:
 
 
 def _signature(model: torch.nn.Module) -> tuple[tuple[str, ...], dict[str, Any]]:
-    sig = inspect.signature(model.forward)
+    sig = forward_signature(model).sig
     names = tuple(n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
     defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
     return names, defaults
