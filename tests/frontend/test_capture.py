@@ -43,7 +43,7 @@ def test_compile_does_not_run_the_model(monkeypatch):
     got = fast(x)
     assert model.eager_calls == 0
     torch.testing.assert_close(got, torch.relu(model.lin(x)) * 2.0)
-    graph_module = fast._traced
+    (graph_module,) = fast._traces.values()
     assert all("tensor_meta" not in n.meta for n in graph_module.graph.nodes)
 
 
@@ -52,7 +52,7 @@ def test_debug_shapes_checks_against_pytorch(monkeypatch):
     model = Counting().eval()
     fast = taskmap.compile(model, torch.randn(3, 8), progress=False)
     assert model.eager_calls == 1
-    metas = [n.meta["tensor_meta"] for n in fast._traced.graph.nodes if n.op == "call_function"]
+    metas = [n.meta["tensor_meta"] for n in next(iter(fast._traces.values())).graph.nodes if n.op == "call_function"]
     assert metas and all(tuple(m.shape) == (3, 4) for m in metas)
 
 

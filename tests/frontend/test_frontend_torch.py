@@ -232,6 +232,34 @@ def test_recompile_static_shapes_summary_and_debug(capsys, monkeypatch):
         static(torch.randn(3, 8))
 
 
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x, y=None, scale: float = 2.0):
+        out = self.lin(x) * scale
+        return out if y is None else out + y
+
+
+def test_calls_bind_like_the_signature():
+    """Positional, keyword and default arguments reach the graph their values were compiled
+    for (calls of tensors only take a direct key; the others bind through the signature)."""
+    model = Scaled().eval()
+    fast = taskmap.compile(model, progress=False)
+    x, y = torch.randn(3, 8), torch.randn(3, 4)
+    calls = [((x,), {}), ((x,), {"scale": 0.5}), ((x, None, 0.5), {}), ((x, y), {}), ((x,), {"y": y}),
+             ((x, y, 3.0), {}), ((x,), {}), ((torch.randn(5, 8),), {})]
+    for args, kwargs in calls:
+        with torch.no_grad():
+            want = model(*args, **kwargs)
+        torch.testing.assert_close(fast(*args, **kwargs), want, rtol=1e-3, atol=1e-4)
+    # (x,) and (x, None, 0.5) / scale=0.5 share graphs with their equals; (x, y) and y=y too
+    assert len(fast.entries) == 5 and fast.cache_hits == 3
+    with pytest.raises(TypeError, match="multiple values"):
+        fast(x, y, scale=1.0, x=x)
+
+
 def test_save_load(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)).eval()
     x = torch.randn(1, 3, 6, 6)

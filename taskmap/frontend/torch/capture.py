@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ...graph.passes import debug_enabled
@@ -168,15 +169,45 @@ def _no_recompile_limit() -> Any:
     return cfg.patch(**{n: 1 << 30 for n in names if hasattr(cfg, n)})
 
 
-def try_symbolic_trace(model: torch.nn.Module) -> torch.fx.GraphModule | None:
+def try_symbolic_trace(model: torch.nn.Module, constants: dict[str, Any] | None = None
+                       ) -> torch.fx.GraphModule | None:
     """``torch.fx.symbolic_trace`` recording each node's source line (for messages), or None
-    when the model cannot be traced symbolically."""
+    when the model cannot be traced symbolically.
+
+    ``constants``: forward arguments that hold no tensor (None, numbers, flags), traced as these
+    values (fx's ``concrete_args``) — as proxies, ``if y is None`` would silently take the branch
+    of a tensor.  The graph serves only calls with these values (they are in the compiled
+    module's signature key), so fx's guards on them and their placeholders are dropped."""
     try:
         tracer = _Tracer()
-        graph = tracer.trace(model)
-        return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+        graph = tracer.trace(model, concrete_args=constants or None)
     except Exception:  # noqa: BLE001 - any tracing failure means: capture with dynamo instead
         return None
+    if constants:
+        _drop_guards(graph, set(forward_signature(model).names) - set(constants))
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+_GUARDS = (torch._assert, torch.fx._symbolic_trace._assert_is_none)
+
+
+def _drop_guards(graph: torch.fx.Graph, keep: set[str]) -> None:
+    """Remove fx's checks of specialised arguments, then their placeholders (those not in ``keep``)."""
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _GUARDS:
+            checked = node.args[0]
+            graph.erase_node(node)
+            if isinstance(checked, torch.fx.Node) and checked.op == "call_function" and not checked.users:
+                graph.erase_node(checked)        # the comparison the guard asserted
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and not node.users and node.target not in keep:
+            graph.erase_node(node)
+
+
+def constant_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments that hold no tensor (see :func:`try_symbolic_trace`)."""
+    return {n: v for n, v in arguments.items()
+            if not any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(v))}
 
 
 def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, arguments: dict[str, Any], *,
@@ -205,4 +236,4 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     return import_fx(gm, examples, fallback=fallback, name=name), cap
 
 
-__all__ = ["Capture", "bind", "capture", "try_symbolic_trace"]
+__all__ = ["Capture", "bind", "capture", "constant_arguments", "try_symbolic_trace"]

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
 from ...runtime.graph import CompiledGraph
-from .capture import Capture, bind, capture, forward_signature, try_symbolic_trace
+from .capture import Capture, bind, capture, constant_arguments, forward_signature, try_symbolic_trace
 from .importer import Imported
 
 
@@ -93,8 +93,7 @@ class CompiledModule:
     progress: bool | None = None
     entries: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
     cache_hits: int = 0
-    _traced: Any = field(default=None, repr=False)
-    _traced_done: bool = field(default=False, repr=False)
+    _traces: dict[str, Any] = field(default_factory=dict, repr=False)   # fx traces (None: not traceable)
     _quick: dict[tuple[Any, ...], Entry] = field(default_factory=dict, repr=False)   # see _quick_key
 
     @property
@@ -114,10 +113,11 @@ class CompiledModule:
         if self.model is None:
             raise LaunchError(f"this loaded module has graphs for ({'; '.join(_describe(k) for k in self.entries)}) "
                               f"only; got ({_describe(key)}). Pass model= to taskmap.load to compile new shapes.")
-        if not self._traced_done:
-            self._traced = try_symbolic_trace(self.model)
-            self._traced_done = True
-        imported, cap = capture(self.model, self._traced, arguments, fallback=self.fallback, name=self.name)
+        constants = constant_arguments(arguments)
+        which = repr(sorted(constants.items()))
+        if which not in self._traces:
+            self._traces[which] = try_symbolic_trace(self.model, constants)
+        imported, cap = capture(self.model, self._traces[which], arguments, fallback=self.fallback, name=self.name)
         entry = self.entries[key] = Entry(imported, cap)
         entry.ready(self.progress)
         return entry
