@@ -133,6 +133,21 @@ class FusionError(TaskmapError, ValueError):
     an anchor kernel; the message says why.  Callers fall back to separate kernels."""
 
 
+class CaptureError(UnsupportedError):
+    """A PyTorch model that cannot be captured as one graph (``taskmap.compile`` needs its whole
+    forward: data-dependent control flow, ``.item()`` / ``.tolist()`` feeding Python, ...)."""
+
+    def __init__(self, model: str, reason: str):
+        super().__init__(model, reason)
+        self.model, self.reason = model, reason
+
+    def __str__(self) -> str:
+        return (f"{self.model}: taskmap.compile captures the whole forward as one graph, and neither torch.fx nor "
+                f"torch._dynamo.export could capture this one:\n{self.reason}\n"
+                'torch.compile(model, backend="taskmap") compiles the parts between such graph breaks (PyTorch '
+                "runs the rest).")
+
+
 class UnsupportedOpsError(UnsupportedError):
     """A model uses operators the frontend cannot convert.  ``ops`` lists them all (one
     ``(op, where, reason)`` triple each); the message names every one and how to run the model

@@ -260,6 +260,29 @@ def test_calls_bind_like_the_signature():
         fast(x, y, scale=1.0, x=x)
 
 
+class Summed(nn.Module):
+    def forward(self, *xs, scale=1.0):
+        if xs[0].shape[0] > 1:                   # control flow on a size: captured by dynamo, not fx
+            return sum(xs) * scale
+        return xs[0]
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        return x * 2 if x.sum().item() > 0 else x * 3
+
+
+def test_var_positional_and_uncapturable_models():
+    fast = taskmap.compile(Summed().eval(), progress=False)
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    torch.testing.assert_close(fast(*xs), sum(xs))
+    torch.testing.assert_close(fast(*xs[:2], scale=2.0), (xs[0] + xs[1]) * 2.0)
+    assert len(fast.entries) == 2
+    with pytest.raises(taskmap.errors.CaptureError, match=r"(?s)DataDependent: taskmap.compile captures the whole "
+                       r"forward.*line \d+, in forward.*x.sum\(\).item\(\).*backend=\"taskmap\""):
+        taskmap.compile(DataDependent().eval(), torch.randn(3), progress=False)
+
+
 def test_save_load(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)).eval()
     x = torch.randn(1, 3, 6, 6)

@@ -32,6 +32,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 from torch.fx.passes.shape_prop import ShapeProp
 
+from ...errors import CaptureError
 from ...graph.passes import debug_enabled
 from .importer import Imported, import_fx
 
@@ -47,10 +48,13 @@ class Capture:
     method: str                  # "fx" | "export"
     names: tuple[str, ...]       # fx: the forward parameter of each placeholder; export: orig_args
     codegen: Any = None          # export: the _PyTreeCodeGen (in/out pytree specs)
+    spread: str | None = None    # export: the ``*args`` parameter (dynamo names its items args_0, ...)
 
     def flat_inputs(self, arguments: dict[str, Any]) -> list[Any]:
         if self.method == "fx":
             return [arguments.get(n) for n in self.names]
+        if self.spread is not None:
+            arguments = {**arguments, **{f"{self.spread}_{i}": v for i, v in enumerate(arguments[self.spread])}}
         return list(self.codegen.process_inputs(*[arguments.get(n) for n in self.names]))
 
     def finish(self, result: Any) -> Any:
@@ -210,6 +214,25 @@ def constant_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
             if not any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(v))}
 
 
+def _dynamo_reason(exc: Exception) -> str:
+    """Dynamo's reason in short: its first line and the user's frames ("from user code")."""
+    text = str(exc)
+    head = next((ln for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    where = text.split("from user code:", 1)[1].strip("\n").split("\n\n", 1)[0] if "from user code:" in text else ""
+    return head + ("\n" + where if where else "")
+
+
+def _call_arguments(sig: inspect.Signature, arguments: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Bound ``arguments`` as a call again: ``*args`` spread, the rest by keyword."""
+    var = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_POSITIONAL), None)
+    if var is None:
+        return [], dict(arguments)
+    names = list(sig.parameters)
+    before = names[:names.index(var)]
+    args = [arguments[n] for n in before if n in arguments] + list(arguments.get(var, ()))
+    return args, {n: v for n, v in arguments.items() if n not in before and n != var}
+
+
 def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, arguments: dict[str, Any], *,
             fallback: bool, name: str) -> tuple[Imported, Capture]:
     """Import ``model`` for the call ``arguments`` (``traced``: its symbolic trace, if any)."""
@@ -221,17 +244,21 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
             with torch.no_grad():
                 ShapeProp(traced).propagate(*examples)
         return import_fx(traced, examples, fallback=fallback, name=name), cap
-    sig_names = [n for n, p in inspect.signature(model.forward).parameters.items()
-                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    kwargs = {n: v for n, v in arguments.items()}
+    sig = forward_signature(model).sig
+    sig_names = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    args, kwargs = _call_arguments(sig, arguments)
     _transformers_caches(model)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit():
         warnings.simplefilter("ignore")
-        exported = torch._dynamo.export(model)(**kwargs)
+        try:
+            exported = torch._dynamo.export(model)(*args, **kwargs)
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not the model's own errors
+            raise CaptureError(name, _dynamo_reason(exc)) from exc
     gm = exported.graph_module
     codegen = gm.graph._codegen
     orig = tuple(getattr(codegen, "pytree_info").orig_args) if hasattr(codegen, "pytree_info") else tuple(sig_names)
-    cap = Capture("export", orig, codegen)
+    spread = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_POSITIONAL), None)
+    cap = Capture("export", orig, codegen, spread)
     examples = cap.flat_inputs(arguments)
     return import_fx(gm, examples, fallback=fallback, name=name), cap
 
