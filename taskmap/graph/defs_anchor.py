@@ -171,9 +171,15 @@ def fill_refs(template: Any, arrays: Sequence[Any]) -> Any:
     return template
 
 
-def _run_torch(arrays: Sequence[Any], a: TorchAttrs) -> Any:
+def _run_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool = False) -> Any:
     args = fill_refs(a.args, arrays)
     kwargs = {k: fill_refs(v, arrays) for k, v in a.kwargs}
+    if on_meta:         # tensors held in the attributes, or by a module, join the meta inputs
+        torch = sys.modules["torch"]
+        args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+        if isinstance(a.target, torch.nn.Module):
+            state = {k: v.to("meta") for k, v in [*a.target.named_parameters(), *a.target.named_buffers()]}
+            return torch.func.functional_call(a.target, state, tuple(args), kwargs)
     if a.method:
         self = args[0]
         if a.target.endswith("_") and not a.target.startswith("_") and hasattr(self, "clone"):
@@ -186,7 +192,7 @@ def _infer_torch(xs: Sequence[Any], a: TorchAttrs) -> Spec:
     """Shapes by running the op on meta tensors (the frontend usually knows them already)."""
     torch = sys.modules["torch"]
     metas = [torch.empty(x.shape, dtype=getattr(torch, x.dtype.name), device="meta") for x in xs]
-    out = _run_torch(metas, a)
+    out = _run_torch(metas, a, on_meta=True)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     from_torch = {getattr(torch, t.name): t for t in (x.dtype for x in xs)}
     return [(tuple(o.shape), from_torch.get(o.dtype) or _scalar_of(o.dtype)) for o in outs]

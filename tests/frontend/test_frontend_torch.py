@@ -1,5 +1,6 @@
 """PyTorch frontend: the op registry against eager PyTorch, unsupported-op reporting, fallback,
 recompilation, static shapes, save/load, summary, debug dumps."""
+import collections
 import operator
 import os
 import subprocess
@@ -281,6 +282,52 @@ def test_var_positional_and_uncapturable_models():
     with pytest.raises(taskmap.errors.CaptureError, match=r"(?s)DataDependent: taskmap.compile captures the whole "
                        r"forward.*line \d+, in forward.*x.sum\(\).item\(\).*backend=\"taskmap\""):
         taskmap.compile(DataDependent().eval(), torch.randn(3), progress=False)
+
+
+@pytest.mark.parametrize("which", ["encoder_layer", "encoder", "decoder_layer", "transformer"])
+def test_pytorch_transformer_modules_as_the_model(which):
+    """PyTorch's transformer modules compiled themselves: the encoder layer as the root module
+    (traced with PyTorch's fused fast path off), the encoder (captured by dynamo, which inlines
+    attention into ``F.multi_head_attention_forward``), the decoder layer and ``nn.Transformer``
+    (no converter: traced through, into the layers they call)."""
+    torch.manual_seed(0)
+    make = {"encoder_layer": lambda: nn.TransformerEncoderLayer(16, 4, 32, batch_first=True),
+            "encoder": lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True,
+                                                                                 norm_first=True, activation="gelu"),
+                                                     2, enable_nested_tensor=False),
+            "decoder_layer": lambda: nn.TransformerDecoderLayer(16, 4, 32, batch_first=True),
+            "transformer": lambda: nn.Transformer(16, 4, 1, 1, 32, batch_first=True)}
+    model = make[which]().eval()
+    args = (torch.randn(2, 6, 16),) + ((torch.randn(2, 7, 16),) if which in ("decoder_layer", "transformer") else ())
+    fast = check(model, *args)
+    assert not any(u for e in fast.entries.values() for u in e.imported.unsupported)
+
+
+def test_training_mode_and_bfloat16_are_reported():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.ReLU()).train()
+    with pytest.raises(UnsupportedOpsError, match=r"(?s)2 unsupported.*BatchNorm2d.*training mode \(call "
+                       r"model.eval\(\)\).*Dropout"):
+        taskmap.compile(model, torch.randn(2, 3, 8, 8), progress=False)
+    with pytest.raises(taskmap.errors.UnsupportedError, match=r"Linear: constant weight: bfloat16 .*model.float\(\)"):
+        taskmap.compile(nn.Linear(4, 3).bfloat16().eval(), torch.randn(2, 4, dtype=torch.bfloat16), progress=False)
+
+
+Pair = collections.namedtuple("Pair", "scaled shifted")
+
+
+class Named(nn.Module):
+    def forward(self, x):
+        p = Pair(x * 2.0, x + 1.0)
+        return Pair(p.scaled.relu(), p[1] * p.scaled)
+
+
+def test_namedtuple_outputs():
+    x = torch.randn(3, 5)
+    want = Named()(x)
+    for fast in (taskmap.compile(Named(), progress=False), torch.compile(Named(), backend="taskmap")):
+        got = fast(x)
+        assert type(got) is Pair
+        torch.testing.assert_close(tuple(got), tuple(want))
 
 
 def test_save_load(tmp_path):

@@ -35,6 +35,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from ...errors import CaptureError
 from ...graph.passes import debug_enabled
 from .importer import Imported, import_fx
+from .registry import lookup
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _TORCH_FX_DIR = os.path.join(_TORCH_DIR, "fx")
@@ -121,7 +122,14 @@ def bind(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) ->
 class _Tracer(torch.fx.Tracer):
     """``torch.fx.Tracer`` recording, per node, the innermost frame outside torch and taskmap
     (the model's line) as its ``stack_trace``, in the traceback format — or, for a model that is
-    itself a torch module (``taskmap.compile(nn.LSTM(...))``), the line of torch's ``forward``."""
+    itself a torch module (``taskmap.compile(nn.LSTM(...))``), the line of torch's ``forward``.
+
+    PyTorch's layers are single nodes (fx's leaves) only when the frontend converts them; the
+    others (``nn.TransformerDecoderLayer``, ...) are traced through, into the layers and
+    functions they call."""
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return super().is_leaf_module(m, module_qualified_name) and lookup("call_module", m) is not None
 
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -184,7 +192,8 @@ def try_symbolic_trace(model: torch.nn.Module, constants: dict[str, Any] | None 
     module's signature key), so fx's guards on them and their placeholders are dropped."""
     try:
         tracer = _Tracer()
-        graph = tracer.trace(model, concrete_args=constants or None)
+        with _no_fastpaths():
+            graph = tracer.trace(model, concrete_args=constants or None)
     except Exception:  # noqa: BLE001 - any tracing failure means: capture with dynamo instead
         return None
     if constants:
@@ -206,6 +215,21 @@ def _drop_guards(graph: torch.fx.Graph, keep: set[str]) -> None:
     for node in list(graph.nodes):
         if node.op == "placeholder" and not node.users and node.target not in keep:
             graph.erase_node(node)
+
+
+@contextlib.contextmanager
+def _no_fastpaths() -> Any:
+    """PyTorch's transformer layers in eval mode call fused kernels of their own
+    (``torch._transformer_encoder_layer_fwd``, ``torch._native_multi_head_attention``) unless its
+    fast path is off: captured with it off, they are the linears, attention and norms taskmap
+    compiles and fuses."""
+    mha = torch.backends.mha
+    was = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(was)
 
 
 def constant_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +272,8 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     sig_names = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     args, kwargs = _call_arguments(sig, arguments)
     _transformers_caches(model)
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit():
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit(), \
+            _no_fastpaths():
         warnings.simplefilter("ignore")
         try:
             exported = torch._dynamo.export(model)(*args, **kwargs)

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ...errors import IRError, UnsupportedOpsError
+from ...errors import IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
                ops_tensor, ops_upsample)
@@ -145,7 +145,11 @@ class Importer:
     # ------------------------------------------------------------------ nodes
 
     def _const(self, t: torch.Tensor, name: str = "") -> Tensor:
-        return Converter(self.builder, cache=self.consts).const(t, name=name)
+        try:
+            return Converter(self.builder, cache=self.consts).const(t, name=name)
+        except NotConvertible as e:
+            raise UnsupportedError(f"{self.builder.name}: constant {name or list(t.shape)}: {e} (graph constants are numpy "
+                                   "arrays; convert the model, e.g. model.float() or model.half())") from None
 
     def _attr(self, node: torch.fx.Node) -> Any:
         obj: Any = self.gm
@@ -159,6 +163,8 @@ class Importer:
         target = self.gm.get_submodule(node.target) if node.op == "call_module" else node.target
         if not _has_dynamic((args, kwargs)):
             return self._fold(node, target, args, kwargs)
+        if isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields"):
+            return target(*args, **kwargs)      # a namedtuple (of graph tensors): structure, not an op
         handler = lookup(node.op, target)
         reason = ""
         if handler is not None:

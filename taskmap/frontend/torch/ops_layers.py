@@ -1,5 +1,6 @@
 """Registry: composite ``nn`` layers that ``symbolic_trace`` keeps as leaves —
-``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` — decomposed into graph ops
+``nn.MultiheadAttention`` (and its functional form, which dynamo inlines it into) and
+``nn.TransformerEncoderLayer`` — decomposed into graph ops
 (linear projections, head split, ``softmax(q k^T * scale + mask) v``, head merge); and the 1-d
 convolutions and pools, as their 2-d forms over a ``(N, C, 1, L)`` view."""
 from __future__ import annotations
@@ -107,13 +108,45 @@ def multihead_attention(cv: Converter, m: nn.MultiheadAttention, query: Tensor, 
                         average_attn_weights: bool = True, is_causal: bool = False) -> tuple[Any, Any]:
     if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn or (m.training and m.dropout):
         raise NotConvertible("MultiheadAttention with kdim/vdim, bias_k/v, add_zero_attn or training dropout")
-    if is_causal and attn_mask is None:
-        raise NotConvertible("MultiheadAttention(is_causal=True) without attn_mask")
     if not m.batch_first:  # (L, N, E) -> (N, L, E)
         query, key, value = (cv.permute(t, (1, 0, 2)) for t in (query, key, value))
-    e, h = m.embed_dim, m.num_heads
-    w = cv.param(m.in_proj_weight, "in_proj_weight")
-    b = cv.param(m.in_proj_bias, "in_proj_bias")
+    w, b = cv.param(m.in_proj_weight, "in_proj_weight"), cv.param(m.in_proj_bias, "in_proj_bias")
+    w_out, b_out = cv.param(m.out_proj.weight, "out_proj.weight"), cv.param(m.out_proj.bias, "out_proj.bias")
+    out, weights = _attention(cv, query, key, value, m.num_heads, w, b, w_out, b_out, key_padding_mask, need_weights,
+                              attn_mask, average_attn_weights, is_causal)
+    return (out if m.batch_first else cv.permute(out, (1, 0, 2))), weights
+
+
+@register(F.multi_head_attention_forward)
+def multi_head_attention_forward(cv: Converter, query: Tensor, key: Tensor, value: Tensor, embed_dim_to_check: int,
+                                 num_heads: int, in_proj_weight: Tensor, in_proj_bias: Any, bias_k: Any, bias_v: Any,
+                                 add_zero_attn: bool, dropout_p: float, out_proj_weight: Tensor, out_proj_bias: Any,
+                                 training: bool = True, key_padding_mask: Any = None, need_weights: bool = True,
+                                 attn_mask: Any = None, use_separate_proj_weight: bool = False,
+                                 q_proj_weight: Any = None, k_proj_weight: Any = None, v_proj_weight: Any = None,
+                                 static_k: Any = None,
+                                 static_v: Any = None, average_attn_weights: bool = True,
+                                 is_causal: bool = False) -> tuple[Any, Any]:
+    """The functional form (what dynamo inlines ``nn.MultiheadAttention`` into): sequence-first."""
+    if bias_k is not None or bias_v is not None or add_zero_attn or use_separate_proj_weight or \
+            static_k is not None or static_v is not None or (training and dropout_p):
+        raise NotConvertible("multi_head_attention_forward with bias_k/v, add_zero_attn, separate projections, "
+                             "static keys or training dropout")
+    query, key, value = (cv.permute(t, (1, 0, 2)) for t in (query, key, value))
+    out, weights = _attention(cv, query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight,
+                              out_proj_bias, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal)
+    return cv.permute(out, (1, 0, 2)), weights
+
+
+def _attention(cv: Converter, query: Tensor, key: Tensor, value: Tensor, h: int, w: Tensor, b: Any, w_out: Tensor,
+               b_out: Any, key_padding_mask: Any, need_weights: bool, attn_mask: Any, average_attn_weights: bool,
+               is_causal: bool) -> tuple[Tensor, Any]:
+    """Multi-head attention on batch-first ``(N, L, E)`` inputs with the packed input projection
+    ``w`` / ``b`` (q, k, v stacked) and the output projection: the output and, with
+    ``need_weights``, the attention weights (averaged over heads with ``average_attn_weights``)."""
+    if is_causal and attn_mask is None:
+        raise NotConvertible("MultiheadAttention(is_causal=True) without attn_mask")
+    e = query.shape[-1]
     parts = []
     for k, x in enumerate((query, key, value)):
         wk = cv.slice(w, 0, k * e, (k + 1) * e)
@@ -133,10 +166,7 @@ def multihead_attention(cv: Converter, m: nn.MultiheadAttention, query: Tensor, 
     probs = cv.op(OpKind.SOFTMAX, [scores], AxisAttrs(3))
     out = cv.op(OpKind.MATMUL, [probs, v])                              # (N, H, L, D)
     n, _, length, _ = out.shape
-    out = cv.reshape(cv.permute(out, (0, 2, 1, 3)), (n, length, e))
-    out = linear(cv, out, cv.param(m.out_proj.weight, "out_proj.weight"), cv.param(m.out_proj.bias, "out_proj.bias"))
-    if not m.batch_first:
-        out = cv.permute(out, (1, 0, 2))
+    out = linear(cv, cv.reshape(cv.permute(out, (0, 2, 1, 3)), (n, length, e)), w_out, b_out)
     weights = None
     if need_weights:
         weights = cv.op(OpKind.REDUCE, [probs], ReduceAttrs(ReduceFn.MEAN, (1,))) if average_attn_weights else probs
