@@ -347,15 +347,43 @@ def test_save_load(tmp_path):
 def test_torch_compile_backend():
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4)).eval()
     fast = torch.compile(model, backend="taskmap")
-    for n in (3, 5):
-        x = torch.randn(n, 8)
-        torch.testing.assert_close(fast(x), model(x).detach(), rtol=1e-3, atol=1e-4)
+    with torch.no_grad():
+        for n in (3, 5):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
 
 
 def test_torch_compile_fallback():
     model = Unsupported().eval()
     x = torch.randn(4, 8)
-    torch.testing.assert_close(torch.compile(model, backend="taskmap")(x), model(x).detach(), rtol=1e-3, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="taskmap")(x), model(x), rtol=1e-3, atol=1e-4)
+
+
+def test_torch_compile_backend_when_gradients_are_needed():
+    """Grad mode on and parameters requiring grad: the graph runs in PyTorch (one warning), so
+    backward gives eager's gradients; under no_grad the same model runs taskmap's kernels."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    twin = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    twin.load_state_dict(model.state_dict())
+    runners = []
+
+    def backend(gm, example_inputs):
+        runners.append(taskmap.frontend.torch.taskmap_backend(gm, example_inputs))
+        return runners[-1]
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=backend)
+    x = torch.randn(5, 4)
+    with pytest.warns(UserWarning, match="gradients may be needed"):
+        fast(x).square().sum().backward()
+    twin(x).square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert all(not r.graphs for r in runners)          # nothing compiled for the differentiable call
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), twin(x), rtol=1e-4, atol=1e-5)
+    assert any(r.graphs for r in runners)
 
 
 def test_backend_registered_by_entry_point():
@@ -370,15 +398,16 @@ def test_backend_registered_by_entry_point():
 def test_torch_compile_dynamic_and_options():
     model = Unsupported().eval()
     fast = torch.compile(model, backend="taskmap", dynamic=True, options={"fallback": True})
-    for n in (3, 4, 6):
-        x = torch.randn(n, 8)
-        torch.testing.assert_close(fast(x), model(x).detach(), rtol=1e-3, atol=1e-4)
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="torch.cummax"):
-        torch.compile(model, backend="taskmap", options={"fallback": False})(torch.randn(4, 8))
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="unknown taskmap backend options"):
-        torch.compile(model, backend="taskmap", options={"fallbak": False})(torch.randn(4, 8))
+    with torch.no_grad():
+        for n in (3, 4, 6):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="torch.cummax"):
+            torch.compile(model, backend="taskmap", options={"fallback": False})(torch.randn(4, 8))
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="unknown taskmap backend options"):
+            torch.compile(model, backend="taskmap", options={"fallbak": False})(torch.randn(4, 8))
 
 
 def test_structured_outputs_and_creation_ops():

@@ -15,6 +15,7 @@ Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "free
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -66,6 +67,12 @@ def _attr(root: Any, target: str) -> Any:
     return root
 
 
+def needs_grad(args: Sequence[Any]) -> bool:
+    """Whether a call may be differentiated: grad mode on and a tensor argument (dynamo passes
+    the parameters as arguments) requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
 class DynamoGraph:
     """The callable handed back to dynamo: compiled graphs keyed by the concrete inputs.
 
@@ -80,6 +87,7 @@ class DynamoGraph:
         self.progress = progress
         self.frozen = frozen
         self.graphs: dict[tuple[Any, ...], tuple[Imported, CompiledGraph]] = {}
+        self.warned = False
 
     def _key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("value", a)
@@ -104,6 +112,14 @@ class DynamoGraph:
         return hit
 
     def __call__(self, *args: Any) -> Any:
+        if needs_grad(args):
+            if not self.warned:
+                self.warned = True
+                warnings.warn("taskmap: gradients may be needed here (grad mode is on and inputs or parameters "
+                              "require grad), so this graph runs in PyTorch, where backward works; taskmap compiles "
+                              "inference: call the model under torch.no_grad() or torch.inference_mode() to run "
+                              "taskmap's kernels", stacklevel=2)
+            return self.gm(*args)
         imported, cg = self.compile_for(args)
         live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
         tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
@@ -123,7 +139,7 @@ def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     if opts:
         raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze")
     runner = DynamoGraph(gm, fallback, progress, frozen)
-    if all(isinstance(a, torch.Tensor) for a in example_inputs) and \
+    if all(isinstance(a, torch.Tensor) for a in example_inputs) and not needs_grad(example_inputs) and \
             not any(isinstance(s, torch.SymInt) for a in example_inputs for s in a.shape):
         runner.compile_for(list(example_inputs))
     return runner
