@@ -75,7 +75,8 @@ def inline(node: TensorNode, keep: Sequence[TensorNode] = ()) -> Inlined:
                 body = memo.get(id(producer))
                 if body is None:
                     body = memo[id(producer)] = expand(producer.value)
-                env[ld] = substitute(body, dict(zip(producer.axes, ld.indices)))
+                index = tuple(expand(i) for i in ld.indices)    # producers read inside the index too
+                env[ld] = substitute(body, dict(zip(producer.axes, index)))
         return substitute(value, env) if env else value
 
     if isinstance(node, TensorInput):

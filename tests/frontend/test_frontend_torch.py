@@ -427,7 +427,8 @@ def test_advanced_indexing_and_logical_ops():
             b, k = torch.arange(2)[:, None], torch.arange(5)[None, :]
             i = torch.tensor([[0, -1], [1, 0]])
             keep = (m[b, k] & (x[b, k, 0] > 0)) | ~m[:, :5]
-            return x[b, k], x[i], keep, x[1, i], keep ^ m[:, 1:], torch.logical_not(keep)
+            lists = x[..., [-2], :], x[None, :, [2, 1], 1:], x[1:, None, ..., [0, -1]]   # one list among slices
+            return x[b, k], x[i], keep, x[1, i], keep ^ m[:, 1:], torch.logical_not(keep), *lists
 
     check(M(), torch.randn(2, 5, 3), torch.rand(2, 6) > 0.5)
 

@@ -78,14 +78,20 @@ def _small(name):
         "bart": lambda: t.BartModel(t.BartConfig(encoder_layers=1, decoder_layers=1, d_model=64, encoder_attention_heads=4,
                                                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
                                                  vocab_size=100)),
+        "clip_text": lambda: t.CLIPTextModel(t.CLIPTextConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                              intermediate_size=128, vocab_size=100, eos_token_id=2)),
+        "falcon": lambda: t.FalconModel(t.FalconConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                       vocab_size=100)),
     }[name]()
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "roberta", "t5", "distilbert", "bloom", "bart"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "roberta", "t5", "distilbert", "bloom", "bart", "clip_text",
+                                  "falcon"])
 def test_model_families_with_masks_and_caches(name):
     # RoBERTa's position ids are a cumsum; GPT-2 / Llama return a DynamicCache by default, BART an
     # EncoderDecoderCache and shifts its decoder inputs by slice assignment; BLOOM calls baddbmm
-    # with keyword arguments
+    # with keyword arguments; CLIP gathers its position embeddings at computed ids and pools at the
+    # end-of-text token; Falcon splits its fused q / k / v with list indices
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

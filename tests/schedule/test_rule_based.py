@@ -188,3 +188,21 @@ def test_constant_output_and_rank_zero_outputs():
             out = np.empty((), np.float32)
             schedule(node, target)(xs, out)
             assert_close(out, np.float32(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_gather_at_an_index_computed_by_a_producer():
+    """A gather from a computed table at a computed index (CLIP's token embedding: ids + offset
+    into a reshaped table): inlining expands the producers inside the index as well."""
+    ids = tensor_input("ids", i32, [5])
+    off = tensor_input("off", i32, [5])
+    w = tensor_input("w", f32, [12, 4])
+    pos = compute("pos", [5], lambda i: ids[i] + off[i])
+    table = compute("table", [4, 12], lambda c, r: w[r, c] * 2.0)
+    emb = compute("emb", [5, 4], lambda i, j: table[j, pos[i]])
+    assert {ld.tensor.name for ld in collect(plan(emb).value, E.Load)} == {"ids", "off", "w"}
+    ids_v = RNG.integers(0, 6, 5).astype(np.int32)
+    off_v = RNG.integers(0, 6, 5).astype(np.int32)
+    w_v = _rand((12, 4))
+    out = np.empty((5, 4), np.float32)
+    schedule(emb, host_cpu_target(), inputs=[ids, off, w])(ids_v, off_v, w_v, out)
+    assert_close(out, w_v[ids_v + off_v] * 2.0)

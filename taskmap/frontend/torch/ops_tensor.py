@@ -190,17 +190,22 @@ def getitem(cv: Converter, x: Any, idx: Any) -> Any:
     items = idx if isinstance(idx, tuple) else (idx,)
     if builtins.any(isinstance(i, (Tensor, list)) for i in items):
         picked = [k for k, i in enumerate(items) if isinstance(i, (Tensor, list))]
-        full = builtins.all(isinstance(i, builtins.slice) and i == builtins.slice(None)
-                            for k, i in enumerate(items) if k != picked[0])
-        if len(picked) == 1 and full and (isinstance(items[picked[0]], list) or items[picked[0]].ndim == 1):
-            # x[:, :, [0, 2]]: one list or 1-d index after full slices is an index_select
-            i = items[picked[0]]
+        basic = builtins.all(isinstance(i, builtins.slice) or i is None or i is Ellipsis
+                             for k, i in enumerate(items) if k != picked[0])
+        if len(picked) == 1 and basic and (isinstance(items[picked[0]], list) or items[picked[0]].ndim == 1):
+            # x[..., [0, 2], 1:]: one list or 1-d index among slices / None / ... is the basic
+            # indexing with a full slice in its place, then an index_select on that axis
+            k = picked[0]
+            y = getitem(cv, x, items[:k] + (builtins.slice(None),) + items[k + 1:])
+            before = items[:k]
+            axis = len(before) + (y.ndim - len(items) if Ellipsis in before else 0)   # ... stands for the rest
+            i = items[k]
             if isinstance(i, list):
                 if not builtins.all(isinstance(v, int) and not isinstance(v, bool) for v in i):
                     raise NotConvertible("indexing with a list of non-integers")
-                i = cv.const(torch.tensor(i, dtype=torch.int64).remainder(x.shape[picked[0]]))
+                i = cv.const(torch.tensor(i, dtype=torch.int64).remainder(y.shape[axis]))
             if i.dtype.name in ("int32", "int64"):
-                return index_select(cv, x, picked[0], i)
+                return index_select(cv, y, axis, i)
         return _advanced(cv, x, items)
     n_real = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
     if n_real > x.ndim:
