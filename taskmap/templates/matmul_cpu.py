@@ -12,11 +12,14 @@ Tuning space, in hardware terms (the problem only prunes it):
   the operand or read it in place (B when its rows are less than a page apart or K fits one
   block, :data:`FAR_IN_PLACE_K`; its last, partial panel is then shifted left onto whole vectors); ``cores`` — all of them, or one for tiny problems.
 
-Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add two kinds of points:
+Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add more kinds of points:
 
 * ``trans_b``: ``dot=True`` — the dot-product kernel (:mod:`.matmul_cpu_dot`), ``mr`` rows of A
   by ``nr`` rows of B per tile (:data:`DOT_TILES`: the small side by a few rows of the big one),
   vectorized along K, nothing packed;
+* ``trans_b`` with a constant B (a linear layer's weights in a compiled graph): thin register
+  tiles (:data:`SMALL_TILES`) over B packed once into column panels — one contiguous stream per
+  panel where the dot kernel streams ``nr`` rows side by side (1.2-1.3x faster at M = 1);
 * plain B: register tiles with ``MR`` in 1..4 and a wide ``NR`` (:data:`SMALL_TILES`), B read in
   place whatever its row pitch (copying B costs as much as the whole product).
 
@@ -123,7 +126,7 @@ class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 5  # keys the tuning cache: bump when the kernels change
+    version = 6  # keys the tuning cache: bump when the kernels or the space change
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -141,12 +144,14 @@ class MatmulCpuTemplate(KernelFamily):
         gemv = not p.trans_b and p.m <= SMALL_SIDE
         tiles = [t for t in TILES[regs] if not gemv or t[0] < 2 * p.m]    # GEMV: no tile mostly padding
         out = self._blocked(p, target, tiles, cores, (True, False) if in_place else (True,))
+        small_tiles = [t for t in SMALL_TILES[regs] if t[0] < 2 * p.m]
         if gemv:          # GEMV-like: B in place whatever its pitch (packed: for prologues that need it)
-            out += self._blocked(p, target, [t for t in SMALL_TILES[regs] if t[0] < 2 * p.m], cores, (True, False),
-                                 any_block=True)
+            out += self._blocked(p, target, small_tiles, cores, (True, False), any_block=True)
             if p.n >= lanes_of(target):                # ... or streamed by rows
                 out += [Schedule.of(rows=True, mr=mr, nr=ROW_STEP, pack_a=False, pack_b=False, cores=c)
                         for mr in ROW_TILES if mr < 2 * p.m for c in cores]
+        elif p.trans_b and p.const_b and p.m <= SMALL_SIDE:     # a constant B^T packed once: one stream per panel
+            out += self._blocked(p, target, small_tiles, cores, (True,), any_block=True)
         small = min(p.m, p.n)
         if p.trans_b and small <= SMALL_SIDE:          # rows by rows: dot products along K
             for s, b in DOT_TILES[regs]:
@@ -176,7 +181,7 @@ class MatmulCpuTemplate(KernelFamily):
                         big = split == "n" and kc * ncb * nr * 4 > l2 // 2       # its B block not in L2
                         for pack_a in (True,) if p.const_a else (True, False):
                             for pack_b in pack_bs:
-                                if big and (pack_b or not any_block):
+                                if big and ((pack_b and not p.const_b) or not any_block):
                                     continue
                                 for c in cores:
                                     out.append(Schedule.of(mr=mr, nr=nr, kc=kc, ncb=ncb, split=split, pack_a=pack_a,
@@ -245,7 +250,10 @@ class MatmulCpuTemplate(KernelFamily):
         tiles = p.batch * mp * np_
         compute = -(-tiles // cores) * tile / (target.clock_hz or 2.5e9)
         a_reads, b_reads = (1, mp) if p.m <= p.n else (np_, 1)
-        memory = memory_seconds(p, a_reads, b_reads, min(cores, tiles))
+        # the big side's rows of a tile are streamed side by side: one prefetch stream each
+        # (measured: 1280 x 1000 at M = 1, two cores, 45 us vs 37 us for a packed panel's one stream)
+        streams = 1.0 + B_IN_PLACE * (nr if p.m <= p.n else mr)
+        memory = memory_seconds(p, a_reads, b_reads, min(cores, tiles)) * streams
         return overlap(compute, memory) + FORK_COST * (cores > 1) + CALL_COST
 
     def _rows_cost(self, p: MatmulProblem, target: Target, s: dict[str, Any]) -> float:
