@@ -330,6 +330,74 @@ def test_namedtuple_outputs():
         torch.testing.assert_close(tuple(got), tuple(want))
 
 
+class AddsInPlace(nn.Module):
+    def forward(self, x, y):
+        x.add_(1.0)
+        y[:, 0] = 0.0
+        return x * y
+
+
+class CountsCalls(nn.Module):
+    def __init__(self, shaped=False):
+        super().__init__()
+        self.shaped = shaped
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x):
+        if self.shaped and x.shape[0] > 1:          # control flow on a size: captured by dynamo
+            x = x * 1.0
+        self.count += 1
+        return x + self.count
+
+
+def test_inputs_changed_in_place_are_written_back():
+    for compiled in (taskmap.compile(AddsInPlace(), progress=False), torch.compile(AddsInPlace(), backend="taskmap")):
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        xe, ye = x.clone(), y.clone()
+        with torch.no_grad():
+            for _ in range(2):                      # the second call sees the first one's changes
+                torch.testing.assert_close(compiled(x, y), AddsInPlace()(xe, ye))
+        torch.testing.assert_close((x, y), (xe, ye))
+
+
+class BuildsInPlace(nn.Module):
+    def forward(self, x):
+        m = torch.zeros(4)              # folded to a constant, then changed in place: still constant
+        m[1] = 5.0
+        m.add_(1.0)
+        return x + m
+
+
+def test_constants_changed_in_place_while_folding():
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(check(BuildsInPlace(), x)(x), BuildsInPlace()(x))
+
+
+@pytest.mark.parametrize("shaped", [False, True])
+def test_forward_changing_its_buffers_is_refused(shaped):
+    model = CountsCalls(shaped).eval()
+    with pytest.raises(taskmap.errors.UnsupportedError, match="the forward changes .*count.* in place"):
+        taskmap.compile(model, torch.randn(2, 3), progress=False)
+    assert type(model.count) is torch.Tensor          # not the fake tensor an export leaves behind
+
+
+def test_weights_changed_after_compiling_compile_again():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(16 * 6 * 6, 10)).eval()
+    x = torch.randn(1, 16, 6, 6)
+    fast = taskmap.compile(model, x, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+        model[0].weight.mul_(2.0)                     # in place (packed conv weights, folded batch norm)
+        model[1].running_mean.add_(0.5)
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+        state = {k: torch.rand_like(v) + 0.5 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+    assert len(fast.entries) == 1
+
+
 def test_save_load(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)).eval()
     x = torch.randn(1, 3, 6, 6)

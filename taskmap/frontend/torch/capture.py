@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import io
 import linecache
 import os
@@ -32,7 +33,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 from torch.fx.passes.shape_prop import ShapeProp
 
-from ...errors import CaptureError
+from ...errors import CaptureError, UnsupportedError
 from ...graph.passes import debug_enabled
 from .importer import Imported, import_fx
 from .registry import lookup
@@ -190,12 +191,16 @@ def try_symbolic_trace(model: torch.nn.Module, constants: dict[str, Any] | None 
     values (fx's ``concrete_args``) — as proxies, ``if y is None`` would silently take the branch
     of a tensor.  The graph serves only calls with these values (they are in the compiled
     module's signature key), so fx's guards on them and their placeholders are dropped."""
+    before = _versions(model)
     try:
         tracer = _Tracer()
         with _no_fastpaths():
             graph = tracer.trace(model, concrete_args=constants or None)
     except Exception:  # noqa: BLE001 - any tracing failure means: capture with dynamo instead
         return None
+    changed = [n for n, v in _versions(model).items() if before.get(n) != v]
+    if changed:        # buffers are real tensors while fx traces: an in-place op ran on them, unrecorded
+        raise _state_error(type(model).__name__, changed)
     if constants:
         _drop_guards(graph, set(forward_signature(model).names) - set(constants))
     return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -267,13 +272,13 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
         if debug_enabled("shapes"):
             with torch.no_grad():
                 ShapeProp(traced).propagate(*examples)
-        return import_fx(traced, examples, fallback=fallback, name=name), cap
+        return _stateless(import_fx(traced, examples, fallback=fallback, name=name), name), cap
     sig = forward_signature(model).sig
     sig_names = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     args, kwargs = _call_arguments(sig, arguments)
     _transformers_caches(model)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit(), \
-            _no_fastpaths():
+            _no_fastpaths(), _state_kept(model):
         warnings.simplefilter("ignore")
         try:
             exported = torch._dynamo.export(model)(*args, **kwargs)
@@ -285,7 +290,48 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     spread = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_POSITIONAL), None)
     cap = Capture("export", orig, codegen, spread)
     examples = cap.flat_inputs(arguments)
-    return import_fx(gm, examples, fallback=fallback, name=name), cap
+    return _stateless(import_fx(gm, examples, fallback=fallback, name=name), name), cap
+
+
+def _stateless(imported: Imported, name: str) -> Imported:
+    """``imported``, unless its forward changes the model's parameters or buffers in place: they
+    are constants of the compiled graph (its inputs changed in place are written back)."""
+    state = sorted({str(key) for kind, key, _ in imported.mutated if kind == "attr"})
+    if state:
+        raise _state_error(name, state)
+    return imported
+
+
+def _state_error(name: str, state: Sequence[str]) -> UnsupportedError:
+    return UnsupportedError(f"{name}: the forward changes {', '.join(state)} in place; taskmap.compile compiles "
+                            "parameters and buffers in as constants (a stateful forward, e.g. a cache kept in a "
+                            "buffer, needs its state passed in and returned as tensors)")
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(itertools.chain(model.named_parameters(), model.named_buffers()))
+
+
+def _versions(model: torch.nn.Module) -> dict[str, int]:
+    return {n: t._version for n, t in _state(model).items()}
+
+
+@contextlib.contextmanager
+def _state_kept(model: torch.nn.Module) -> Any:
+    """Put back any parameter or buffer object an export replaced (dynamo leaves a buffer the
+    forward changes in place as a fake tensor on the module)."""
+    kept = _state(model)
+    try:
+        yield
+    finally:
+        for name, t in kept.items():
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner) if owner else model
+            if getattr(module, attr, None) is not t:
+                if attr in module._buffers:
+                    module._buffers[attr] = t
+                elif attr in module._parameters:
+                    module._parameters[attr] = t
 
 
 __all__ = ["Capture", "bind", "capture", "constant_arguments", "try_symbolic_trace"]

@@ -24,6 +24,9 @@ from ...runtime.graph import CompiledGraph
 from .importer import Imported, import_fx
 
 
+_FROZEN = "_taskmap_frozen_"     # get_attr names of the frozen inputs: this prefix and the input's index
+
+
 def module_state(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[int, ...]:
     """Which of dynamo's inputs are the model's parameters and buffers (dynamo lifts them to
     graph inputs): their placeholders' sources name a module's ``_parameters`` / ``_buffers``."""
@@ -47,7 +50,7 @@ def freeze(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: tuple[int, ...
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             if index in frozen:
-                name = f"_taskmap_frozen_{index}"
+                name = f"{_FROZEN}{index}"
                 attrs[name] = args[index].detach()
                 env[node] = graph.get_attr(name)
             else:
@@ -124,7 +127,11 @@ class DynamoGraph:
         live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
         tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
         with torch.no_grad():
-            return imported.outputs(cg(*tensors))
+            values = cg(*tensors)
+            if imported.mutated:       # in place on an input, or on a frozen buffer (the module's own)
+                imported.write_back(values, live, lambda name: args[int(name.rsplit("_", 1)[1])]
+                                    if name.startswith(_FROZEN) else None)
+            return imported.outputs(values)
 
 
 def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,

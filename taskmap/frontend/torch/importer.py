@@ -20,7 +20,7 @@ import operator
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -43,10 +43,23 @@ class Imported:
     out_spec: Any
     leaves: list[tuple[str, Any]]
     unsupported: list[tuple[str, str, str]] = field(default_factory=list)
+    #: tensors the forward changes in place, and the graph output holding their new value:
+    #: ``("input", placeholder index, output)`` or ``("attr", get_attr target, output)``
+    mutated: tuple[tuple[str, Any, int], ...] = ()
 
     def outputs(self, values: Sequence[Any]) -> Any:
         flat = [values[v] if k == "out" else v for k, v in self.leaves]
         return pytree.tree_unflatten(flat, self.out_spec)
+
+    def write_back(self, values: Sequence[Any], inputs: Sequence[Any],
+                   attr: Callable[[str], Any] | None = None) -> None:
+        """Copy the new values of what the forward changed in place into it, as eager PyTorch
+        would have left it: the inputs (``inputs``: the call's flat inputs, one per placeholder)
+        and, with ``attr`` (a get_attr target -> its tensor, or None), attributes."""
+        for kind, key, out in self.mutated:
+            target = inputs[key] if kind == "input" else attr(key) if attr is not None else None
+            if target is not None:
+                target.copy_(values[out])
 
 
 def target_name(node: torch.fx.Node) -> str:
@@ -111,17 +124,21 @@ class Importer:
             raise IRError(f"the fx graph has {len(placeholders)} inputs, {len(self.examples)} example inputs given")
         kinds = []
         out_node = None
+        first: dict[torch.fx.Node, Tensor] = {}      # the inputs' and attributes' values before any in-place op
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 ex = self.examples[placeholders.index(node)]
                 if isinstance(ex, torch.Tensor):
-                    self.env[node] = self.builder.input(tuple(ex.shape), from_torch_dtype(ex.dtype), node.name)
+                    self.env[node] = first[node] = self.builder.input(tuple(ex.shape), from_torch_dtype(ex.dtype),
+                                                                      node.name)
                     kinds.append("tensor")
                 else:
                     self.env[node] = ex
                     kinds.append("value")
             elif node.op == "get_attr":
                 self.env[node] = self._attr(node)
+                if isinstance(self.env[node], Tensor):
+                    first[node] = self.env[node]
             elif node.op == "output":
                 out_node = node
             else:
@@ -140,7 +157,13 @@ class Importer:
                 outs.append(v)
             else:
                 leaves.append(("value", v))
-        return Imported(self.builder.build(outs), kinds, spec, leaves, self.unsupported)
+        mutated = []
+        for node, value in first.items():           # changed in place (the functional graph rebound them)
+            if self.env[node] is not value and isinstance(self.env[node], Tensor):
+                key = placeholders.index(node) if node.op == "placeholder" else str(node.target)
+                mutated.append(("input" if node.op == "placeholder" else "attr", key, len(outs)))
+                outs.append(self.env[node])
+        return Imported(self.builder.build(outs), kinds, spec, leaves, self.unsupported, tuple(mutated))
 
     # ------------------------------------------------------------------ nodes
 
@@ -148,8 +171,8 @@ class Importer:
         try:
             return Converter(self.builder, cache=self.consts).const(t, name=name)
         except NotConvertible as e:
-            raise UnsupportedError(f"{self.builder.name}: constant {name or list(t.shape)}: {e} (graph constants are numpy "
-                                   "arrays; convert the model, e.g. model.float() or model.half())") from None
+            raise UnsupportedError(f"{self.builder.name}: constant {name or list(t.shape)}: {e} (graph constants are "
+                                   "numpy arrays; convert the model, e.g. model.float() or model.half())") from None
 
     def _attr(self, node: torch.fx.Node) -> Any:
         obj: Any = self.gm
@@ -162,7 +185,9 @@ class Importer:
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
         target = self.gm.get_submodule(node.target) if node.op == "call_module" else node.target
         if not _has_dynamic((args, kwargs)):
-            return self._fold(node, target, args, kwargs)
+            result = self._fold(node, target, args, kwargs)
+            self._rebind_inplace(node, target, result)
+            return result
         if isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields"):
             return target(*args, **kwargs)      # a namedtuple (of graph tensors): structure, not an op
         handler = lookup(node.op, target)
@@ -189,21 +214,17 @@ class Importer:
         of ``x`` read the result: graph ops are functional, the mutation becomes a rebinding."""
         if not isinstance(result, Tensor) or not node.args or not isinstance(node.args[0], torch.fx.Node):
             return
-        if node.op == "call_method":
-            inplace = str(target).endswith("_") and not str(target).startswith("_")
-        elif node.op == "call_module":
-            inplace = getattr(target, "inplace", False) is True
-        else:
-            inplace = target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True
-        if inplace and isinstance(self.env.get(node.args[0]), Tensor):
+        if _inplace(node, target) and isinstance(self.env.get(node.args[0]), Tensor):
             self.env[node.args[0]] = result
 
     def _fold(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
         a, kw = _materialize(args), _materialize(kwargs)
+        if _inplace(node, target) and a and isinstance(a[0], torch.Tensor):
+            a = (a[0].clone(), *a[1:])       # constants share memory with the model's tensors
         if node.op == "call_method":
             out = getattr(a[0], target)(*a[1:], **kw)
         else:
-            out = target(*a, **kw)
+            out = _FUNCTIONAL.get(target, target)(*a, **kw)
         return pytree.tree_map(lambda v: self._const(v) if isinstance(v, torch.Tensor) else v, out)
 
     def _torch_op(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
@@ -254,6 +275,15 @@ def setitem_copy(x: torch.Tensor, idx: Any, value: Any) -> torch.Tensor:
 
 
 #: In-place Python operators run by PyTorch as functions returning the new value.
+def _inplace(node: torch.fx.Node, target: Any) -> bool:
+    """Whether the node is an in-place op on its first argument."""
+    if node.op == "call_method":
+        return str(target).endswith("_") and not str(target).startswith("_")
+    if node.op == "call_module":
+        return getattr(target, "inplace", False) is True
+    return target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True
+
+
 _FUNCTIONAL = {operator.setitem: setitem_copy}
 _INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,
                       operator.ixor, torch.relu_, operator.setitem)
