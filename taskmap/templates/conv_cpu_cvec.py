@@ -105,28 +105,26 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     WQ_T = W_T if PRE else XP_T            # where the micro-kernel reads the packed panel
 
     @func
-    def pad_plane(x: X_T, xp: XP_T, q: i32, hp: i32, wp: i32):
-        """Plane ``q`` = (b, ci) of the zero-padded input."""
+    def pad_row(x: X_T, xp: XP_T, r: i32, hp: i32, wp: i32):
+        """Row ``r`` = (b, ci, i) of the zero-padded input (rows, not planes, are the parallel
+        tasks: a 3-channel image is 3 planes for any number of cores)."""
+        q = r // hp
+        i = r % hp
         b = q // cin
         ci = q % cin
         jlo = min(PL, wp)
         jhi = max(min(w + PL, wp), jlo)
-        ilo = min(PT, hp)                      # rows inside the image: ilo .. ihi (see conv_cpu_kernel)
-        ihi = max(min(h + PT, hp), ilo)
-        for i in range(ilo):
+        row = r * wp
+        if i < PT or i >= h + PT:              # rows above / below the image (see conv_cpu_kernel)
             for j in range(wp):
-                xp[(q * hp + i) * wp + j] = 0.0
-        for i in range(ilo, ihi):
-            row = (q * hp + i) * wp
+                xp[row + j] = 0.0
+        else:
             for j in range(jlo):
                 xp[row + j] = 0.0
             for j in range(jlo, jhi):
                 xp[row + j] = x[b, ci, i - PT, j - PL]
             for j in range(jhi, wp):
                 xp[row + j] = 0.0
-        for i in range(ihi, hp):
-            for j in range(wp):
-                xp[(q * hp + i) * wp + j] = 0.0
 
     @func
     def pack_panel(wt: W_T, xp: XP_T, base: i32, co0: i32, c0: i32, c1: i32):
@@ -215,8 +213,8 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
         # no padding and every tile's reads inside the image: the tiles read x itself
         direct = (OWT * MR - 1) * SW + (KW - 1) * DW < w and HP <= h and PT + PL == 0
         if not direct:
-            for q in PAR(n * cin):
-                pad_plane(x, xp, q, HP, WP)
+            for r in PAR(n * cin * HP):
+                pad_row(x, xp, r, HP, WP)
         PU = n * oh * OWT                      # tiles per channel panel
         units = (cout + NR - 1) // NR * PU
         PANEL = cin * TAPS * NR
