@@ -11,14 +11,16 @@ messages; fx's own ``record_stack_traces`` symbolizes whole stacks and imports
 itself.  ``TASKMAP_DEBUG=shapes`` also propagates the example inputs through the fx graph
 (``ShapeProp``) so that the importer checks every shape it infers against PyTorch's.
 
+Arguments that hold no tensor are traced as their values (:mod:`.signature`), PyTorch's fused
+transformer fast path is off while capturing, and a forward that changes the model's parameters
+or buffers in place is refused (they become constants; changed inputs are written back).
+
 A :class:`Capture` maps a call's bound arguments to the graph's flat inputs and the graph's
 outputs back to the model's output structure; it is picklable (``save``/``load``).
 """
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import itertools
 import io
 import linecache
@@ -26,17 +28,17 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ...errors import CaptureError, UnsupportedError
 from ...graph.passes import debug_enabled
 from .importer import Imported, import_fx
 from .registry import lookup
+from .signature import bind, call_arguments, forward_signature
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _TORCH_FX_DIR = os.path.join(_TORCH_DIR, "fx")
@@ -63,61 +65,6 @@ class Capture:
         if self.method == "fx":
             return result
         return self.codegen.process_outputs(result)
-
-
-@dataclass(frozen=True)
-class ForwardSignature:
-    """A model's ``forward`` signature (without ``self``), read once per forward function
-    (``inspect.signature`` costs ~15 us a call, more than launching a small compiled model)."""
-
-    sig: inspect.Signature
-    plain: bool            # parameters that positional arguments can fill, no ``*args`` / ``**kw``
-    names: tuple[str, ...]
-    required: int          # how many come before the first default
-    defaults: dict[str, Any]
-
-    @staticmethod
-    def of(sig: inspect.Signature) -> "ForwardSignature":
-        ps = list(sig.parameters.values())
-        plain = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY) for p in ps)
-        required = next((i for i, p in enumerate(ps) if p.default is not p.empty), len(ps))
-        return ForwardSignature(sig, plain, tuple(p.name for p in ps), required,
-                                {p.name: p.default for p in ps if p.default is not p.empty})
-
-    def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The arguments by parameter name, defaults applied (``sig.bind`` + ``apply_defaults``)."""
-        if self.plain and not kwargs and self.required <= len(args) <= len(self.names):
-            out = dict(zip(self.names, args))
-            for n in self.names[len(args):]:
-                out[n] = self.defaults[n]
-            return out
-        bound = self.sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        out = dict(bound.arguments)
-        for name, p in self.sig.parameters.items():
-            if p.kind is p.VAR_KEYWORD and name in out:
-                out.update(out.pop(name))
-        return out
-
-
-def forward_signature(model: torch.nn.Module) -> ForwardSignature:
-    """The signature of ``model.forward``, cached per forward function."""
-    forward = model.forward
-    fn = getattr(forward, "__func__", None)
-    if fn is not None and getattr(forward, "__self__", None) is model:
-        return _method_signature(fn)
-    return ForwardSignature.of(inspect.signature(forward))
-
-
-@functools.lru_cache(maxsize=256)
-def _method_signature(fn: Callable[..., Any]) -> ForwardSignature:
-    sig = inspect.signature(fn)
-    return ForwardSignature.of(sig.replace(parameters=list(sig.parameters.values())[1:]))   # without self
-
-
-def bind(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments by forward-parameter name (defaults applied)."""
-    return forward_signature(model).bind(args, kwargs)
 
 
 class _Tracer(torch.fx.Tracer):
@@ -237,29 +184,12 @@ def _no_fastpaths() -> Any:
         mha.set_fastpath_enabled(was)
 
 
-def constant_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments that hold no tensor (see :func:`try_symbolic_trace`)."""
-    return {n: v for n, v in arguments.items()
-            if not any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(v))}
-
-
 def _dynamo_reason(exc: Exception) -> str:
     """Dynamo's reason in short: its first line and the user's frames ("from user code")."""
     text = str(exc)
     head = next((ln for ln in text.splitlines() if ln.strip()), type(exc).__name__)
     where = text.split("from user code:", 1)[1].strip("\n").split("\n\n", 1)[0] if "from user code:" in text else ""
     return head + ("\n" + where if where else "")
-
-
-def _call_arguments(sig: inspect.Signature, arguments: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Bound ``arguments`` as a call again: ``*args`` spread, the rest by keyword."""
-    var = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_POSITIONAL), None)
-    if var is None:
-        return [], dict(arguments)
-    names = list(sig.parameters)
-    before = names[:names.index(var)]
-    args = [arguments[n] for n in before if n in arguments] + list(arguments.get(var, ()))
-    return args, {n: v for n, v in arguments.items() if n not in before and n != var}
 
 
 def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, arguments: dict[str, Any], *,
@@ -275,7 +205,7 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
         return _stateless(import_fx(traced, examples, fallback=fallback, name=name), name), cap
     sig = forward_signature(model).sig
     sig_names = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    args, kwargs = _call_arguments(sig, arguments)
+    args, kwargs = call_arguments(sig, arguments)
     _transformers_caches(model)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit(), \
             _no_fastpaths(), _state_kept(model):
@@ -334,4 +264,4 @@ def _state_kept(model: torch.nn.Module) -> Any:
                     module._parameters[attr] = t
 
 
-__all__ = ["Capture", "bind", "capture", "constant_arguments", "try_symbolic_trace"]
+__all__ = ["Capture", "bind", "capture", "try_symbolic_trace"]

@@ -20,7 +20,8 @@ from torch.utils import _pytree as pytree
 from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
 from ...runtime.graph import CompiledGraph
-from .capture import Capture, bind, capture, constant_arguments, forward_signature, try_symbolic_trace
+from .capture import Capture, capture, try_symbolic_trace
+from .signature import bind, constant_arguments, forward_signature
 from .importer import Imported
 
 
