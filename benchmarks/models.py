@@ -92,13 +92,14 @@ class _MainOutput(torch.nn.Module):
 def onnx_runner(model: torch.nn.Module, args: tuple[torch.Tensor, ...], threads: int) -> Callable[[], Any]:
     import onnxruntime as ort
     path = Path(tempfile.mkdtemp()) / "model.onnx"
+    wrapped = _MainOutput(model).train(model.training)   # the exporter restores the wrapper's mode, recursively
     try:
-        torch.onnx.export(_MainOutput(model), args, str(path), dynamo=False, opset_version=17)
+        torch.onnx.export(wrapped, args, str(path), dynamo=False, opset_version=17)
     except torch.onnx.errors.UnsupportedOperatorError as exc:     # GPT-2's aten::diff: the newer exporter
         print(f"  (legacy ONNX export failed: {str(exc).splitlines()[0]}; using torch.export's)", flush=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(_MainOutput(model), args, str(path), dynamo=True)
+            torch.onnx.export(wrapped, args, str(path), dynamo=True)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
