@@ -268,6 +268,11 @@ class Summed(nn.Module):
         return xs[0]
 
 
+class NonZero(nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x > 0)
+
+
 class DataDependent(nn.Module):
     def forward(self, x):
         return x * 2 if x.sum().item() > 0 else x * 3
@@ -279,6 +284,8 @@ def test_var_positional_and_uncapturable_models():
     torch.testing.assert_close(fast(*xs), sum(xs))
     torch.testing.assert_close(fast(*xs[:2], scale=2.0), (xs[0] + xs[1]) * 2.0)
     assert len(fast.entries) == 2
+    with pytest.raises(taskmap.errors.UnsupportedError, match=r"torch.nonzero at node .*shape cannot be known"):
+        taskmap.compile(NonZero().eval(), torch.randn(3, 4), progress=False)
     with pytest.raises(taskmap.errors.CaptureError, match=r"(?s)DataDependent: taskmap.compile captures the whole "
                        r"forward.*line \d+, in forward.*x.sum\(\).item\(\).*backend=\"taskmap\""):
         taskmap.compile(DataDependent().eval(), torch.randn(3), progress=False)
