@@ -36,6 +36,7 @@ import gc
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -153,6 +154,8 @@ class CompiledGraph:
             cuda_graph = os.environ.get("TASKMAP_CUDA_GRAPHS", "1") != "0"
         self.cuda_graph = cuda_graph and self.kind.library == "torch" and self.kind.device.startswith("cuda")
         self._captured: tuple[Any, list[Any], list[Any]] | None = None
+        # one run at a time: the runs share the memory plan's buffers (and bind launches lazily)
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ compile time
 
@@ -241,7 +244,8 @@ class CompiledGraph:
 
     def __call__(self, *inputs: Any) -> list[Any]:
         if self.cuda_graph and self.runs > 0:
-            return self._replay(inputs)
+            with self._lock:
+                return self._replay(inputs)
         return self._run(inputs, None)
 
     def _replay(self, inputs: Sequence[Any]) -> list[Any]:
@@ -292,6 +296,10 @@ class CompiledGraph:
         return sorted(rows, key=lambda r: -r[2])
 
     def _run(self, inputs: Sequence[Any], timed: Callable[[int, Step, list[Any]], None] | None) -> list[Any]:
+        with self._lock:
+            return self._run_locked(inputs, timed)
+
+    def _run_locked(self, inputs: Sequence[Any], timed: Callable[[int, Step, list[Any]], None] | None) -> list[Any]:
         self._check(inputs)
         if self._carved is None:
             self._carved = self._carve_buffers()
@@ -492,8 +500,8 @@ def _host_launch(compiled: CompiledKernel, plan: list[_Arg]) -> Callable[[list[A
     def launch(values: list[Any]) -> None:
         nonlocal bound
         if bound is None:
+            ptrs[:] = [(k, 0) if k >= 0 else (-1, _ptr(fixed)) for k, fixed, _ in tensors]
             bound = compiled.bind_host(*_arrays(plan, values))
-            ptrs.extend((k, 0) if k >= 0 else (-1, _ptr(fixed)) for k, fixed, _ in tensors)
         bound(*[p if k < 0 else _ptr(values[k]) for k, p in ptrs])
     return launch
 

@@ -5,6 +5,7 @@ import operator
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -402,6 +403,33 @@ def test_weights_changed_after_compiling_compile_again():
         state = {k: torch.rand_like(v) + 0.5 if v.is_floating_point() else v for k, v in model.state_dict().items()}
         model.load_state_dict(state)
         torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+    assert len(fast.entries) == 1
+
+
+def test_calls_from_many_threads():
+    """Threads calling one compiled module at once, from its first call on: the graph compiles
+    once, runs one at a time (they share the memory plan's buffers) and every result is right."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 4, 3, padding=1)).eval()
+    xs = [torch.randn(1, 3, 24, 24) for _ in range(4)]
+    with torch.no_grad():
+        wants = [model(x) for x in xs]
+    fast = taskmap.compile(model, progress=False)
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(20):
+                torch.testing.assert_close(fast(xs[k]), wants[k], rtol=1e-3, atol=1e-4)
+        except Exception as e:          # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
     assert len(fast.entries) == 1
 
 

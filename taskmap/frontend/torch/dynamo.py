@@ -15,6 +15,7 @@ Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "free
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -91,6 +92,7 @@ class DynamoGraph:
         self.frozen = frozen
         self.graphs: dict[tuple[Any, ...], tuple[Imported, CompiledGraph]] = {}
         self.warned = False
+        self.lock = threading.Lock()
 
     def _key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("value", a)
@@ -99,6 +101,13 @@ class DynamoGraph:
 
     def compile_for(self, args: Sequence[Any]) -> tuple[Imported, CompiledGraph]:
         key = self._key(args)
+        hit = self.graphs.get(key)
+        if hit is not None:
+            return hit
+        with self.lock:                        # threads calling at once compile a graph once
+            return self._compile(key, args)
+
+    def _compile(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[Imported, CompiledGraph]:
         hit = self.graphs.get(key)
         if hit is None:
             gm, live = self.gm, list(args)

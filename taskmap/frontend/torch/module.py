@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -105,6 +106,7 @@ class CompiledModule:
     _traces: dict[str, Any] = field(default_factory=dict, repr=False)   # fx traces (None: not traceable)
     _quick: dict[tuple[Any, ...], Entry] = field(default_factory=dict, repr=False)   # see _quick_key
     _state: list[torch.Tensor] | None = field(default=None, repr=False)           # see _stamp
+    _lock: Any = field(default_factory=threading.RLock, repr=False)        # compiling a graph
 
     @property
     def name(self) -> str:
@@ -149,13 +151,15 @@ class CompiledModule:
         quick = None if kwargs else _quick_key(args)
         entry = self._quick.get(quick) if quick is not None else None
         if entry is None:
-            entry = self._entry(arguments)
+            with self._lock:                   # threads calling at once compile a graph once
+                entry = self._entry(arguments)
         else:
             self.cache_hits += 1
         if entry.stamp is not None and entry.stamp != self._stamp():      # weights changed: every graph is stale
-            self.entries.clear()
-            self._quick.clear()
-            entry = self._entry(arguments)
+            with self._lock:
+                self.entries.clear()
+                self._quick.clear()
+                entry = self._entry(arguments)
         if quick is not None:
             self._quick[quick] = entry
         return entry.run(arguments, self.progress)
