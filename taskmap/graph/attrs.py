@@ -83,6 +83,11 @@ class BinaryFn(enum.Enum):
     LE = "le"
     GT = "gt"
     GE = "ge"
+    BITWISE_AND = "bitwise_and"       # integers (bools: ``logical_and`` and friends, as where / compare)
+    BITWISE_OR = "bitwise_or"
+    BITWISE_XOR = "bitwise_xor"
+    LEFT_SHIFT = "left_shift"
+    RIGHT_SHIFT = "right_shift"       # arithmetic on signed integers, as torch
 
 
 class ReduceFn(enum.Enum):

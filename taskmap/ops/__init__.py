@@ -4,7 +4,8 @@ transform operators are compute definitions scheduled by rules; reductions, soft
 norms are templates (:mod:`taskmap.templates.reduce`).  ``emulate_gpu(arch)`` runs the GPU
 schedules on host arrays, with GPU semantics, for tests."""
 from ._dispatch import emulate_gpu
-from .elementwise import (abs, acos, acosh, add, asin, asinh, atan, atan2, atanh, cast, ceil, cos, cosh, div, eq,
+from .elementwise import (abs, acos, acosh, add, asin, asinh, atan, atan2, atanh, bitwise_and, bitwise_left_shift,
+                          bitwise_or, bitwise_right_shift, bitwise_xor, cast, ceil, cos, cosh, div, eq,
                           erf, exp, expm1, floor, floor_divide, fmod, ge, gelu, gt, hardsigmoid, hardswish, le,
                           lgamma, log, log1p, logsigmoid, lt, maximum, minimum, mish, mul, ne, neg, pow, reciprocal,
                           relu, relu6, remainder, round, rsqrt, selu, sigmoid, sign, silu, sin, sinh, softplus, sqrt,

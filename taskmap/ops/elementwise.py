@@ -301,7 +301,12 @@ BINARY: dict[str, tuple[Callable[[Expr, Expr], Expr], str]] = {
     "eq": (lambda a, b: E.compare(E.CmpOp.EQ, a, b), "bool"), "ne": (lambda a, b: E.compare(E.CmpOp.NE, a, b), "bool"),
     "lt": (lambda a, b: E.compare(E.CmpOp.LT, a, b), "bool"), "le": (lambda a, b: E.compare(E.CmpOp.LE, a, b), "bool"),
     "gt": (lambda a, b: E.compare(E.CmpOp.GT, a, b), "bool"), "ge": (lambda a, b: E.compare(E.CmpOp.GE, a, b), "bool"),
+    "bitwise_and": (lambda a, b: a & b, "same"), "bitwise_or": (lambda a, b: a | b, "same"),
+    "bitwise_xor": (lambda a, b: a ^ b, "same"), "left_shift": (lambda a, b: a << b, "same"),
+    "right_shift": (lambda a, b: a >> b, "same"),
 }
+#: Binary functions of integer operands only.
+INTEGER_BINARY = ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift")
 
 
 def binary_types(name: str, t: ScalarType) -> tuple[ScalarType, ScalarType]:
@@ -346,6 +351,8 @@ def _binary(name: str, a: Operand, b: Operand) -> Any:
     types = [scalar_type(d) for d in args.dtypes]
     scalars = [x for x in (a, b) if isinstance(x, (bool, int, float))]
     t = result_type(types, scalars)
+    if name in INTEGER_BINARY and t.is_float:
+        raise OpError(f"{name}(): integer (or bool) operands only, got {t.name}")
     out_t = binary_types(name, t)[1]
     kshape = shape or (1,)
     key = tuple(("s", type(x).__name__, x) if isinstance(x, (bool, int, float)) else "a" for x in (a, b))
@@ -365,6 +372,11 @@ def floor_divide(a: Operand, b: Operand) -> Any: return _binary("floor_divide", 
 def remainder(a: Operand, b: Operand) -> Any: return _binary("remainder", a, b)
 def atan2(a: Operand, b: Operand) -> Any: return _binary("atan2", a, b)
 def fmod(a: Operand, b: Operand) -> Any: return _binary("fmod", a, b)
+def bitwise_and(a: Operand, b: Operand) -> Any: return _binary("bitwise_and", a, b)
+def bitwise_or(a: Operand, b: Operand) -> Any: return _binary("bitwise_or", a, b)
+def bitwise_xor(a: Operand, b: Operand) -> Any: return _binary("bitwise_xor", a, b)
+def bitwise_left_shift(a: Operand, b: Operand) -> Any: return _binary("left_shift", a, b)
+def bitwise_right_shift(a: Operand, b: Operand) -> Any: return _binary("right_shift", a, b)
 
 
 def div(a: Operand, b: Operand, rounding_mode: str | None = None) -> Any:
@@ -449,6 +461,7 @@ def cast(x: Any, dtype: Any) -> Any:
 
 
 __all__ = ["abs", "acos", "acosh", "add", "asin", "asinh", "atan", "atan2", "atanh", "binary_compute",
+           "bitwise_and", "bitwise_left_shift", "bitwise_or", "bitwise_right_shift", "bitwise_xor",
            "broadcast_index", "broadcast_shapes", "cast", "cast_compute", "ceil", "compute_type", "cos", "cosh",
            "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide", "fmod", "ge", "gelu", "gt", "hardsigmoid",
            "hardswish", "le", "lgamma", "log", "log1p", "logsigmoid", "lt", "maximum", "minimum", "mish", "mul",

@@ -433,6 +433,25 @@ def test_calls_from_many_threads():
     assert len(fast.entries) == 1
 
 
+class Bits(nn.Module):
+    def forward(self, a, b, m):
+        return ((a & 6) | (b ^ a), a << 2, a >> 1, ~a, torch.bitwise_and(a, b), torch.logical_and(a, b),
+                torch.logical_not(a), torch.logical_xor(a, m), ~m, m & (a > 0), (a | 1) ^ 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_bitwise_and_logical_ops_on_integers(dtype):
+    """``&``, ``|``, ``^``, ``~`` and shifts are bitwise on integers and logical on bools;
+    ``torch.logical_*`` take any dtype (nonzero is true) and give bools — as in PyTorch."""
+    a, b = torch.randint(-20, 20, (4, 5)), torch.randint(-20, 20, (4, 5))
+    if dtype == torch.uint8:
+        a, b = a.abs(), b.abs()
+    a, b, m = a.to(dtype), b.to(dtype), torch.rand(4, 5) > 0.5
+    got, want = taskmap.compile(Bits(), progress=False)(a, b, m), Bits()(a, b, m)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
 def test_save_load(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)).eval()
     x = torch.randn(1, 3, 6, 6)

@@ -275,3 +275,26 @@ def test_zero_size_and_zero_d():
     z = ops.mul(np.array(3.0, np.float32), np.array(2.0, np.float32))
     assert z.shape == () and float(z) == 6.0
     assert math.isclose(float(ops.exp(np.array(1.0))), math.e)
+
+
+BITWISE = {"bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
+           "bitwise_left_shift": torch.bitwise_left_shift, "bitwise_right_shift": torch.bitwise_right_shift}
+
+
+@given(pair=broadcast_pairs(), name=st.sampled_from(sorted(BITWISE)),
+       dtype=st.sampled_from(["int8", "uint8", "int32", "int64"]), scalar=st.booleans())
+@FEW
+def test_bitwise_integer_ops_match_torch_exactly(pair, name, dtype, scalar):
+    """Bitwise and / or / xor and shifts of integers (negative ones included: right shifts are
+    arithmetic), against an array or a Python int, bit for bit torch's (wrapping in the type)."""
+    lo = 0 if dtype == "uint8" else -100
+    a = np.asarray(RNG.integers(lo, 100, pair[0]), dtype)
+    b = 3 if scalar else np.asarray(RNG.integers(0, 7, pair[1]), dtype)
+    want = BITWISE[name](torch.from_numpy(a), b if scalar else torch.from_numpy(b)).numpy()
+    got = np.asarray(getattr(ops, name)(a, b))
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_bitwise_ops_refuse_floats():
+    with pytest.raises(OpError, match=r"bitwise_and\(\): integer \(or bool\) operands only, got float32"):
+        ops.bitwise_and(np.ones(3, np.float32), 1)

@@ -238,19 +238,29 @@ def masked_fill(cv: Converter, x: Tensor, mask: Tensor, value: Any) -> Tensor:
     return cv.cast(y, x.dtype)
 
 
-# ----------------------------------------------------------------------------- logical (bool tensors)
+# ----------------------------------------------------------------------------- logical (bool) and bitwise (integer)
 
 
-def _bool_operands(a: Any, b: Any, what: str) -> None:
-    for v in (a, b):
-        if isinstance(v, Tensor) and not v.dtype.is_bool or isinstance(v, (int, float)) and not isinstance(v, bool):
-            raise NotConvertible(f"{what} of non-bool values (bitwise integer ops are not supported)")
+def _bools(a: Any, b: Any) -> bool:
+    """Whether the operands are bools (the logical op), else integers (bitwise); floats refused."""
+    values = [v for v in (a, b) if v is not None]
+    if all(isinstance(v, bool) or isinstance(v, Tensor) and v.dtype.is_bool for v in values):
+        return True
+    if any(isinstance(v, float) or isinstance(v, Tensor) and v.dtype.is_float for v in values):
+        raise NotConvertible("bitwise op of floating-point values (PyTorch refuses them too)")
+    return False
 
 
-@register(operator.and_, operator.iand, torch.logical_and, torch.bitwise_and, "logical_and", "__and__",
-          "bitwise_and")
+def _truth(cv: Converter, v: Any) -> Any:
+    """``v`` as bools (``torch.logical_*`` take any dtype: nonzero is true)."""
+    if isinstance(v, Tensor):
+        return v if v.dtype.is_bool else cv.binary(BinaryFn.NE, v, 0)
+    return bool(v)
+
+
+@register(torch.logical_and, "logical_and")
 def logical_and(cv: Converter, a: Any, b: Any) -> Tensor:
-    _bool_operands(a, b, "and")
+    a, b = _truth(cv, a), _truth(cv, b)
     if not isinstance(a, Tensor):
         a, b = b, a
     if not isinstance(b, Tensor):
@@ -258,9 +268,9 @@ def logical_and(cv: Converter, a: Any, b: Any) -> Tensor:
     return cv.op(OpKind.WHERE, [a, b], WhereAttrs(b_scalar=False))  # a ? b : false
 
 
-@register(operator.or_, operator.ior, torch.logical_or, torch.bitwise_or, "logical_or", "__or__", "bitwise_or")
+@register(torch.logical_or, "logical_or")
 def logical_or(cv: Converter, a: Any, b: Any) -> Tensor:
-    _bool_operands(a, b, "or")
+    a, b = _truth(cv, a), _truth(cv, b)
     if not isinstance(a, Tensor):
         a, b = b, a
     if not isinstance(b, Tensor):
@@ -268,17 +278,50 @@ def logical_or(cv: Converter, a: Any, b: Any) -> Tensor:
     return cv.op(OpKind.WHERE, [a, b], WhereAttrs(a_scalar=True))  # a ? true : b
 
 
-@register(operator.xor, torch.logical_xor, "logical_xor", "__xor__")
+@register(torch.logical_xor, "logical_xor")
 def logical_xor(cv: Converter, a: Any, b: Any) -> Tensor:
-    _bool_operands(a, b, "xor")
-    return cv.binary(BinaryFn.NE, a, b)
+    return cv.binary(BinaryFn.NE, _truth(cv, a), _truth(cv, b))
 
 
-@register(operator.invert, torch.logical_not, torch.bitwise_not, "logical_not", "__invert__", "bitwise_not")
+@register(torch.logical_not, "logical_not")
 def logical_not(cv: Converter, a: Tensor) -> Tensor:
-    if not a.dtype.is_bool:
-        raise NotConvertible("not / invert of a non-bool tensor")
-    return cv.binary(BinaryFn.EQ, a, False)
+    return cv.binary(BinaryFn.EQ, a, False if a.dtype.is_bool else 0)
+
+
+@register(operator.and_, operator.iand, torch.bitwise_and, "__and__", "bitwise_and")
+def bitwise_and(cv: Converter, a: Any, b: Any) -> Tensor:
+    return logical_and(cv, a, b) if _bools(a, b) else cv.binary(BinaryFn.BITWISE_AND, a, b)
+
+
+@register(operator.or_, operator.ior, torch.bitwise_or, "__or__", "bitwise_or")
+def bitwise_or(cv: Converter, a: Any, b: Any) -> Tensor:
+    return logical_or(cv, a, b) if _bools(a, b) else cv.binary(BinaryFn.BITWISE_OR, a, b)
+
+
+@register(operator.xor, operator.ixor, torch.bitwise_xor, "__xor__", "bitwise_xor")
+def bitwise_xor(cv: Converter, a: Any, b: Any) -> Tensor:
+    return cv.binary(BinaryFn.NE if _bools(a, b) else BinaryFn.BITWISE_XOR, a, b)
+
+
+@register(operator.invert, torch.bitwise_not, "__invert__", "bitwise_not")
+def bitwise_not(cv: Converter, a: Tensor) -> Tensor:
+    if _bools(a, None):
+        return logical_not(cv, a)
+    return cv.binary(BinaryFn.BITWISE_XOR, a, -1)         # every bit flipped
+
+
+@register(operator.lshift, operator.ilshift, torch.bitwise_left_shift, "__lshift__", "bitwise_left_shift")
+def left_shift(cv: Converter, a: Any, b: Any) -> Tensor:
+    if _bools(a, b):
+        raise NotConvertible("shift of bools")
+    return cv.binary(BinaryFn.LEFT_SHIFT, a, b)
+
+
+@register(operator.rshift, operator.irshift, torch.bitwise_right_shift, "__rshift__", "bitwise_right_shift")
+def right_shift(cv: Converter, a: Any, b: Any) -> Tensor:
+    if _bools(a, b):
+        raise NotConvertible("shift of bools")
+    return cv.binary(BinaryFn.RIGHT_SHIFT, a, b)
 
 
 # ----------------------------------------------------------------------------- casts, identities

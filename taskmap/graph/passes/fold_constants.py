@@ -35,6 +35,7 @@ _BINARY: dict[BinaryFn, Callable[[Any, Any], Any]] = {
     BinaryFn.ADD: np.add, BinaryFn.SUB: np.subtract, BinaryFn.MUL: np.multiply, BinaryFn.MAXIMUM: np.maximum,
     BinaryFn.MINIMUM: np.minimum, BinaryFn.EQ: np.equal, BinaryFn.NE: np.not_equal, BinaryFn.LT: np.less,
     BinaryFn.LE: np.less_equal, BinaryFn.GT: np.greater, BinaryFn.GE: np.greater_equal,
+    BinaryFn.BITWISE_AND: np.bitwise_and, BinaryFn.BITWISE_OR: np.bitwise_or, BinaryFn.BITWISE_XOR: np.bitwise_xor,
 }
 
 
