@@ -452,6 +452,24 @@ def test_bitwise_and_logical_ops_on_integers(dtype):
         assert g.dtype == w.dtype and torch.equal(g, w)
 
 
+class Padded(nn.Module):
+    def __init__(self, mode):
+        super().__init__()
+        self.mode = mode
+        self.conv2 = nn.Conv2d(3, 4, 3, padding=(1, 2), padding_mode=mode)
+        self.conv1 = nn.Conv1d(3, 4, 3, padding=2, padding_mode=mode)
+
+    def forward(self, x):
+        return self.conv2(x), self.conv1(x[:, :, 0]), F.pad(x, (1, 2, 2, 1), mode=self.mode)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_padding_modes(mode):
+    """Convolutions with ``padding_mode`` (the input padded first, as PyTorch does) and
+    ``F.pad``'s modes (circular: the far ends' slices concatenated)."""
+    check(Padded(mode), torch.randn(2, 3, 6, 7))
+
+
 def test_save_load(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)).eval()
     x = torch.randn(1, 3, 6, 6)

@@ -43,7 +43,7 @@ def _back(cv: Converter, y: Tensor, x: Tensor, lead: tuple[int, ...]) -> Tensor:
 def conv1d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     if isinstance(x, nn.Module):
-        x, (weight, bias, stride, padding, dilation, groups) = weight, conv_module(cv, x)
+        x, weight, bias, stride, padding, dilation, groups = conv_module(cv, x, weight)
     x2, lead = _as_2d(cv, x, "conv1d")
     w2 = cv.reshape(weight, (weight.shape[0], weight.shape[1], 1, weight.shape[2]))
     pad = padding if isinstance(padding, str) else (0, _one(padding))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from ...graph import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, BinaryFn, Conv2dAttrs, NormAttrs, OpKind, PadAttrs,
                       Pool2dAttrs, ReduceAttrs, ReduceFn, Tensor, TopkAttrs, WhereAttrs)
 from ...ops.scan import MAX_SORT
+from .ops_tensor import pad
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
 nn = torch.nn
@@ -68,18 +69,22 @@ def baddbmm(cv: Converter, input: Tensor, batch1: Tensor, batch2: Tensor, *, bet
 # ----------------------------------------------------------------------------- convolution
 
 
-def conv_module(cv: Converter, m: nn.Module) -> tuple[Any, ...]:
-    """A convolution module's weight, bias, stride, padding, dilation and groups (zero padding only)."""
+def conv_module(cv: Converter, m: nn.Module, x: Tensor) -> tuple[Any, ...]:
+    """A convolution module's input, weight, bias, stride, padding, dilation and groups: with a
+    padding mode other than zeros the input comes padded (reflect, replicate, circular) and the
+    padding is 0, as PyTorch's ``_conv_forward`` does."""
+    padding = m.padding
     if m.padding_mode != "zeros":
-        raise NotConvertible(f"{type(m).__name__}(padding_mode={m.padding_mode!r})")
-    return cv.param(m.weight, "weight"), cv.param(m.bias, "bias"), m.stride, m.padding, m.dilation, m.groups
+        x = pad(cv, x, m._reversed_padding_repeated_twice, m.padding_mode)
+        padding = 0
+    return x, cv.param(m.weight, "weight"), cv.param(m.bias, "bias"), m.stride, padding, m.dilation, m.groups
 
 
 @register(F.conv2d, torch.conv2d, nn.Conv2d)
 def conv2d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     if isinstance(x, nn.Module):
-        x, (weight, bias, stride, padding, dilation, groups) = weight, conv_module(cv, x)
+        x, weight, bias, stride, padding, dilation, groups = conv_module(cv, x, weight)
     if x.ndim != 4:
         raise NotConvertible(f"conv2d of a {x.ndim}-d input (NCHW expected)")
     stride, dilation = _pair(stride), _pair(dilation)

@@ -397,13 +397,21 @@ def unbind(cv: Converter, x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
 
 @register(F.pad, torch._C._nn.pad)
 def pad(cv: Converter, x: Tensor, pad: Sequence[int], mode: str = "constant", value: Any = None) -> Tensor:
-    if mode not in ("constant", "reflect", "replicate") or len(pad) % 2 or len(pad) > 2 * x.ndim:
+    if mode not in ("constant", "reflect", "replicate", "circular") or len(pad) % 2 or len(pad) > 2 * x.ndim:
         raise NotConvertible(f"pad(mode={mode!r}, pad={tuple(pad)})")
     if builtins.any(p < 0 for p in pad):
         raise NotConvertible("negative padding")
     widths = [(0, 0)] * x.ndim
     for k in range(len(pad) // 2):
         widths[x.ndim - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
+    if mode == "circular":       # the far end's slices wrapped around: concatenations
+        for d, (lo, hi) in enumerate(widths):
+            if lo > x.shape[d] or hi > x.shape[d]:
+                raise NotConvertible(f"circular padding of {lo, hi} on a dimension of size {x.shape[d]}")
+            parts = ([cv.slice(x, d, x.shape[d] - lo, x.shape[d])] if lo else []) + [x] + \
+                ([cv.slice(x, d, 0, hi)] if hi else [])
+            x = cat(cv, parts, d) if len(parts) > 1 else x
+        return x
     return cv.op(OpKind.PAD, [x], PadAttrs(tuple(widths), PadMode(mode), float(value or 0.0)))
 
 

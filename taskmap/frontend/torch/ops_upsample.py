@@ -150,7 +150,7 @@ def conv_transpose2d(cv: Converter, x: Any, weight: Any = None, bias: Any = None
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     if isinstance(x, nn.Module):
         m, x = x, weight
-        weight, bias, stride, padding, dilation, groups = conv_module(cv, m)
+        x, weight, bias, stride, padding, dilation, groups = conv_module(cv, m, x)   # (only zero padding)
         output_padding = m.output_padding
     if x.ndim != 4 or isinstance(padding, str):
         raise NotConvertible("conv_transpose2d of a non-4-d input or with string padding")
