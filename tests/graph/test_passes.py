@@ -5,6 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import taskmap
+
 from taskmap.graph import (
     BinaryAttrs,
     BinaryFn,
@@ -25,8 +27,9 @@ from taskmap.graph.passes import (
     fold_constants,
     optimize,
     simplify,
+    widen_half,
 )
-from taskmap.ir.dtypes import f32
+from taskmap.ir.dtypes import f16, f32
 from taskmap.runtime.graph import CompiledGraph
 
 RNG = np.random.default_rng(0)
@@ -47,6 +50,7 @@ def kinds(graph):
 def test_pass_list_is_ordered_and_named():
     names = [n for n, _ in PASSES]
     assert names.index("fold_constants") < names.index("fold_batch_norm") < names.index("dce")
+    assert names.index("widen_half") < names.index("fold_constants")
     assert len(set(names)) == len(names)
 
 
@@ -217,3 +221,49 @@ def test_folding_keeps_zero_dim_constants_zero_dim():
     assert [t.shape for t in folded] == [()] and folded[0].data.shape == ()
     xs = rand(3)
     np.testing.assert_allclose(run(g, xs)[0], xs * np.exp(np.float32(0.5)), rtol=1e-6)
+
+
+def test_half_products_on_the_cpu_compute_in_float32():
+    """An f16 linear on the CPU: its inputs cast to f32 (the constant weight folds to an f32
+    constant), the linear in f32, the result cast back; on a GPU the graph is left alone."""
+    for device in ("cpu", "cuda:0"):
+        b = GraphBuilder(device)
+        x = b.input((3, 16), f16, "x")
+        w = b.constant(rand(8, 16).astype(np.float16), "w")
+        b_ = b.op(OpKind.LINEAR, [x, w])
+        g = b.build([b.op(OpKind.UNARY, [b_], UnaryAttrs(UnaryFn.RELU))])
+        widened = widen_half(g)
+        if device != "cpu":
+            assert widened is g
+            continue
+        (lin,) = [op for op in widened.ops if op.kind is OpKind.LINEAR]
+        assert all(t.dtype is f32 for t in (*lin.inputs, lin.output))
+        assert kinds(widened).count(OpKind.CAST) == 3 and widened.outputs[0].dtype is f16
+        folded = optimize(g)
+        (lin,) = [op for op in folded.ops if op.kind is OpKind.LINEAR]
+        assert lin.inputs[1].is_constant and lin.inputs[1].dtype is f32
+
+
+def test_half_precision_model_on_the_cpu_matches_torch():
+    """Conv / linear / attention in float16 on the CPU (computed in float32, as PyTorch's CPU
+    kernels accumulate), against eager float16 within its precision."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.lin = torch.nn.Linear(8 * 6 * 6, 16)
+
+        def forward(self, x):
+            y = F.relu(self.conv(x)).flatten(1)
+            q = self.lin(y).reshape(2, 2, 2, 4)
+            return F.scaled_dot_product_attention(q, q, q) @ torch.ones(4, 3, dtype=x.dtype)
+
+    model = Net().half().eval()
+    x = torch.randn(2, 3, 6, 6).half()
+    got = taskmap.compile(model, progress=False)(x)
+    with torch.no_grad():
+        want = model(x)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)

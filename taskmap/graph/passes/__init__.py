@@ -23,11 +23,13 @@ from .dce import dce
 from .fold_batch_norm import fold_batch_norm
 from .fold_constants import fold_constants
 from .simplify import simplify
+from .widen_half import widen_half
 
 GraphPass = Callable[[Graph], Graph]
 
 #: The graph pipeline: name and pass, in order.
 PASSES: tuple[tuple[str, GraphPass], ...] = (
+    ("widen_half", widen_half),
     ("simplify", simplify),
     ("fold_constants", fold_constants),
     ("fold_batch_norm", fold_batch_norm),
@@ -53,4 +55,4 @@ def optimize(graph: Graph, passes: tuple[tuple[str, GraphPass], ...] = PASSES) -
 
 
 __all__ = ["PASSES", "GraphPass", "cse", "dce", "debug_enabled", "fold_batch_norm", "fold_constants", "optimize",
-           "simplify"]
+           "simplify", "widen_half"]
