@@ -404,7 +404,7 @@ def test_constant_operands_space_and_cost():
 
 
 @FEW
-@given(m=st.integers(1, 8), n=st.integers(1, 300), k=st.integers(1, 700), bias=st.booleans(), data=st.data())
+@given(m=st.integers(1, 4), n=st.integers(1, 300), k=st.integers(1, 700), bias=st.booleans(), data=st.data())
 def test_gemv_with_constant_transposed_weights(m, n, k, bias, data):
     """A linear layer's GEMV (a few rows of x times constant weights stored (n, k)): the weights
     packed once into column panels, one stream per panel, a thin register tile (MR 1..4) — every
