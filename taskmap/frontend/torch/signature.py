@@ -17,8 +17,7 @@ from torch.utils import _pytree as pytree
 
 @dataclass(frozen=True)
 class ForwardSignature:
-    """A model's ``forward`` signature (without ``self``), read once per forward function
-    (``inspect.signature`` costs ~15 us a call, more than launching a small compiled model)."""
+    """A model's ``forward`` signature (without ``self``) and what binding a call needs of it."""
 
     sig: inspect.Signature
     plain: bool            # parameters that positional arguments can fill, no ``*args`` / ``**kw``
