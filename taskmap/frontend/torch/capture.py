@@ -203,9 +203,8 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
             with torch.no_grad():
                 ShapeProp(traced).propagate(*examples)
         return _stateless(import_fx(traced, examples, fallback=fallback, name=name), name), cap
-    sig = forward_signature(model).sig
-    sig_names = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    args, kwargs = call_arguments(sig, arguments)
+    fs = forward_signature(model)
+    args, kwargs = call_arguments(fs, arguments)
     _transformers_caches(model)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad(), _no_recompile_limit(), \
             _no_fastpaths(), _state_kept(model):
@@ -216,9 +215,8 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
             raise CaptureError(name, _dynamo_reason(exc)) from exc
     gm = exported.graph_module
     codegen = gm.graph._codegen
-    orig = tuple(getattr(codegen, "pytree_info").orig_args) if hasattr(codegen, "pytree_info") else tuple(sig_names)
-    spread = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_POSITIONAL), None)
-    cap = Capture("export", orig, codegen, spread)
+    orig = tuple(getattr(codegen, "pytree_info").orig_args) if hasattr(codegen, "pytree_info") else fs.named
+    cap = Capture("export", orig, codegen, fs.var_positional)
     examples = cap.flat_inputs(arguments)
     return _stateless(import_fx(gm, examples, fallback=fallback, name=name), name), cap
 

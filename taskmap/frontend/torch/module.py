@@ -243,10 +243,8 @@ class CompiledModule:
 
 
 def _signature(model: torch.nn.Module) -> tuple[tuple[str, ...], dict[str, Any]]:
-    sig = forward_signature(model).sig
-    names = tuple(n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
-    defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
-    return names, defaults
+    fs = forward_signature(model)
+    return fs.named, fs.defaults
 
 
 def compile(model: torch.nn.Module, example_inputs: Any = None, *, static_shapes: bool = False,  # noqa: A001

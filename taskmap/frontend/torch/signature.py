@@ -24,6 +24,8 @@ class ForwardSignature:
     names: tuple[str, ...]
     required: int          # how many come before the first default
     defaults: dict[str, Any]
+    named: tuple[str, ...]             # the parameters but ``*args`` / ``**kwargs``
+    var_positional: str | None         # the ``*args`` parameter
 
     @staticmethod
     def of(sig: inspect.Signature) -> "ForwardSignature":
@@ -31,7 +33,9 @@ class ForwardSignature:
         plain = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY) for p in ps)
         required = next((i for i, p in enumerate(ps) if p.default is not p.empty), len(ps))
         return ForwardSignature(sig, plain, tuple(p.name for p in ps), required,
-                                {p.name: p.default for p in ps if p.default is not p.empty})
+                                {p.name: p.default for p in ps if p.default is not p.empty},
+                                tuple(p.name for p in ps if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)),
+                                next((p.name for p in ps if p.kind is p.VAR_POSITIONAL), None))
 
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The arguments by parameter name, defaults applied (``sig.bind`` + ``apply_defaults``)."""
@@ -75,13 +79,12 @@ def constant_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
             if not any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(v))}
 
 
-def call_arguments(sig: inspect.Signature, arguments: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def call_arguments(fs: ForwardSignature, arguments: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """Bound ``arguments`` as a call again: ``*args`` spread, the rest by keyword."""
-    var = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_POSITIONAL), None)
+    var = fs.var_positional
     if var is None:
         return [], dict(arguments)
-    names = list(sig.parameters)
-    before = names[:names.index(var)]
+    before = fs.names[:fs.names.index(var)]
     args = [arguments[n] for n in before if n in arguments] + list(arguments.get(var, ()))
     return args, {n: v for n, v in arguments.items() if n not in before and n != var}
 
