@@ -13,13 +13,15 @@ from .runtime.tensor import Tensor, empty, from_dlpack, tensor
 from .version import __version__
 
 
-def compile(model, example_inputs=None, *, static_shapes=False, fallback=False, progress=None):  # noqa: A001
+def compile(model, example_inputs=None, *, static_shapes=False, fallback=False, progress=None,  # noqa: A001
+            capture="auto"):
     """Compile a ``torch.nn.Module`` into a callable returning the model's outputs (see
     :func:`taskmap.frontend.torch.compile`).  torch is optional for the rest of taskmap, so the
     frontend is imported here, on first use."""
     from .frontend import torch as frontend  # noqa: PLC0415 - optional dependency, not a cycle
 
-    return frontend.compile(model, example_inputs, static_shapes=static_shapes, fallback=fallback, progress=progress)
+    return frontend.compile(model, example_inputs, static_shapes=static_shapes, fallback=fallback, progress=progress,
+                            capture=capture)
 
 
 def load(path, model=None):

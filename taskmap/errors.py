@@ -137,13 +137,14 @@ class CaptureError(UnsupportedError):
     """A PyTorch model that cannot be captured as one graph (``taskmap.compile`` needs its whole
     forward: data-dependent control flow, ``.item()`` / ``.tolist()`` feeding Python, ...)."""
 
-    def __init__(self, model: str, reason: str):
-        super().__init__(model, reason)
-        self.model, self.reason = model, reason
+    def __init__(self, model: str, reason: str, by: str = ""):
+        super().__init__(model, reason, by)
+        self.model, self.reason, self.by = model, reason, by
 
     def __str__(self) -> str:
-        return (f"{self.model}: taskmap.compile captures the whole forward as one graph, and neither torch.fx nor "
-                f"torch._dynamo.export could capture this one:\n{self.reason}\n"
+        who = f"{self.by} could not" if self.by else "neither torch.fx, torch.export nor torch._dynamo.export could"
+        return (f"{self.model}: taskmap.compile captures the whole forward as one graph, and {who} capture this "
+                f"one:\n{self.reason}\n"
                 'torch.compile(model, backend="taskmap") compiles the parts between such graph breaks (PyTorch '
                 "runs the rest).")
 

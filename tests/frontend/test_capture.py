@@ -66,11 +66,13 @@ def test_tracing_does_not_import_dynamo():
 
 
 def test_many_models_sharing_a_forward_that_only_dynamo_captures():
-    # nn.ConvTranspose2d's forward defeats fx, so each instance is captured by torch._dynamo.export,
-    # which adds an entry to that forward's code cache: past dynamo's recompile limit (8) the
-    # ninth export failed outright.  Twelve instances compile and match.
+    # nn.ConvTranspose2d's forward defeats fx; captured by torch._dynamo.export, each instance adds
+    # an entry to that forward's code cache: past dynamo's recompile limit (8) the ninth export
+    # failed outright.  Twelve instances compile and match.
     assert try_symbolic_trace(nn.ConvTranspose2d(2, 3, 3)) is None
     x = torch.randn(1, 2, 5, 5)
     for k in range(12):
         m = nn.ConvTranspose2d(2, 3, 3, stride=1 + k % 2).eval()
-        torch.testing.assert_close(taskmap.compile(m, progress=False)(x), m(x), rtol=1e-4, atol=1e-5)
+        fast = taskmap.compile(m, progress=False, capture="dynamo")
+        torch.testing.assert_close(fast(x), m(x), rtol=1e-4, atol=1e-5)
+        assert next(iter(fast.entries.values())).capture.tracer == "torch._dynamo.export"

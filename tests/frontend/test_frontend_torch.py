@@ -75,7 +75,7 @@ x4 = torch.randn(2, 3, 8, 8)
 x2 = torch.randn(6, 16)
 
 
-@pytest.mark.parametrize("fn", [
+ACTIVATIONS = [
     torch.relu, F.relu6, F.gelu, lambda x: F.gelu(x, approximate="tanh"), F.silu, torch.sigmoid, torch.tanh,
     F.hardswish, lambda x: F.softmax(x, dim=-1), lambda x: F.log_softmax(x, 1), lambda x: torch.clamp(x, -0.5, 0.7),
     lambda x: F.hardtanh(x), torch.exp, lambda x: torch.sqrt(x.abs() + 1), lambda x: -x, lambda x: x.abs(),
@@ -85,12 +85,15 @@ x2 = torch.randn(6, 16)
     lambda x: torch.expm1(x) + torch.log1p(x.abs()), lambda x: x.clamp_min(0.1) + x.clamp_max(-0.2),
     lambda x: torch.clamp(x, min=x[:1], max=x[1:2].abs()),
     lambda x: torch.atan(x) + torch.arcsin(x.tanh()) + torch.sinh(x) + x.cosh() + torch.tan(x * 0.3),
-], ids=lambda f: getattr(f, "__name__", "lambda"))
+]
+
+
+@pytest.mark.parametrize("fn", ACTIVATIONS, ids=lambda f: getattr(f, "__name__", "lambda"))
 def test_activations(fn):
     check(Fn(fn), x2)
 
 
-@pytest.mark.parametrize("fn", [
+SHAPE_OPS = [
     lambda x: x.view(2, -1), lambda x: x.reshape(6, 64).contiguous(), lambda x: torch.flatten(x, 1),
     lambda x: x.permute(0, 2, 3, 1), lambda x: x.transpose(1, 3), lambda x: x.unsqueeze(1).squeeze(1),
     lambda x: x[:, 1:, ::2, -1], lambda x: x[0, ..., None], lambda x: x[..., 2:5].expand(3, 2, 3, 8, 3),
@@ -98,19 +101,25 @@ def test_activations(fn):
     lambda x: sum(torch.chunk(x, 3, dim=1)), lambda x: torch.stack([x, x], 0), lambda x: F.pad(x, (1, 2, 0, 3)),
     lambda x: x.size(0) * x + x.shape[-1], lambda x: x.mean((2, 3), keepdim=True), lambda x: x.sum(1),
     lambda x: x.amax(-1), lambda x: x.var(1), lambda x: x.narrow(2, 1, 3), lambda x: x.repeat(1, 2, 1, 1),
-], ids=lambda f: "shape")
+]
+
+
+@pytest.mark.parametrize("fn", SHAPE_OPS, ids=lambda f: "shape")
 def test_shapes_indexing_joining(fn):
     check(Fn(fn), x4)
 
 
-@pytest.mark.parametrize("fn", [
+ARITHMETIC = [
     lambda a, b: a + b * 2 - 1, lambda a, b: a / (b.abs() + 1), lambda a, b: torch.maximum(a, b) ** 2,
     lambda a, b: (a > b).float() + (a <= 0.5).to(torch.float32), lambda a, b: torch.where(a > b, a, b),
     lambda a, b: torch.where(a > 0, a, 0.0), lambda a, b: a.masked_fill(b > 0, -1e4),
     lambda a, b: 2.0 - a, lambda a, b: torch.add(a, b, alpha=0.5), lambda a, b: (a == a).int() * 3,
     lambda a, b: (a * 10) // b, lambda a, b: (a * 10) % b, lambda a, b: torch.fmod(a * 10, b) + a % 0.3,
     lambda a, b: torch.div(a * 10, b, rounding_mode="floor") + torch.div(a, 0.07, rounding_mode="trunc"),
-])
+]
+
+
+@pytest.mark.parametrize("fn", ARITHMETIC)
 def test_arithmetic_and_comparisons(fn):
     check(Fn(fn, 2), x2, torch.randn(6, 16))
 
@@ -124,13 +133,16 @@ def test_integer_division_and_remainders():
     assert fast(ids).dtype == torch.int64
 
 
-@pytest.mark.parametrize("fn, shapes", [
+MATMULS = [
     (torch.matmul, [(2, 3, 5, 8), (8, 4)]), (torch.bmm, [(3, 5, 8), (3, 8, 4)]),
     (lambda a, b: a @ b.transpose(-1, -2), [(2, 5, 8), (2, 4, 8)]),
     (lambda i, a, b: torch.addmm(i, a, b, beta=0.5, alpha=2.0), [(4,), (3, 8), (8, 4)]),
     (lambda i, a, b: torch.baddbmm(i, a, b, alpha=0.25), [(2, 3, 4), (2, 3, 8), (2, 8, 4)]),
     (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), [(1, 2, 16, 8)] * 3),
-])
+]
+
+
+@pytest.mark.parametrize("fn, shapes", MATMULS)
 def test_matmul_family(fn, shapes):
     check(Fn(fn, len(shapes)), *[torch.randn(s) for s in shapes])
 

@@ -30,6 +30,8 @@ from ...errors import IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
                ops_tensor, ops_upsample)
+from . import aten
+from .aliasing import Aliases
 from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch
 
 
@@ -69,6 +71,8 @@ def target_name(node: torch.fx.Node) -> str:
     if node.op == "call_module":
         return f"{type(node.graph.owning_module.get_submodule(t)).__name__} ({t})" \
             if node.graph.owning_module is not None else str(t)
+    if aten.is_aten(t):
+        return str(t)               # aten.linear.default
     mod = getattr(t, "__module__", None) or ""
     name = getattr(t, "__name__", None) or str(t)
     mod = {"torch._C._nn": "torch.nn.functional", "_operator": "operator", "torch._C._VariableFunctions": "torch"}.get(
@@ -117,6 +121,7 @@ class Importer:
         self.env: dict[torch.fx.Node, Any] = {}
         self.consts: dict[int, tuple[Any, Tensor]] = {}
         self.unsupported: list[tuple[str, str, str]] = []
+        self.aliases: Aliases | None = None          # built at the first in-place op
 
     def run(self) -> Imported:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
@@ -191,6 +196,8 @@ class Importer:
         if isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields"):
             return target(*args, **kwargs)      # a namedtuple (of graph tensors): structure, not an op
         handler = lookup(node.op, target)
+        if handler is None and aten.is_aten(target):
+            handler = aten.handler(target)
         reason = ""
         if handler is not None:
             cv = Converter(self.builder, f"{where(node)}: {target_name(node)}",
@@ -215,6 +222,9 @@ class Importer:
         if not isinstance(result, Tensor) or not node.args or not isinstance(node.args[0], torch.fx.Node):
             return
         if _inplace(node, target) and isinstance(self.env.get(node.args[0]), Tensor):
+            if self.aliases is None:
+                self.aliases = Aliases(self.gm.graph)
+            self.aliases.check_write(node, where(node))
             self.env[node.args[0]] = result
 
     def _fold(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
@@ -287,6 +297,8 @@ def _inplace(node: torch.fx.Node, target: Any) -> bool:
         return str(target).endswith("_") and not str(target).startswith("_")
     if node.op == "call_module":
         return getattr(target, "inplace", False) is True
+    if aten.is_aten(target):
+        return aten.mutates(target)
     return target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True
 
 

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
 from ...runtime.graph import CompiledGraph
-from .capture import Capture, capture, try_symbolic_trace
+from .capture import CAPTURES, Capture, capture, try_symbolic_trace
 from .signature import bind, constant_arguments, forward_signature
 from .importer import Imported
 
@@ -101,6 +101,7 @@ class CompiledModule:
     static_shapes: bool = False
     fallback: bool = False
     progress: bool | None = None
+    capture: str = "auto"
     entries: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
     cache_hits: int = 0
     _traces: dict[str, Any] = field(default_factory=dict, repr=False)   # fx traces (None: not traceable)
@@ -127,10 +128,11 @@ class CompiledModule:
                               f"only; got ({_describe(key)}). Pass model= to taskmap.load to compile new shapes.")
         constants = constant_arguments(arguments)
         which = repr(sorted(constants.items()))
-        if which not in self._traces:
+        if which not in self._traces and self.capture == "auto":
             self._traces[which] = try_symbolic_trace(self.model, constants)
         stamp = self._stamp()
-        imported, cap = capture(self.model, self._traces[which], arguments, fallback=self.fallback, name=self.name)
+        imported, cap = capture(self.model, self._traces.get(which), arguments, fallback=self.fallback, name=self.name,
+                                how=self.capture)
         entry = self.entries[key] = Entry(imported, cap, stamp=stamp)
         entry.ready(self.progress)
         return entry
@@ -218,7 +220,8 @@ class CompiledModule:
             after = len(cg.graph.ops) if cg is not None else len(g.ops)
             steps = len(cg.steps) if cg is not None else 0
             calls = sum(1 for st in cg.steps if st.kernel is None) if cg is not None else 0
-            lines.append(f"  inputs ({_describe(key)}): {len(g.ops)} ops ({kinds}), {after} after graph passes, "
+            by = f", captured by {e.capture.tracer}" if getattr(e.capture, "tracer", "") else ""
+            lines.append(f"  inputs ({_describe(key)}){by}: {len(g.ops)} ops ({kinds}), {after} after graph passes, "
                          f"{steps} fusion groups, {kernels} compiled kernels + {calls} "
                          f"taskmap.ops / PyTorch calls, planned memory "
                          f"{cg.planned_bytes / 2**20 if cg else 0:.1f} MiB in {len(cg.buffer_sizes) if cg else 0} "
@@ -236,7 +239,7 @@ class CompiledModule:
         """Write the compiled graphs (constants included) to ``path``."""
         names, defaults = _signature(self.model) if self.model is not None else (self._names, self._defaults)
         serialize.save({"entries": self.entries, "names": names, "defaults": defaults,
-                        "static_shapes": self.static_shapes, "fallback": self.fallback}, path)
+                        "static_shapes": self.static_shapes, "fallback": self.fallback, "capture": self.capture}, path)
 
     _names: tuple[str, ...] = ()
     _defaults: dict[str, Any] = field(default_factory=dict)
@@ -248,17 +251,24 @@ def _signature(model: torch.nn.Module) -> tuple[tuple[str, ...], dict[str, Any]]
 
 
 def compile(model: torch.nn.Module, example_inputs: Any = None, *, static_shapes: bool = False,  # noqa: A001
-            fallback: bool = False, progress: bool | None = None) -> CompiledModule:
+            fallback: bool = False, progress: bool | None = None, capture: str = "auto") -> CompiledModule:
     """Compile ``model`` (an ``nn.Module`` in eval mode) into a callable with the same outputs.
 
     ``example_inputs`` (a tensor, a tuple of positional arguments or a dict of keyword
     arguments) compiles a graph now; otherwise the first call does.  ``static_shapes=True``:
     other input shapes raise ``LaunchError`` instead of compiling a new graph.  ``fallback=True``:
     operators the frontend does not support run in PyTorch instead of raising
-    ``UnsupportedOpsError``.  ``progress``: show a progress bar (default: on a terminal)."""
+    ``UnsupportedOpsError``.  ``progress``: show a progress bar (default: on a terminal).
+
+    ``capture``: how the forward becomes a graph.  ``"auto"``: ``torch.fx.symbolic_trace``
+    (any input shape), else ``torch.export.export(strict=False)`` for the call's shapes (when it
+    writes nothing in place and its every op converts), else ``torch._dynamo.export``;
+    ``"export"`` or ``"dynamo"``: that one only."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"taskmap.compile expects a torch.nn.Module, got {type(model).__name__}")
-    cm = CompiledModule(model, static_shapes, fallback, progress)
+    if capture not in CAPTURES:
+        raise ValueError(f"taskmap.compile: capture={capture!r}; expected one of {', '.join(map(repr, CAPTURES))}")
+    cm = CompiledModule(model, static_shapes, fallback, progress, capture)
     if example_inputs is not None:
         if isinstance(example_inputs, dict):
             cm.compile_for(**example_inputs)
@@ -272,7 +282,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = None, *, static_shapes
 def load(path: str | os.PathLike[str], model: torch.nn.Module | None = None) -> CompiledModule:
     """A module saved by ``CompiledModule.save``; with ``model``, new shapes compile new graphs."""
     state = serialize.load(path)
-    cm = CompiledModule(model, state["static_shapes"], state["fallback"])
+    cm = CompiledModule(model, state["static_shapes"], state["fallback"], capture=state.get("capture", "auto"))
     cm.entries = state["entries"]
     cm._names, cm._defaults = state["names"], state["defaults"]
     return cm

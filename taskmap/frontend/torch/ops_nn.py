@@ -107,7 +107,7 @@ def conv2d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: 
 # ----------------------------------------------------------------------------- normalisation
 
 
-@register(F.batch_norm, torch.batch_norm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+@register(F.batch_norm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 def batch_norm(cv: Converter, x: Any, running_mean: Any = None, running_var: Any = None, weight: Any = None,
                bias: Any = None, training: bool = False, momentum: Any = 0.1, eps: float = 1e-5,
                *rest: Any) -> Tensor:
@@ -123,6 +123,13 @@ def batch_norm(cv: Converter, x: Any, running_mean: Any = None, running_var: Any
     return cv.op(OpKind.BATCH_NORM, ins, NormAttrs(float(eps), (), weight is not None, bias is not None))
 
 
+@register(torch.batch_norm)
+def batch_norm_aten(cv: Converter, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                    training: bool, momentum: Any, eps: float, cudnn_enabled: bool = True) -> Tensor:
+    """``torch.batch_norm`` (ATen's order: weight and bias before the statistics)."""
+    return batch_norm(cv, x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
 @register(F.layer_norm, torch.layer_norm, nn.LayerNorm)
 def layer_norm(cv: Converter, x: Any, normalized_shape: Any = None, weight: Any = None, bias: Any = None,
                eps: float = 1e-5, *rest: Any) -> Tensor:
@@ -135,19 +142,24 @@ def layer_norm(cv: Converter, x: Any, normalized_shape: Any = None, weight: Any 
     return cv.op(OpKind.LAYER_NORM, ins, NormAttrs(float(eps), ns, weight is not None, bias is not None))
 
 
-@register(F.embedding, torch.embedding, nn.Embedding)
+@register(F.embedding, nn.Embedding)
 def embedding(cv: Converter, idx: Any, weight: Any = None, padding_idx: Any = None, max_norm: Any = None,
               *rest: Any, **kwargs: Any) -> Tensor:
     if isinstance(idx, nn.Module):
         m, idx = idx, weight
         weight, max_norm = cv.param(m.weight, "weight"), m.max_norm
-    if isinstance(idx, Tensor) and idx.dtype.is_float and not weight.dtype.is_float:  # torch.embedding(weight, idx)
-        idx, weight = weight, idx
     if max_norm is not None:
         raise NotConvertible("embedding with max_norm")
     if idx.ndim == 0:
         raise NotConvertible("embedding of a 0-d index")
     return cv.op(OpKind.EMBEDDING, [weight, idx])
+
+
+@register(torch.embedding)
+def embedding_aten(cv: Converter, weight: Any, idx: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+                   sparse: bool = False) -> Tensor:
+    """``torch.embedding`` (ATen's order: the table first; the rest only changes gradients)."""
+    return embedding(cv, idx, weight)
 
 
 # ----------------------------------------------------------------------------- pooling

@@ -203,9 +203,9 @@ def getitem(cv: Converter, x: Any, idx: Any) -> Any:
             if isinstance(i, list):
                 if not builtins.all(isinstance(v, int) and not isinstance(v, bool) for v in i):
                     raise NotConvertible("indexing with a list of non-integers")
-                i = cv.const(torch.tensor(i, dtype=torch.int64).remainder(y.shape[axis]))
+                i = cv.const(torch.tensor(i, dtype=torch.int64))
             if i.dtype.name in ("int32", "int64"):
-                return index_select(cv, y, axis, i)
+                return index_select(cv, y, axis, _wrapped(cv, i, y.shape[axis]))
         return _advanced(cv, x, items)
     n_real = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
     if n_real > x.ndim:
@@ -275,13 +275,13 @@ def setitem(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
         region.append(bounds[-1][1] - bounds[-1][0])
     if isinstance(value, Tensor):
         v = cv.cast(value, x.dtype)
-        lead = builtins.max(0, v.ndim - builtins.sum(keep))
-        if builtins.any(s != 1 for s in v.shape[:lead]):
+        view = [r for r, k in zip(region, keep) if k]          # the shape of x[idx]: value broadcasts to it
+        lead = builtins.max(0, v.ndim - len(view))
+        dims = (1,) * (len(view) - v.ndim + lead) + v.shape[lead:]
+        if builtins.any(s != 1 for s in v.shape[:lead]) or builtins.any(d not in (1, t) for d, t in zip(dims, view)):
             raise NotConvertible(f"cannot assign a {list(v.shape)} tensor to a region of {region}")
-        kept = iter(v.shape[lead:])
-        shaped = [next(kept) if k else 1 for k in keep] if v.ndim - lead == builtins.sum(keep) else None
-        if shaped is None:
-            raise NotConvertible(f"cannot assign a {list(v.shape)} tensor to a region of {region}")
+        kept = iter(dims)
+        shaped = [next(kept) if k else 1 for k in keep]
         v = cv.expand(cv.reshape(v, tuple(shaped)), tuple(region))
     else:
         v = cv.expand(cv.const(np.full((1,) * x.ndim, value, dtype=x.dtype.numpy_dtype)), tuple(region))
@@ -291,6 +291,14 @@ def setitem(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
     mask = np.zeros(tuple(n if c else 1 for n, c in zip(x.shape, cut)), dtype=bool)
     mask[tuple(builtins.slice(b, e) if c else builtins.slice(None) for (b, e), c in zip(bounds, cut))] = True
     return cv.op(OpKind.WHERE, [cv.const(mask), padded, x], WhereAttrs())
+
+
+def _wrapped(cv: Converter, i: Tensor, n: int) -> Tensor:
+    """Index tensor ``i`` into a dimension of size ``n`` with negative indices wrapped, as torch's
+    indexing does (``index_select`` and the EMBEDDING op take ``0 <= i < n``)."""
+    if i.is_constant:
+        return cv.const(torch.remainder(torch.from_numpy(i.data.copy()), n))
+    return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.LT, i, 0), cv.binary(BinaryFn.ADD, i, n), i], WhereAttrs())
 
 
 def _advanced(cv: Converter, x: Tensor, items: tuple[Any, ...]) -> Tensor:
@@ -312,9 +320,7 @@ def _advanced(cv: Converter, x: Tensor, items: tuple[Any, ...]) -> Tensor:
     flat = None
     stride = 1
     for d in range(k - 1, -1, -1):
-        i = idx[d]
-        if i.is_constant:  # negative constant indices wrap, as in torch
-            i = cv.const(torch.remainder(torch.from_numpy(i.data.copy()), lead[d]))
+        i = _wrapped(cv, idx[d], lead[d])
         term = i if stride == 1 else cv.binary(BinaryFn.MUL, i, stride)
         flat = term if flat is None else cv.binary(BinaryFn.ADD, flat, term)
         stride *= lead[d]

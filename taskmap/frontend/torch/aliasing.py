@@ -1,0 +1,70 @@
+"""Which in-place ops of a torch-level fx graph the importer may turn into rebindings.
+
+Graph ops are functional: after ``h.add_(1)`` the importer lets later uses of ``h`` read the
+result.  A view of ``h`` taken before (``v = h[:, :2]``) and read after would then give its old
+values: the program reads memory two names share, which a functional graph cannot express
+without tracking aliasing.  :func:`check_write` finds such views (conservatively: any op that
+may return a view counts) and raises :class:`~taskmap.errors.UnsupportedError` with the model's
+line instead of compiling a wrong answer.  (ATen graphs from ``torch.export`` are checked with
+their schemas' alias annotations: :func:`.aten.functional_writes`.)
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from ...errors import UnsupportedError
+
+#: Tensor methods and torch functions whose result may share memory with their first argument.
+VIEW_METHODS = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "unsqueeze", "squeeze", "expand",
+    "expand_as", "narrow", "select", "flatten", "unflatten", "split", "chunk", "unbind", "diagonal", "movedim",
+    "moveaxis", "swapaxes", "swapdims", "as_strided", "detach", "contiguous", "__getitem__", "real", "imag",
+    "tensor_split", "split_with_sizes", "unfold", "type_as", "to", "float", "half", "double", "int", "long", "type",
+    "clone_", "T", "mT", "H", "mH"})
+VIEW_FUNCTIONS = frozenset({
+    operator.getitem, getattr, torch.reshape, torch.transpose, torch.permute, torch.t, torch.unsqueeze, torch.squeeze,
+    torch.narrow, torch.select, torch.flatten, torch.unflatten, torch.split, torch.chunk, torch.unbind,
+    torch.diagonal, torch.movedim, torch.moveaxis, torch.swapaxes, torch.swapdims, torch.detach, torch.tensor_split,
+    torch.as_strided})
+
+
+def _may_alias(node: torch.fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in VIEW_METHODS
+    return node.op == "call_function" and node.target in VIEW_FUNCTIONS
+
+
+class Aliases:
+    """The fx graph's nodes in order, and the node whose memory each one's value may be."""
+
+    def __init__(self, graph: torch.fx.Graph):
+        self.order = {n: i for i, n in enumerate(graph.nodes)}
+        self.base: dict[torch.fx.Node, torch.fx.Node] = {}
+        for node in graph.nodes:
+            src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+            self.base[node] = self.base[src] if src is not None and _may_alias(node) else node
+
+    def check_write(self, node: torch.fx.Node, where: str) -> None:
+        """Raise if the in-place op ``node`` changes a tensor that another name, taken before,
+        reads after (a view of it, or the tensor a written view belongs to)."""
+        target = node.args[0]
+        root = self.base.get(target, target)
+        at = self.order[node]
+        for v, b in self.base.items():
+            if b is root and v is not target and self.order[v] < at and v.op != "output" and \
+                    any(self.order[u] > at for u in v.users):
+                what = "the tensor it is a view of" if v is root else f"its view {v.name}, taken before,"
+                raise UnsupportedError(
+                    f"{where}: {node.name} writes in place into {target.name}, and {what} is read after: "
+                    "taskmap's graphs are functional and do not track which tensors share memory; write out of "
+                    "place (h = h + 1) or clone the view")
+
+
+def may_alias(node: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and _may_alias(node)
+
+
+__all__ = ["Aliases", "VIEW_FUNCTIONS", "VIEW_METHODS", "may_alias"]
