@@ -87,7 +87,8 @@ def functional_writes(graph: torch.fx.Graph) -> str:
     for node in graph.nodes:
         src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
         write = src is not None and is_aten(node.target) and mutates(node.target)
-        alias = src is not None and (node.target is operator.getitem or (is_aten(node.target) and _aliases(node.target)))
+        view = node.target is operator.getitem or (is_aten(node.target) and _aliases(node.target))
+        alias = src is not None and view
         base[node] = base[src] if alias else node
         same[node] = same[src] if write else node
     for node in list(graph.nodes):
