@@ -11,8 +11,6 @@ their schemas' alias annotations: :func:`.aten.functional_writes`.)
 from __future__ import annotations
 
 import operator
-from typing import Any
-
 import torch
 
 from ...errors import UnsupportedError
@@ -23,7 +21,7 @@ VIEW_METHODS = frozenset({
     "expand_as", "narrow", "select", "flatten", "unflatten", "split", "chunk", "unbind", "diagonal", "movedim",
     "moveaxis", "swapaxes", "swapdims", "as_strided", "detach", "contiguous", "__getitem__", "real", "imag",
     "tensor_split", "split_with_sizes", "unfold", "type_as", "to", "float", "half", "double", "int", "long", "type",
-    "clone_", "T", "mT", "H", "mH"})
+    "T", "mT", "H", "mH"})
 VIEW_FUNCTIONS = frozenset({
     operator.getitem, getattr, torch.reshape, torch.transpose, torch.permute, torch.t, torch.unsqueeze, torch.squeeze,
     torch.narrow, torch.select, torch.flatten, torch.unflatten, torch.split, torch.chunk, torch.unbind,
@@ -63,8 +61,4 @@ class Aliases:
                     "place (h = h + 1) or clone the view")
 
 
-def may_alias(node: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and _may_alias(node)
-
-
-__all__ = ["Aliases", "VIEW_FUNCTIONS", "VIEW_METHODS", "may_alias"]
+__all__ = ["Aliases", "VIEW_FUNCTIONS", "VIEW_METHODS"]

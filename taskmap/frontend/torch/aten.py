@@ -216,15 +216,9 @@ def _no_op(cv: Converter, x: Any = None, *args: Any, **kwargs: Any) -> Any:
     return x
 
 
-@_adapt("lift_fresh_copy", "alias", "_to_dim_order_copy")
-def _identity(cv: Converter, x: Any, *args: Any, **kwargs: Any) -> Any:
-    if kwargs.get("dtype") is not None:
-        return _call(cv, "to", x, dtype=kwargs["dtype"])
-    return x
-
-
-@_adapt("_to_copy")
-def _to_copy(cv: Converter, x: Any, dtype: Any = None, device: Any = None, **kwargs: Any) -> Any:
+@_adapt("lift_fresh_copy", "alias", "_to_copy", "_to_dim_order_copy")
+def _copy(cv: Converter, x: Any, dtype: Any = None, device: Any = None, **kwargs: Any) -> Any:
+    """A copy (a value, in the graph), cast when a dtype or device is given."""
     return _call(cv, "to", x, dtype=dtype, device=device) if dtype is not None or device is not None else x
 
 
