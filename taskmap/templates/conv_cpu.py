@@ -99,9 +99,18 @@ CVEC_KCS = (64, 128)
 #: rows, 0.84 with 7).
 WEIGHT_PACK_COST = (0.25e-9, 0.5e-9)
 CVEC_STORE_CYCLES = (0.25, 4.2)
+#: Bytes per second one core re-reads an input that does not stay in its L2 (from L3): the
+#: channel kernel sweeps the whole image once per channel panel, so a large input is streamed
+#: again for every panel after a core's first.  Measured on a 2-core Cascade Lake (2.5 GHz,
+#: 1 MB L2 per core, ResNet-50's stride-2 1x1 layer 256 -> 512 at 56x56: 2.08 ms direct vs
+#: 1.43 ms of compute in the model, ~13 MB re-read per core): ~20e9.  Zen 4's L3 streams faster;
+#: there the term only over-rates the kernel's re-reads, which the implicit GEMM avoids anyway.
+LLC_BANDWIDTH = 20e9
 #: On 1x1 layers the two models are not on one scale: measured on Zen 4 (ResNet-50's 1x1 layers,
 #: one core) the channel kernel takes 1.1-1.7x (median 1.22x) its cost relative to the implicit
-#: GEMM's, so it must win by this factor.
+#: GEMM's, so it must win by this factor.  Strided 1x1 layers too (their img2col is a strided
+#: copy): on a Cascade Lake, two cores, ResNet-50's three stride-2 1x1 layers ran 1.5-2.1 ms on
+#: the channel kernel, 1.0-1.2 ms on the implicit GEMM, with the models 10% apart.
 POINTWISE_EDGE = 1.25
 #: Slow-down of the channel kernel's steps when a core's block of the weight panel does not
 #: fit half its L2 (streams from L3; measured ~15%).
@@ -225,9 +234,15 @@ class ConvCpuTemplate(KernelFamily):
         panels = -(-p.cout // nr)
         tiles = panels * p.n * p.oh * -(-p.ow // mr)
         seconds = -(-tiles // cores) * tile / clock
-        if not cfg.direct(p.h, p.w, p.oh, p.ow):
-            hp, wp = cfg.padded(p.oh, p.ow)
+        direct = cfg.direct(p.h, p.w, p.oh, p.ow)
+        hp, wp = (p.h, p.w) if direct else cfg.padded(p.oh, p.ow)
+        if not direct:
             seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
+        # the image's rows the tiles read (whole rows: the lines hold every column), once per panel
+        image = 4 * p.n * p.cin * min(hp, p.oh * p.kh) * wp
+        passes = -(-panels // cores) if panels >= cores else 1
+        if passes > 1 and image + 4 * cfg.stage(p.cin) > l2_per_core(target) // 2:
+            seconds += (passes - 1) * image / LLC_BANDWIDTH
         if not cfg.prepacked:
             seconds += WEIGHT_PACK_COST[spills] * panels * cfg.panel(p.cin) / cores
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
@@ -336,7 +351,8 @@ def select(p: ConvProblem, target: Target) -> Schedule | None:
         return None
     costs = {s: CONV_CPU.cost(p, target, s) for s in space}
     best = min(space, key=costs.__getitem__)
-    edge = POINTWISE_EDGE if p.pointwise else 1.0
+    unpadded_1x1 = (p.kh, p.kw, p.pt, p.pb, p.pl, p.pr) == (1, 1, 0, 0, 0, 0)
+    edge = POINTWISE_EDGE if unpadded_1x1 else 1.0
     return best if costs[best] * edge < implicit_gemm_cost(p, target) else None
 
 

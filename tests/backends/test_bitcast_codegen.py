@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import taskmap
+from taskmap.backends.cpu.build import CFLAGS
 from taskmap.backends.hip.hiprtc import hiprtc_available
 from taskmap.lang import (
     attrs,
@@ -131,7 +132,6 @@ def test_hiprtc_compiles_it():
 def test_gcc_vectorizes_a_loop_of_bitcasts(tmp_path):
     src = tmp_path / "k.c"
     src.write_text(make_roundtrip(f32, i32, f32).build("cpu").source)
-    out = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-std=gnu11", "-fPIC", "-shared",
-                          "-fopt-info-vec-optimized", str(src), "-o", str(tmp_path / "k.so")],
+    out = subprocess.run(["gcc", *CFLAGS, "-fopt-info-vec-optimized", str(src), "-o", str(tmp_path / "k.so")],
                          capture_output=True, text=True, check=True)
     assert "loop vectorized" in out.stderr, out.stderr
