@@ -1,0 +1,118 @@
+"""Where a compiled model loses to onnxruntime, layer by layer (CPU).
+
+    python benchmarks/layers_vs_onnxruntime.py resnet50
+    python benchmarks/layers_vs_onnxruntime.py mobilenet_v2 --top 15 --rounds 30
+
+Times every step of ``taskmap.compile(model)`` in the flow of a whole run (``CompiledGraph.profile``:
+medians per step) and every node of onnxruntime's session on the same model (its node profiler:
+medians per node after warm-up), then groups both by what the layer computes — a convolution by
+its input, output and weight shapes; other ops by their kind and shapes — and prints the groups
+by how much more time taskmap spends on them.  A fused step is named by its first op (the
+anchor: a convolution with its epilogues on one side is one fused Conv node on the other).
+Groups present on one side only (onnxruntime's layout reorders, taskmap's fused reshapes) show
+with a zero on the other.  Models: those of ``benchmarks/models.py``.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from common import machine_description  # noqa: E402
+from models import MODELS, _MainOutput, make_model  # noqa: E402
+
+import taskmap  # noqa: E402
+
+Key = tuple
+
+
+def taskmap_steps(model: torch.nn.Module, args: tuple[torch.Tensor, ...], rounds: int) -> dict[Key, list[float]]:
+    fast = taskmap.compile(model, args)
+    with torch.no_grad():
+        fast(*args)
+        cg = next(iter(fast.entries.values())).compiled
+        ops = {op.name: op for op in cg.graph.ops}
+        rows = cg.profile(*args, rounds=rounds)
+    groups: dict[Key, list[float]] = collections.defaultdict(list)
+    for name, _, seconds in rows:
+        op = ops.get(name.split("+")[0])
+        if op is None or not op.inputs:
+            key: Key = ("step", name)
+        elif op.kind.name == "CONV2D":
+            key = ("conv", tuple(op.inputs[0].shape), tuple(op.output.shape), tuple(op.inputs[1].shape))
+        else:
+            key = (op.kind.name.lower(), tuple(op.inputs[0].shape), tuple(op.output.shape))
+        groups[key].append(seconds)
+    return groups
+
+
+def onnxruntime_nodes(model: torch.nn.Module, args: tuple[torch.Tensor, ...], rounds: int,
+                      threads: int) -> dict[Key, list[float]]:
+    import onnxruntime as ort
+    folder = Path(tempfile.mkdtemp())
+    torch.onnx.export(_MainOutput(model).eval(), args, str(folder / "model.onnx"), dynamo=False, opset_version=17)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(folder / "profile")
+    sess = ort.InferenceSession(str(folder / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    feed = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)}
+    warmup = 5
+    for _ in range(warmup + rounds):
+        sess.run(None, feed)
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    per_node: dict[str, list[float]] = collections.defaultdict(list)
+    shapes: dict[str, tuple[str, list, list]] = {}
+    for ev in events:
+        if ev.get("cat") != "Node" or not ev["name"].endswith("_kernel_time"):
+            continue
+        per_node[ev["name"]].append(ev["dur"] * 1e-6)
+        a = ev["args"]
+        ins = [tuple(next(iter(d.values()))) for d in a.get("input_type_shape", [])]
+        outs = [tuple(next(iter(d.values()))) for d in a.get("output_type_shape", [])]
+        shapes[ev["name"]] = (a.get("op_name", "?"), ins, outs)
+    groups: dict[Key, list[float]] = collections.defaultdict(list)
+    for name, times in per_node.items():
+        op, ins, outs = shapes[name]
+        if op in ("Conv", "FusedConv") and len(ins) > 1:
+            key: Key = ("conv", ins[0], outs[0], ins[1])
+        else:
+            key = (op, ins[0] if ins else (), outs[0] if outs else ())
+        groups[key].append(statistics.median(times[warmup:] or times))
+    return groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", choices=MODELS)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=20, help="timed runs per side")
+    parser.add_argument("--top", type=int, default=25, help="rows to print (largest gaps first)")
+    args = parser.parse_args()
+    model, inputs = make_model(args.model, args.batch, "cpu")
+    ours = taskmap_steps(model, inputs, args.rounds)
+    theirs = onnxruntime_nodes(model, inputs, args.rounds, torch.get_num_threads())
+    total_ours = sum(map(sum, ours.values()))
+    total_theirs = sum(map(sum, theirs.values()))
+    print(f"{machine_description()}, {torch.get_num_threads()} threads; {args.model} batch {args.batch}")
+    print(f"taskmap steps {total_ours * 1e3:.2f} ms, onnxruntime nodes {total_theirs * 1e3:.2f} ms (sums of medians)")
+    print(f"{'gap ms':>8} {'taskmap ms':>12} {'onnxruntime ms':>16}  layer (count taskmap / onnxruntime)")
+    rows = []
+    for key in set(ours) | set(theirs):
+        a, b = ours.get(key, []), theirs.get(key, [])
+        rows.append((sum(a) - sum(b), sum(a), sum(b), len(a), len(b), key))
+    for gap, a, b, na, nb, key in sorted(rows, key=lambda r: -r[0])[:args.top]:
+        print(f"{gap * 1e3:+8.3f} {a * 1e3:12.3f} {b * 1e3:16.3f}  {key} ({na} / {nb})")
+
+
+if __name__ == "__main__":
+    main()
