@@ -240,7 +240,7 @@ class ConvCpuTemplate(KernelFamily):
             seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
         # the image's rows the tiles read (whole rows: the lines hold every column), once per panel
         image = 4 * p.n * p.cin * min(hp, p.oh * p.kh) * wp
-        passes = -(-panels // cores) if panels >= cores else 1
+        passes = -(-panels // cores)
         if passes > 1 and image + 4 * cfg.stage(p.cin) > l2_per_core(target) // 2:
             seconds += (passes - 1) * image / LLC_BANDWIDTH
         if not cfg.prepacked:

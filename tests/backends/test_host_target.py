@@ -1,8 +1,17 @@
 """The host CPU target plans for the threads the kernels will run: OMP_NUM_THREADS caps the
-core count the cost models see."""
+core count the cost models see; AVX-512 hosts get 512-bit vector code."""
 import os
+import shutil
 import subprocess
 import sys
+
+import numpy as np
+import pytest
+
+import taskmap
+from taskmap import spatial
+from taskmap.backends.base import host_cpu_target
+from taskmap.lang import f32
 
 
 def cores_seen(env_value):
@@ -27,16 +36,6 @@ def test_avx512_hosts_get_512_bit_vector_code():
     """Kernels are written for the target's SIMD width (16 f32 lanes with AVX-512); gcc's
     ``-march=native`` prefers 256-bit vectors on Intel AVX-512 parts (Skylake-SP, Cascade Lake),
     which halves the lanes and spills the kernels' register tiles: the build asks for 512."""
-    import shutil
-
-    import numpy as np
-    import pytest
-
-    import taskmap
-    from taskmap import spatial
-    from taskmap.backends.base import host_cpu_target
-    from taskmap.lang import f32
-
     if "avx512f" not in host_cpu_target().features:
         pytest.skip("the host has no AVX-512")
     if shutil.which("objdump") is None:
