@@ -17,6 +17,7 @@ from typing import Any, Protocol, Sequence
 from ..ir.dtypes import ScalarType
 from ..ir.func import Function, Module
 from ..ir.types import TensorType
+from .host_probe import zmm_fma_ratio
 
 
 class TargetKind(enum.Enum):
@@ -48,6 +49,7 @@ class Target:
     register_bandwidth: float = 0.0   # bytes/s into registers from L1 (CPU); 0: never the bottleneck
     l2_bytes: int = 0                 # L2 capacity of the whole device (CPU: per-core L2 x cores)
     clock_hz: float = 0.0
+    fma512_per_cycle: float = 0.0     # CPU: 512-bit FMAs per cycle and core, measured (0: unknown, taken as 1)
     transaction_bytes: int = 64       # smallest global-memory transaction (GPU sector, CPU cache line)
     max_threads_per_core: int = 0     # occupancy limits per SM / CU (0: no such limit; CPU: 1 task)
     max_blocks_per_core: int = 0
@@ -123,10 +125,10 @@ def _cpu_l2_bytes() -> int:
 @functools.cache
 def host_cpu_target() -> Target:
     """The machine this process runs on (``-march=native``): its SIMD width, core count, and the
-    cost model's peak numbers derived from them.  FLOP/s: two FMA pipes of at most 256 bits per
-    core (what AMD Zen 4 runs AVX-512 on; Intel parts with two 512-bit pipes get half their
-    peak here, close to what they sustain at AVX-512 clocks) at the nominal clock.  Memoized:
-    the host does not change while a process runs.  Cores: the CPUs, or fewer when
+    cost model's peak numbers derived from them.  FMA rate: two pipes for 256-bit vectors; for
+    512-bit ones, what :mod:`.host_probe` measured (one zmm FMA per cycle on AMD Zen 4, nearly two
+    on Intel's server parts, whose two 512-bit pipes run at a lower clock), at the nominal clock.
+    Memoized: the host does not change while a process runs.  Cores: the CPUs, or fewer when
     ``OMP_NUM_THREADS`` says so (the kernels' parallel regions run that many threads: the cost
     models must plan for them)."""
     flags = _cpu_flags()
@@ -137,15 +139,16 @@ def host_cpu_target() -> Target:
     if threads.isdigit() and int(threads) > 0:
         cores = min(cores, int(threads))
     clock = _cpu_clock_hz()
-    lanes = min(simd, 32) // 4
-    flops_per_cycle = 2 * 2 * lanes if "fma" in flags else 2 * lanes
+    fma512 = zmm_fma_ratio((_cpuinfo_field("model name") or "", *flags)) if simd == 64 else 0.0
+    lanes = simd // 4
+    flops_per_cycle = 2 * lanes * (fma512 if simd == 64 else 2.0) if "fma" in flags else 2 * min(lanes, 8)
     return Target(TargetKind.CPU, f"{platform.machine()}-native", warp_size=32,
                   max_threads_per_block=1024, max_shared_memory=1 << 20, max_shared_memory_optin=1 << 20,
                   vector_bytes=simd, num_cores=cores, features=keep,
                   peak_flops_f32=cores * flops_per_cycle * clock, mem_bandwidth=HOST_MEM_BANDWIDTH,
                   cache_bandwidth=cores * 64 * clock, register_bandwidth=cores * 2 * min(simd, 32) * clock,
-                  l2_bytes=cores * _cpu_l2_bytes(), clock_hz=clock, transaction_bytes=64,
-                  max_blocks_per_core=1)
+                  l2_bytes=cores * _cpu_l2_bytes(), clock_hz=clock, fma512_per_cycle=fma512,
+                  transaction_bytes=64, max_blocks_per_core=1)
 
 
 @dataclass(frozen=True)

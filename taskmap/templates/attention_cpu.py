@@ -34,6 +34,7 @@ from ..runtime.kernel import Kernel
 from .attention_kernels import CpuAttnConfig, build_cpu
 from .attention_problem import AttentionProblem, operand_views, scalars
 from .base import KernelFamily, Schedule
+from .matmul_cpu import fma_rate, lanes_of, vector_registers
 from .matmul_problem import WORKSPACE
 
 BMS = (1, 2, 4, 6, 8)
@@ -49,14 +50,6 @@ FORK_COST, CALL_COST = 4e-6, 3e-6
 COPY_BANDWIDTH = 8e9
 #: Below this many FLOPs one core is considered too; above it, only all of them.
 SMALL_FLOPS, LARGE_FLOPS = 2e5, 2e7
-
-
-def lanes_of(target: Target) -> int:
-    return max(4, target.vector_bytes // 4)
-
-
-def vector_registers(target: Target) -> int:
-    return 32 if target.vector_bytes >= 64 else 16
 
 
 def l2_per_core(target: Target) -> int:
@@ -109,12 +102,12 @@ class AttentionCpuTemplate(KernelFamily):
         bm, bn, qg, cores = s["bm"], s["bn"], s["qg"], s["cores"]
         V, regs = lanes_of(target), vector_registers(target)
         clock = target.clock_hz or 2.5e9
-        fma_rate = 2.0 * min(V, 8) / V                       # vector FMAs per cycle
+        rate = fma_rate(target)                              # vector FMAs per cycle
         evp = -(-p.ev // V) * V
         nv, ov = bn // V, evp // V
-        qk = p.e * max(bm * nv / fma_rate, (bm + nv) / 2.0)
+        qk = p.e * max(bm * nv / rate, (bm + nv) / 2.0)
         spill = 1.0 if bm * ov + ov + 1 <= regs else 1.0 + 0.5 * (bm * ov + ov + 1 - regs) / regs
-        pv = bn * max(bm * ov / fma_rate, (bm + ov) / 2.0) * spill + 3 * bm * ov
+        pv = bn * max(bm * ov / rate, (bm + ov) / 2.0) * spill + 3 * bm * ov
         soft = bm * nv * (EXP_OPS + SOFTMAX_OPS) / 2.0 + bm * (3 * V + 40)
         block_bytes = bn * (p.e + p.ev) * 4
         head_bytes = p.S * (p.e + p.ev) * 4

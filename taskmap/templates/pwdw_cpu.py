@@ -87,7 +87,7 @@ class PwDwCpuTemplate(KernelFamily):
         p, cfg = problem, self.config(problem, target, schedule)
         V, clock = lanes_of(target), target.clock_hz or 2.5e9
         fmas = cfg.mr * cfg.nr // V
-        step = (max(fmas / fma_rate(V), (cfg.mr + cfg.nr / V) / 2.0) + 0.02 * fmas) / MICRO_EFFICIENCY
+        step = (max(fmas / fma_rate(target), (cfg.mr + cfg.nr / V) / 2.0) + 0.02 * fmas) / MICRO_EFFICIENCY
         tiles = -(-cfg.band_pixels // cfg.nr)
         expand = tiles * (p.cin * step + 2 * fmas + 20)
         staged = cfg.mr * p.sw * cfg.padded_rows * cfg.phase_width * STAGE_CYCLES

@@ -1,5 +1,8 @@
 """The host CPU target plans for the threads the kernels will run: OMP_NUM_THREADS caps the
-core count the cost models see; AVX-512 hosts get 512-bit vector code."""
+core count the cost models see; AVX-512 hosts get 512-bit vector code, and the cost models the
+512-bit FMA rate measured on the host."""
+import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -10,8 +13,10 @@ import pytest
 
 import taskmap
 from taskmap import spatial
+from taskmap.backends import host_probe
 from taskmap.backends.base import host_cpu_target
 from taskmap.lang import f32
+from taskmap.templates.matmul_cpu import fma_rate
 
 
 def cores_seen(env_value):
@@ -52,3 +57,57 @@ def test_avx512_hosts_get_512_bit_vector_code():
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)      # fused multiply-add rounds once
     asm = subprocess.run(["objdump", "-d", axpy.build("cpu").binary], capture_output=True, text=True, check=True).stdout
     assert "%zmm" in asm
+
+
+def test_zmm_fma_probe_measures_the_hosts_512_bit_rate():
+    """Run the probe for real: a ratio of zmm to ymm FMA FLOP/s that some x86 part can have
+    (about 1 on AMD Zen 4, up to 2 with two 512-bit pipes), and the host target's peak FLOP/s
+    follows the rounded value."""
+    target = host_cpu_target()
+    if "avx512f" not in target.features:
+        pytest.skip("the host has no AVX-512")
+    ratio = host_probe.measure_zmm_fma_ratio()
+    assert ratio is not None and 0.6 < ratio < 2.4, ratio
+    cores, lanes, clock = target.num_cores, 16, target.clock_hz
+    assert target.peak_flops_f32 == pytest.approx(cores * 2 * lanes * target.fma512_per_cycle * clock)
+    assert target.fma512_per_cycle == host_probe.round_ratio(target.fma512_per_cycle)
+
+
+def test_zmm_fma_ratio_is_read_from_the_cache_and_overridable(tmp_path, monkeypatch):
+    """The measurement is made once per CPU (model name and flags) and cached: a stored value is
+    read back without measuring; the environment overrides both; a probe that cannot run gives 1
+    (the 256-bit-pipe assumption)."""
+    monkeypatch.setenv("TASKMAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(host_probe.ENV_OVERRIDE, raising=False)
+    calls = []
+
+    def fake_measure(cc="gcc"):
+        calls.append(cc)
+        return 1.83
+    monkeypatch.setattr(host_probe, "measure_zmm_fma_ratio", fake_measure)
+    cpu = ("Some CPU @ 2.50GHz", "avx512f", "fma")
+    assert host_probe.zmm_fma_ratio(cpu) == 1.75 and len(calls) == 1
+    assert host_probe.zmm_fma_ratio(cpu) == 1.75 and len(calls) == 1          # the cached value
+    stored = list((tmp_path / "host").rglob("*.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["ratio"] == 1.83
+    assert host_probe.zmm_fma_ratio(("Other CPU", "avx512f")) == 1.75 and len(calls) == 2
+    monkeypatch.setenv(host_probe.ENV_OVERRIDE, "1")
+    assert host_probe.zmm_fma_ratio(cpu) == 1.0 and len(calls) == 2
+    monkeypatch.delenv(host_probe.ENV_OVERRIDE)
+    monkeypatch.setattr(host_probe, "measure_zmm_fma_ratio", lambda cc="gcc": None)
+    assert host_probe.zmm_fma_ratio(("Third CPU",)) == 1.0
+
+
+def test_rounding_keeps_the_target_stable():
+    assert [host_probe.round_ratio(r) for r in (0.97, 1.04, 1.12, 1.80, 1.93, 2.6, 0.1)] == \
+        [1.0, 1.0, 1.0, 1.75, 2.0, 2.0, 0.5]
+
+
+def test_fma_rate_follows_the_vector_width():
+    """The templates' cost models: 256-bit and narrower vectors at two pipes; 512-bit ones at the
+    measured rate (1 when unknown: two 256-bit halves)."""
+    cpu = dataclasses.replace(host_cpu_target(), vector_bytes=64, fma512_per_cycle=0.0)
+    assert fma_rate(cpu) == 1.0
+    assert fma_rate(dataclasses.replace(cpu, fma512_per_cycle=1.75)) == 1.75
+    assert fma_rate(dataclasses.replace(cpu, vector_bytes=32, fma512_per_cycle=1.75)) == 2.0
+    assert fma_rate(dataclasses.replace(cpu, vector_bytes=16)) == 2.0

@@ -349,10 +349,12 @@ def test_padding_rows_with_the_sizes_specialised(schedule, shape, pad):
     assert_close(c, ref, rtol=1e-5, atol=1e-5)
 
 
-# A fixed 2-core AVX-512 host with 1 MB of L2 per core (the cost model's view of a Cascade Lake),
-# so that the routing below does not depend on the machine running the tests.
+# A fixed 2-core AVX-512 host with 1 MB of L2 per core and the 512-bit FMA rate the probe measures
+# (the cost model's view of a Cascade Lake), so that the routing below does not depend on the
+# machine running the tests.
 CASCADE = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
-                              peak_flops_f32=160e9, cache_bandwidth=320e9, register_bandwidth=320e9)
+                              fma512_per_cycle=1.75, peak_flops_f32=280e9, cache_bandwidth=320e9,
+                              register_bandwidth=320e9)
 
 
 def test_strided_pointwise_layers_route_to_the_implicit_gemm():

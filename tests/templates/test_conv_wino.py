@@ -147,13 +147,13 @@ def test_ops_conv2d_takes_it_with_the_bias():
     from taskmap import ops
     from taskmap.ops.conv import _plan
     rng = np.random.default_rng(6)
-    x = rng.standard_normal((1, 64, 30, 30)).astype(np.float32)
-    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(64).astype(np.float32)
+    x = rng.standard_normal((1, 128, 28, 28)).astype(np.float32)
+    w = rng.standard_normal((128, 128, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(128).astype(np.float32)
     got = ops.conv2d(x, w, b, 1, 1)
-    plan = _plan(dataclasses.replace(problem(1, 64, 30, 30, 64, const=False), bias=True), CPU)
+    plan = _plan(dataclasses.replace(problem(1, 128, 28, 28, 128, const=False), bias=True), CPU)
     t = torch.from_numpy
     ref = torch.nn.functional.conv2d(t(x).double(), t(w).double(), t(b).double(), 1, 1).numpy()
-    p = problem(1, 64, 30, 30, 64)
+    p = problem(1, 128, 28, 28, 128)
     assert_close(got, ref, **tol(p, 4))
     assert getattr(plan, "schedule", {}).get("vec") == "winograd", getattr(plan, "schedule", None)
