@@ -5,6 +5,7 @@ tuning, per template, on the benchmark shapes of the operator table.
     python benchmarks/model_vs_exhaustive.py conv depthwise     # some of them
     python benchmarks/model_vs_exhaustive.py --threads 1        # one core (shared machines)
     python benchmarks/model_vs_exhaustive.py conv --only C2 C9  # some problems of a group
+    python benchmarks/model_vs_exhaustive.py route --only C3 C9 # the routing: direct vs implicit GEMM
 
 Each problem's whole tuning space is built and measured by ``taskmap.schedule.tune`` in isolated
 worker processes (``tune.compare_model_vs_exhaustive``; measured records go to the tuning cache,
@@ -35,6 +36,7 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
     """name -> [(label, template, problem)] on the benchmark shapes."""
     from conv_cpu import LAYERS
 
+    from taskmap.ops.conv_route import CONV_ROUTE_CPU
     from taskmap.templates.attention_cpu import ATTENTION_CPU
     from taskmap.templates.attention_problem import AttentionProblem
     from taskmap.templates.conv_cpu import CONV_CPU
@@ -53,6 +55,10 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
             p = ConvProblem(1, cin, hw, hw, cout, k, k, s, s, k // 2, k // 2, k // 2, k // 2, 1, 1, 1, "float32",
                             False, const)
             convs.append((f"{name} {hw}x{hw}x{cin}->{cout} k{k} s{s}" + (" packed" if const else ""), CONV_CPU, p))
+    # where each layer runs (direct kernels and implicit GEMMs in one space), weights constant as in a graph
+    routes = [(f"{name} {hw}x{hw}x{cin}->{cout} k{k} s{s}", CONV_ROUTE_CPU,
+               ConvProblem(1, cin, hw, hw, cout, k, k, s, s, k // 2, k // 2, k // 2, k // 2, 1, 1, 1, "float32", False,
+                           True)) for name, (hw, cin, cout, k, s) in LAYERS.items()]
     depthwise = []
     for name, (hw, c, s) in {"D1": (112, 32, 1), "D2": (112, 64, 2), "D3": (56, 128, 1), "D4": (56, 128, 2),
                              "D5": (28, 256, 1), "D6": (28, 256, 2), "D7": (14, 512, 1), "D8": (14, 512, 2),
@@ -70,12 +76,12 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
                                                                        "relu6"))
             for name, (cin, hw, cexp, s) in {"P1": (16, 112, 96, 2), "P2": (24, 56, 144, 1), "P3": (24, 56, 144, 2),
                                              "P4": (32, 28, 192, 1), "P5": (32, 28, 192, 2)}.items()]
-    return {"conv": convs, "depthwise": depthwise, "matmul": matmuls, "attention": attention, "pwdw": pwdw}
+    return {"conv": convs, "route": routes, "depthwise": depthwise, "matmul": matmuls, "attention": attention, "pwdw": pwdw}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("groups", nargs="*", help="conv, depthwise, matmul, attention, pwdw (default: all)")
+    ap.add_argument("groups", nargs="*", help="conv, route, depthwise, matmul, attention, pwdw (default: all)")
     ap.add_argument("--threads", type=int, default=0, help="cores the kernels use (default: all)")
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME",
                     help="problems whose label starts with one of these (e.g. C2 C9 512x512)")

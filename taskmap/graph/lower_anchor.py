@@ -10,11 +10,13 @@ otherwise), then :func:`taskmap.fusion.fuse` splices
 * the epilogue (the anchor's result reshaped from the template's ``c`` to the graph shape, a
   conv's bias, then every op of the chain, composed) into the stores of ``c``.
 
-Conv2d runs where :func:`taskmap.templates.conv_cpu.select` puts it (the one decision shared
-with :mod:`taskmap.ops.conv`): the direct-convolution template (the epilogue spliced into its
-NCHW stores), or the implicit GEMM of :mod:`taskmap.ops.conv`, whose img2col prologue and
-per-group weights come from there.  :func:`plan_anchor` returns an :class:`AnchorPlan`; it raises
-:class:`~taskmap.errors.FusionError` when the group cannot be one kernel (the caller splits it).
+Conv2d runs where :func:`taskmap.ops.conv_route.route` puts it (the one decision shared with
+:mod:`taskmap.ops.conv`; measured under ``TASKMAP_TUNE``): the direct-convolution template (the
+epilogue spliced into its NCHW stores), or the implicit GEMM on the matmul schedule the route
+chose (the model's, when the group's own prologues need operands it does not pack), with the
+img2col prologue and per-group weights of :mod:`taskmap.ops.conv_defs`.  :func:`plan_anchor`
+returns an :class:`AnchorPlan`; it raises :class:`~taskmap.errors.FusionError` when the group
+cannot be one kernel (the caller splits it).
 """
 from __future__ import annotations
 
@@ -30,14 +32,15 @@ from ..compute.analysis import bounded_view
 from ..compute.nodes import TensorNode, compute, graph_inputs, tensor_input
 from ..errors import FusionError
 from ..fusion import fuse, fusion_key
-from ..ops.conv import ConvProblem, direct_sizes, grouped_weights, img2col
+from ..ops.conv_defs import direct_sizes, grouped_weights, img2col
+from ..ops.conv_route import route
 from ..ops._dispatch import kernel_shape
 from ..ops.transform import reshape_compute
 from ..runtime.kernel import Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
 from ..templates.conv_cpu import CONV_CPU
-from ..templates.conv_cpu import select as select_direct
+from ..templates.conv_problem import ConvProblem
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import MatmulProblem
 from .ir import Op, Tensor
@@ -86,6 +89,7 @@ class _Anchor:
     graph_input: dict[int, str]             # anchor input index -> template parameter (for prologues)
     conv: ConvProblem | None = None
     direct: Schedule | None = None          # conv2d on the direct template (else implicit GEMM)
+    gemm: Schedule | None = None            # conv2d's implicit GEMM: the matmul schedule routed to
     packed: dict[Any, tuple[Tensor | None, Tensor | None]] = field(default_factory=dict)  # schedule -> (wa, wb)
 
 
@@ -164,7 +168,7 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
                     a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, "float32", False,
                     w.data is not None)
     mp = p.matmul()
-    direct = select_direct(p, target)
+    direct, gemm = route(p, target)
     if direct is not None:      # the weights as the kernel takes them: packed once, here, when constant
         wshape = CONV_CPU.weight_shape(p, direct, target)
         wt = w if not direct.get("packed") else \
@@ -176,7 +180,7 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
         ops["b"], views["b"] = x, (mp.batch, mp.k, mp.n)
     if not (a.groups > 1 and n > 1):  # else the per-group weights prologue's input
         ops["a"], views["a"] = w, mp.a_shape
-    return _Anchor(mp, ops, views, {}, p)
+    return _Anchor(mp, ops, views, {}, p, gemm=gemm)
 
 
 _ANCHORS: "weakref.WeakKeyDictionary[Op, dict[Target, _Anchor | None]]" = weakref.WeakKeyDictionary()
@@ -328,7 +332,8 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         outputs["out"] = last
     if anc.direct is not None:
         return _direct_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
-    sched = _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
+    sched = anc.gemm if anc.gemm is not None and _suits(anc.gemm.as_dict(), "a" in pro_defs, "b" in pro_defs) \
+        else _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
     sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
     kernel = cached_kernel((MATMUL_CPU.name, MATMUL_CPU.version, MATMUL_CPU.config(p, target, sched),
                             fusion_key(pro_defs, epi_defs, sizes), target),

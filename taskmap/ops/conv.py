@@ -19,15 +19,16 @@ loads, the tensor-core template's ``cp_async`` tile copies (made synchronous ele
 weights are ``A`` as stored (a prologue picks the group when there are several images and
 groups).  The bias is an **epilogue** spliced into the stores of ``C``.
 
-On the CPU, :func:`taskmap.templates.conv_cpu.select` (the direct template's applicability
-and cost model against the implicit GEMM's; the graph compiler asks the same function) may
-route an f32 convolution to the **direct-convolution template** instead (no img2col: the
-input packed once into its padded stride phases, register tiles of output channels x pixels;
-see :mod:`taskmap.templates.conv_cpu_kernel`), the bias an epilogue spliced into its NCHW
-stores.  Everything below describes the implicit GEMM.
+On the CPU, :func:`taskmap.ops.conv_route.route` (the direct template's points and the
+implicit GEMM's in one space: the cost model's choice, or a measured one under
+``TASKMAP_TUNE``; the graph compiler asks the same function) may route an f32 convolution to
+the **direct-convolution template** instead (no img2col: the input packed once into its padded
+stride phases, register tiles of output channels x pixels; see
+:mod:`taskmap.templates.conv_cpu_kernel`), the bias an epilogue spliced into its NCHW stores.
+Everything below describes the implicit GEMM.
 
-Schedules come from the matmul templates' cost models, restricted to those a prologue suits:
-on the CPU, operands with a prologue are packed (the prologue runs once per element, not in
+Schedules come from the matmul templates' cost models (on the CPU, from the route), restricted
+to those a prologue suits: on the CPU, operands with a prologue are packed (the prologue runs once per element, not in
 the micro-kernel); on GPUs no split-K (one kernel).  ``groups == C_in`` with one input channel
 per group (depthwise) goes to :func:`taskmap.ops.depthwise_conv2d`.
 """
@@ -39,17 +40,13 @@ from typing import Any
 import numpy as np
 
 from ..backends import Target, TargetKind
-from ..compute.nodes import compute, tensor_input
 from ..errors import OpError
 from ..fusion import fuse
-from ..ir import expr as E
-from ..ir.dtypes import i32, u32
 from ..runtime.args import data_ptr
 from ..runtime.kernel import HostLaunch, Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
 from ..templates.conv_cpu import CONV_CPU
-from ..templates.conv_cpu import select as select_direct
 from ..templates.conv_problem import ConvProblem, output_size
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, new_like, view
@@ -66,6 +63,9 @@ from ._dispatch import (
     target_for,
 )
 from .arrays import ArrayKind
+from .conv_defs import (bias_epilogue, direct_bias_epilogue, direct_sizes, gemm_prologues, gemm_views, grouped_weights,
+                        img2col)
+from .conv_route import gemm_kernel, route
 from .depthwise import depthwise_conv2d
 
 OP = "conv2d"
@@ -167,78 +167,6 @@ def conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any 
     return out
 
 
-# ----------------------------------------------------------------------------- definitions
-
-
-def img2col(p: ConvProblem, linear: bool = False) -> Any:
-    """``Col[b*G + g, kd, pix]`` (the B operand) as a compute definition reading ``x`` — or with
-    ``linear`` (stride 1 and OW == W, where the input offset is the pixel's plus a per-tap
-    constant), ``xf``, the input seen flat."""
-    G, cg, KH, KW, OW = p.groups, p.cin // p.groups, p.kh, p.kw, p.ow
-    mp = p.matmul()
-    assert not linear or (p.sh == p.sw == 1 and OW == p.w)
-    x = tensor_input("x", p.dtype, [p.n, p.cin, p.h, p.w])
-    xf = tensor_input("xf", p.dtype, [p.n * p.cin * p.h * p.w])
-    top = p.pt > 0
-    bottom = (p.oh - 1) * p.sh - p.pt + (KH - 1) * p.dh >= p.h
-    left = p.pl > 0
-    right = (OW - 1) * p.sw - p.pl + (KW - 1) * p.dw >= p.w
-
-    def col(b: Any, kd: Any, pix: Any) -> Any:
-        # Written for gcc's vectorizer (the B packing loop of the CPU template runs this per lane,
-        # as masked gathers): unsigned division by constants, one unsigned compare per bound
-        # pair, no short-circuit (``&&`` is control flow, which stops vectorization).
-        bu, kdu, pu = (E.cast(v, u32) for v in (b, kd, pix))
-        img, ci = (bu // G, bu % G * cg + kdu // (KH * KW)) if G > 1 else (bu, kdu // (KH * KW))
-        r, s = kdu // KW % KH, kdu % KW
-        ih = E.cast(pu // OW * p.sh + r * p.dh, i32) - p.pt
-        iw = E.cast(pu % OW * p.sw + s * p.dw, i32) - p.pl
-        conds = []
-        if top or bottom:
-            conds.append(E.cast(ih, u32) < p.h)
-        if left or right:
-            conds.append(E.cast(iw, u32) < p.w)
-        if linear:      # the address is affine in the pixel: masked vector loads, not gathers
-            plane = E.cast(img * p.cin + ci, i32) * (p.h * p.w)
-            value = xf[plane + E.cast(r * (p.dh * p.w) + s * p.dw, i32) + pix - (p.pt * p.w + p.pl)]
-        else:
-            value = x[E.cast(img, i32), E.cast(ci, i32), ih, iw]
-        if not conds:
-            return value
-        ok = conds[0] if len(conds) == 1 else E.binary(E.BinOp.BITAND, conds[0], conds[1])
-        return E.select(ok, value, 0.0)
-
-    return compute("b", [mp.batch, mp.k, mp.n], col)
-
-
-def grouped_weights(p: ConvProblem) -> Any:
-    """``A[b*G + g] = W[g]``: the weights of each image's group (several images and groups)."""
-    mp = p.matmul()
-    wv = tensor_input("wg", p.dtype, [p.groups, mp.m, mp.k])
-    return compute("a", [mp.batch, mp.m, mp.k], lambda b, i, kd: wv[b % p.groups, i, kd])
-
-
-def bias_epilogue(p: ConvProblem) -> Any:
-    """``y = C + bias`` along the output channels, in C's own (N*G, C_out/G, OH*OW) shape."""
-    mp = p.matmul()
-    c = tensor_input("c", p.dtype, [mp.batch, mp.m, mp.n])
-    bias = tensor_input("conv_bias", p.dtype, [p.cout])
-    G, m = p.groups, mp.m
-    return compute("y", [mp.batch, mp.m, mp.n], lambda b, i, pix: c[b, i, pix] + bias[b % G * m + i if G > 1 else i])
-
-
-def direct_bias_epilogue(p: ConvProblem) -> Any:
-    """``y = c + bias`` along the output channels, in the direct template's NCHW ``c``."""
-    c = tensor_input("c", p.dtype, [p.n, p.cout, p.oh, p.ow])
-    bias = tensor_input("conv_bias", p.dtype, [p.cout])
-    return compute("y", [p.n, p.cout, p.oh, p.ow], lambda b, co, i, j: c[b, co, i, j] + bias[co])
-
-
-def direct_sizes(p: ConvProblem) -> dict[str, int]:
-    """The direct template's symbolic sizes bound to ``p`` (the fused kernel is specialised)."""
-    return {"n": p.n, "cin": p.cin, "h": p.h, "w": p.w, "cout": p.cout, "oh": p.oh, "ow": p.ow}
-
-
 # ----------------------------------------------------------------------------- plans
 
 
@@ -291,27 +219,26 @@ class _DirectPlan:
 
 
 class _Plan:
-    """A fused kernel and how to lay out its arguments."""
+    """A fused kernel and how to lay out its arguments (on the CPU, with the matmul ``schedule``
+    :func:`.conv_route.route` chose)."""
 
-    def __init__(self, p: ConvProblem, target: Target) -> None:
+    def __init__(self, p: ConvProblem, target: Target, schedule: Schedule | None = None) -> None:
         self.p, self.target = p, target
         mp = self.mp = p.matmul()
         cpu = target.kind is TargetKind.CPU
         template = MATMUL_CPU if cpu else MATMUL_TC if p.dtype in ("float16", "bfloat16") else MATMUL_SIMT
         if not template.applies(mp, target):
             raise OpError(f"{OP}() on {target.name} does not support {p.dtype}")
-        prologues: dict[str, Any] = {}
-        if not p.pointwise:       # CPU: the flat form when it applies (see img2col)
-            prologues["b"] = img2col(p, cpu and p.sh == p.sw == 1 and p.ow == p.w)
-        if p.groups > 1 and p.n > 1:
-            prologues["a"] = grouped_weights(p)
-        self.schedule = _schedule(template, mp, target, "a" in prologues, "b" in prologues)
-        anchor = template.instantiate(mp, target, self.schedule)
         epilogues = {"c": bias_epilogue(p)} if p.bias else {}
-        sizes = {"batch": mp.batch, "m": mp.m, "n": mp.n, "k": mp.k}
-        if not cpu:
-            sizes["cz"] = mp.batch
-        self.kernel: Kernel = fuse(anchor, prologues, epilogues, sizes)
+        if cpu:
+            assert schedule is not None
+            self.schedule = schedule
+            self.kernel: Kernel = gemm_kernel(p, target, schedule, epilogues)
+        else:
+            prologues = gemm_prologues(p, cpu)
+            self.schedule = _schedule(template, mp, target, "a" in prologues, "b" in prologues)
+            sizes = {"batch": mp.batch, "m": mp.m, "n": mp.n, "k": mp.k, "cz": mp.batch}
+            self.kernel = fuse(template.instantiate(mp, target, self.schedule), prologues, epilogues, sizes)
         self.names = [q.name for q in self.kernel.func.params]
         self.cpu = cpu
         self.launch: HostLaunch | None = None
@@ -320,15 +247,8 @@ class _Plan:
 
     def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
         p, mp = self.p, self.mp
-        x, weight = arrays[0], arrays[1]
+        avail = gemm_views(p, self.names, arrays[0], arrays[1], out)
         c = view(out, (mp.batch, mp.m, mp.n))
-        avail = {"x": view(x, (p.n, p.cin, p.h, p.w)), "xf": view(x, (p.n * p.cin * p.h * p.w,)), "c": c, "y": c}
-        if "b" in self.names:             # pointwise: the input is the B operand
-            avail["b"] = view(x, (mp.batch, mp.k, mp.n))
-        if "a" in self.names:
-            avail["a"] = view(weight, (mp.batch if mp.a_batched else 1, mp.m, mp.k))
-        if "wg" in self.names:
-            avail["wg"] = view(weight, (p.groups, mp.m, mp.k))
         if p.bias:
             avail["conv_bias"] = arrays[2]
         if "bias" in self.names:          # the template's own bias (unused): a 1-element dummy
@@ -354,8 +274,8 @@ def _plan(p: ConvProblem, target: Target) -> _Plan | _DirectPlan:
     key = (p, target)
     plan = _PLANS.get(key)
     if plan is None:
-        direct = select_direct(p, target) if target.kind is TargetKind.CPU else None
-        plan = _DirectPlan(p, target, direct) if direct is not None else _Plan(p, target)
+        direct, gemm = route(p, target) if target.kind is TargetKind.CPU else (None, None)
+        plan = _DirectPlan(p, target, direct) if direct is not None else _Plan(p, target, gemm)
         with _LOCK:
             plan = _PLANS.setdefault(key, plan)
     return plan

@@ -334,26 +334,46 @@ class ConvCpuTemplate(KernelFamily):
 CONV_CPU = ConvCpuTemplate()
 
 
-def implicit_gemm_cost(p: ConvProblem, target: Target) -> float:
-    """The implicit GEMM's estimated seconds: the matmul template's best schedule that packs B,
-    plus the img2col gather into that packing (1x1 stride-1 convolutions need none)."""
+def gemm_space(p: ConvProblem, target: Target) -> list[Schedule]:
+    """The matmul template's points the implicit GEMM of ``p`` can run: those that pack B (the
+    img2col prologue runs while packing; a 1x1 stride-1 layer's input is B itself) and, when
+    the weights are per group and image, A."""
     mp = p.matmul()
-    costs = [MATMUL_CPU.cost(mp, target, s) for s in MATMUL_CPU.space(mp, target) if s["pack_b"] or p.pointwise]
+    grouped = p.groups > 1 and p.n > 1
+    return [s for s in MATMUL_CPU.space(mp, target)
+            if (s["pack_b"] or p.pointwise) and (s.get("pack_a", True) or not grouped)]
+
+
+def gemm_cost(p: ConvProblem, target: Target, schedule: Schedule) -> float:
+    """The implicit GEMM's estimated seconds with the matmul ``schedule``: the matmul, plus the
+    img2col gather into its packed B panels (1x1 stride-1 convolutions need none)."""
+    mp = p.matmul()
     gather = 0.0 if p.pointwise else mp.batch * mp.k * mp.n * GATHER_COST / max(1, target.num_cores)
-    return min(costs, default=float("inf")) + gather
+    return MATMUL_CPU.cost(mp, target, schedule) + gather
+
+
+def implicit_gemm_cost(p: ConvProblem, target: Target) -> float:
+    """The implicit GEMM's estimated seconds on its best schedule."""
+    return min((gemm_cost(p, target, s) for s in gemm_space(p, target)), default=float("inf"))
+
+
+def direct_cost(p: ConvProblem, target: Target, schedule: Schedule) -> float:
+    """The direct template's estimate of ``schedule`` as weighed against the implicit GEMM: an
+    unpadded 1x1 layer's by :data:`POINTWISE_EDGE` (the GEMM's measured edge there)."""
+    unpadded_1x1 = (p.kh, p.kw, p.pt, p.pb, p.pl, p.pr) == (1, 1, 0, 0, 0, 0)
+    return CONV_CPU.cost(p, target, schedule) * (POINTWISE_EDGE if unpadded_1x1 else 1.0)
 
 
 def select(p: ConvProblem, target: Target) -> Schedule | None:
-    """The direct template's best schedule for ``p`` when it applies and its cost model beats
-    the implicit GEMM's; None: run the implicit GEMM."""
+    """The cost model's routing: the direct template's best schedule for ``p`` when it applies
+    and beats the implicit GEMM's estimate; None: run the implicit GEMM.  (Measured routing:
+    :mod:`taskmap.ops.conv_route`.)"""
     space = CONV_CPU.space(p, target)
     if not space:
         return None
-    costs = {s: CONV_CPU.cost(p, target, s) for s in space}
+    costs = {s: direct_cost(p, target, s) for s in space}
     best = min(space, key=costs.__getitem__)
-    unpadded_1x1 = (p.kh, p.kw, p.pt, p.pb, p.pl, p.pr) == (1, 1, 0, 0, 0, 0)
-    edge = POINTWISE_EDGE if unpadded_1x1 else 1.0
-    return best if costs[best] * edge < implicit_gemm_cost(p, target) else None
+    return best if costs[best] < implicit_gemm_cost(p, target) else None
 
 
-__all__ = ["CONV_CPU", "ConvCpuTemplate", "implicit_gemm_cost", "select"]
+__all__ = ["CONV_CPU", "ConvCpuTemplate", "direct_cost", "gemm_cost", "gemm_space", "implicit_gemm_cost", "select"]

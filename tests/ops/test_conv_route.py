@@ -1,0 +1,166 @@
+"""The CPU convolution's routing as one tuning space (:mod:`taskmap.ops.conv_route`): the direct
+template's points and the implicit GEMM's.  Model mode answers what the cost model's
+``select`` does; every point of both kinds computes the convolution from the template's own
+arguments (what the tuner measures); a measured choice (the tuning cache) routes
+``ops.conv2d`` and the graph compiler."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from taskmap import ops
+from taskmap.backends.base import host_cpu_target
+from taskmap.graph import Conv2dAttrs, GraphBuilder, OpKind, UnaryAttrs, UnaryFn
+from taskmap.graph.lower import lower_graph
+from taskmap.graph.passes import optimize
+from taskmap.ir.dtypes import f32
+from taskmap.ops import conv as conv_module
+from taskmap.ops.conv_route import CONV_ROUTE_CPU, GEMM, gemm_schedule, route
+from taskmap.runtime.cache import clear_cache
+from taskmap.runtime.graph import CompiledGraph
+from taskmap.schedule import tune, tuning_cache
+from taskmap.schedule.measure import MeasureSettings, measure_candidates
+from taskmap.schedule.tuning_cache import TuningRecord
+from taskmap.templates.conv_cpu import CONV_CPU, gemm_cost, gemm_space, select
+from taskmap.templates.conv_problem import ConvProblem
+from taskmap.testing import assert_close
+
+CPU = host_cpu_target()
+#: Fixed targets, so that the routing compared below does not depend on the machine.
+TARGETS = {"zen4": dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.6e9,
+                                       fma512_per_cycle=1.0),
+           "cascade": dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
+                                          fma512_per_cycle=1.75),
+           "avx2": dataclasses.replace(CPU, vector_bytes=32, num_cores=4, l2_bytes=4 << 19, clock_hz=3e9)}
+
+
+def conv(cin, hw, cout, k, s=1, pad=None, const=True, n=1, groups=1):
+    pad = k // 2 if pad is None else pad
+    return ConvProblem(n, cin, hw, hw, cout, k, k, s, s, pad, pad, pad, pad, 1, 1, groups, "float32", False, const)
+
+
+LAYERS = [conv(64, 56, 64, 3), conv(256, 14, 256, 3), conv(64, 56, 256, 1), conv(256, 56, 512, 1, 2),
+          conv(3, 224, 64, 7, 2), conv(512, 7, 512, 3), conv(64, 30, 64, 3, const=False), conv(32, 17, 48, 3, 2),
+          conv(64, 56, 64, 1, const=False), conv(32, 9, 32, 3, n=2, groups=4)]
+
+
+@pytest.fixture
+def tuning(tmp_path, monkeypatch):
+    """An empty cache (tuning records, kernels) and no tuning mode from the environment."""
+    monkeypatch.setenv("TASKMAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TASKMAP_TUNE", raising=False)
+    monkeypatch.setattr(conv_module, "_PLANS", {})
+    tune.clear_memo()
+    yield tmp_path
+    clear_cache("tuning")
+    tune.clear_memo()
+
+
+@pytest.mark.parametrize("target", list(TARGETS), ids=str)
+def test_the_model_routes_as_select(tuning, target):
+    t = TARGETS[target]
+    for p in LAYERS:
+        direct, gemm = route(p, t)
+        assert direct == select(p, t), p
+        if direct is None:
+            costs = {s: gemm_cost(p, t, s) for s in gemm_space(p, t)}
+            assert gemm == min(costs, key=costs.__getitem__), p
+        else:
+            assert gemm is None and direct.get("vec") != GEMM
+
+
+def test_the_space_holds_both_kinds():
+    p = conv(64, 28, 64, 3)
+    space = CONV_ROUTE_CPU.space(p, CPU)
+    gemms = [s for s in space if gemm_schedule(s) is not None]
+    assert len(space) == len(CONV_CPU.space(p, CPU)) + len(gemms) and gemms
+    assert all(gemm_schedule(s)["pack_b"] for s in gemms)                # img2col runs in the B packing
+    grouped = conv(32, 9, 32, 3, n=2, groups=4)                          # the direct template: groups 1 only
+    assert all(gemm_schedule(s) is not None for s in CONV_ROUTE_CPU.space(grouped, CPU))
+
+
+def _reference(p, x, w):
+    t = torch.from_numpy
+    return torch.nn.functional.conv2d(t(x).double(), t(w).double(), stride=(p.sh, p.sw), padding=(p.pt, p.pl),
+                                      groups=p.groups).numpy()
+
+
+@pytest.mark.parametrize("p", [conv(16, 13, 24, 3), conv(16, 13, 24, 3, const=False), conv(24, 12, 40, 1),
+                               conv(16, 15, 32, 3, 2), conv(8, 9, 16, 3, n=2, groups=2)], ids=repr)
+def test_every_kind_of_point_computes_the_convolution(p):
+    """The model's best point of each kind (pixel tiles, channel tiles, Winograd, implicit GEMM)
+    run from the template's own arguments — constant weights packed as a graph packs them."""
+    best = {}
+    for s in CONV_ROUTE_CPU.space(p, CPU):
+        kind = s.get("vec", "pixels")
+        cost = CONV_ROUTE_CPU.cost(p, CPU, s)
+        if kind not in best or cost < best[kind][0]:
+            best[kind] = (cost, s)
+    assert GEMM in best
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(np.float32)
+    w = rng.standard_normal((p.cout, p.cin // p.groups, p.kh, p.kw)).astype(np.float32)
+    ref = _reference(p, x, w)
+    for kind, (_, s) in best.items():
+        out = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)
+        CONV_ROUTE_CPU.instantiate(p, CPU, s)(*CONV_ROUTE_CPU.arguments(p, [x, w], [out], s, CPU))
+        assert_close(out, ref, rtol=1e-4, atol=1e-4 * p.cin * p.kh * p.kw, err_msg=f"{kind}: {s}")
+
+
+def test_the_tuner_measures_a_direct_point_against_an_implicit_gemm():
+    p = conv(32, 20, 32, 3)
+    space = CONV_ROUTE_CPU.space(p, CPU)
+    direct = next(s for s in space if gemm_schedule(s) is None)
+    gemm = next(s for s in space if gemm_schedule(s) is not None)
+    measured = measure_candidates(CONV_ROUTE_CPU, p, CPU, [direct, gemm], MeasureSettings(warmup=1, repeat=2, rounds=1))
+    assert all(m.ok and m.time > 0 for m in measured), [m.error for m in measured]
+
+
+def _record(p, best, other):
+    return TuningRecord(CONV_ROUTE_CPU.name, repr(p), CPU.name, "topk", 2, best, {best: 1e-3, other: 2e-3})
+
+
+def test_a_measured_route_sends_ops_conv2d_to_the_implicit_gemm(tuning):
+    """A layer the model runs direct, with a measured record saying the implicit GEMM was
+    faster: ``ops.conv2d`` runs the GEMM on the measured matmul schedule, and is right."""
+    p = conv(48, 20, 48, 3, const=False)
+    direct, _ = route(p, CPU)
+    assert direct is not None, "the layer should run direct by the model on this host"
+    gemms = [s for s in CONV_ROUTE_CPU.space(p, CPU) if gemm_schedule(s) is not None]
+    slowest = max(gemms, key=lambda s: CONV_ROUTE_CPU.cost(p, CPU, s))      # not the model's GEMM either
+    tuning_cache.store(CONV_ROUTE_CPU, p, CPU, _record(p, slowest, direct))
+    tune.clear_memo()
+    assert route(p, CPU) == (None, gemm_schedule(slowest))
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 48, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((48, 48, 3, 3)).astype(np.float32)
+    got = ops.conv2d(x, w, None, 1, 1)
+    plan = conv_module._plan(p, CPU)
+    assert isinstance(plan, conv_module._Plan) and plan.schedule == gemm_schedule(slowest)
+    assert_close(got, _reference(p, x, w), rtol=1e-4, atol=1e-3)
+
+
+def test_a_measured_route_reaches_the_graph_compiler(tuning):
+    """conv + bias + ReLU with constant weights (one kernel): routed to the implicit GEMM by a
+    measured record, the group lowers to the matmul kernel and matches PyTorch."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((48, 32, 3, 3)) / 10).astype(np.float32)
+    bias = rng.standard_normal(48).astype(np.float32)
+    b = GraphBuilder()
+    x = b.input((1, 32, 14, 14), f32)
+    y = b.op(OpKind.CONV2D, [x, b.constant(w), b.constant(bias)], Conv2dAttrs((1, 1), (1, 1), (1, 1), 1))
+    graph = b.build([b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))])
+    p = conv(32, 14, 48, 3)
+    points = CONV_ROUTE_CPU.space(p, CPU)
+    gemm = min((s for s in points if gemm_schedule(s) is not None), key=lambda s: CONV_ROUTE_CPU.cost(p, CPU, s))
+    direct = next(s for s in points if gemm_schedule(s) is None)
+    tuning_cache.store(CONV_ROUTE_CPU, p, CPU, _record(p, gemm, direct))
+    tune.clear_memo()
+    (kg,) = lower_graph(optimize(graph), CPU)
+    assert kg.kernel.__name__.startswith("matmul_cpu"), kg.kernel.__name__
+    xv = rng.standard_normal((1, 32, 14, 14)).astype(np.float32)
+    out = CompiledGraph(graph, "cpu", "numpy")(xv)[0]
+    t = torch.from_numpy
+    ref = torch.relu(torch.nn.functional.conv2d(t(xv).double(), t(w).double(), t(bias).double(), padding=1)).numpy()
+    assert_close(out, ref, rtol=1e-4, atol=1e-4)
