@@ -38,8 +38,9 @@ static double now(void) {{ struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t)
 #define LOOP(R) \\
     "vxorps %%xmm12, %%xmm12, %%xmm12\\n\\tvxorps %%xmm13, %%xmm13, %%xmm13\\n\\t1:\\n\\t" \\
     CHAINS(R) "dec %0\\n\\tjnz 1b\\n\\tvzeroupper"
-static double zmm(long n) {{ double t = now(); __asm__ volatile(LOOP("zmm") : "+r"(n) :: {_CLOBBERS}, "cc"); return now() - t; }}
-static double ymm(long n) {{ double t = now(); __asm__ volatile(LOOP("ymm") : "+r"(n) :: {_CLOBBERS}, "cc"); return now() - t; }}
+#define TIMED(R) double t = now(); __asm__ volatile(LOOP(R) : "+r"(n) :: {_CLOBBERS}, "cc"); return now() - t
+static double zmm(long n) {{ TIMED("zmm"); }}
+static double ymm(long n) {{ TIMED("ymm"); }}
 int main(void) {{
     long n = 2000000;
     double best_z = 1e30, best_y = 1e30;

@@ -28,8 +28,8 @@ stride phases, register tiles of output channels x pixels; see
 Everything below describes the implicit GEMM.
 
 Schedules come from the matmul templates' cost models (on the CPU, from the route), restricted
-to those a prologue suits: on the CPU, operands with a prologue are packed (the prologue runs once per element, not in
-the micro-kernel); on GPUs no split-K (one kernel).  ``groups == C_in`` with one input channel
+to those a prologue suits: on the CPU, operands with a prologue are packed (the prologue runs
+once per element, not in the micro-kernel); on GPUs no split-K (one kernel).  ``groups == C_in`` with one input channel
 per group (depthwise) goes to :func:`taskmap.ops.depthwise_conv2d`.
 """
 from __future__ import annotations
