@@ -11,7 +11,7 @@ import enum
 import functools
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Sequence
 
 from ..ir.dtypes import ScalarType
@@ -59,6 +59,14 @@ class Target:
     @property
     def name(self) -> str:
         return f"{self.kind.value}:{self.arch}"
+
+    @property
+    def vector_fma_rate(self) -> float:
+        """CPU: FMAs of the full SIMD width (``vector_bytes``) per cycle and core — two pipes of up
+        to 256 bits; 512-bit ones at the measured ``fma512_per_cycle`` (1 when unknown: two
+        256-bit halves, as on AMD Zen 4)."""
+        lanes = max(4, self.vector_bytes // 4)
+        return (self.fma512_per_cycle or 1.0) if lanes >= 16 else 2.0 * min(lanes, 8) / lanes
 
 
 def _cpu_flags() -> tuple[str, ...]:
@@ -140,15 +148,15 @@ def host_cpu_target() -> Target:
         cores = min(cores, int(threads))
     clock = _cpu_clock_hz()
     fma512 = zmm_fma_ratio((_cpuinfo_field("model name") or "", *flags)) if simd == 64 else 0.0
+    target = Target(TargetKind.CPU, f"{platform.machine()}-native", warp_size=32,
+                    max_threads_per_block=1024, max_shared_memory=1 << 20, max_shared_memory_optin=1 << 20,
+                    vector_bytes=simd, num_cores=cores, features=keep, mem_bandwidth=HOST_MEM_BANDWIDTH,
+                    cache_bandwidth=cores * 64 * clock, register_bandwidth=cores * 2 * min(simd, 32) * clock,
+                    l2_bytes=cores * _cpu_l2_bytes(), clock_hz=clock, fma512_per_cycle=fma512,
+                    transaction_bytes=64, max_blocks_per_core=1)
     lanes = simd // 4
-    flops_per_cycle = 2 * lanes * (fma512 if simd == 64 else 2.0) if "fma" in flags else 2 * min(lanes, 8)
-    return Target(TargetKind.CPU, f"{platform.machine()}-native", warp_size=32,
-                  max_threads_per_block=1024, max_shared_memory=1 << 20, max_shared_memory_optin=1 << 20,
-                  vector_bytes=simd, num_cores=cores, features=keep,
-                  peak_flops_f32=cores * flops_per_cycle * clock, mem_bandwidth=HOST_MEM_BANDWIDTH,
-                  cache_bandwidth=cores * 64 * clock, register_bandwidth=cores * 2 * min(simd, 32) * clock,
-                  l2_bytes=cores * _cpu_l2_bytes(), clock_hz=clock, fma512_per_cycle=fma512,
-                  transaction_bytes=64, max_blocks_per_core=1)
+    flops_per_cycle = 2 * lanes * target.vector_fma_rate if "fma" in flags else 2 * min(lanes, 8)
+    return replace(target, peak_flops_f32=cores * flops_per_cycle * clock)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ clock); some parts have one.  Nothing in ``/proc/cpuinfo`` says which, so a smal
 chains of independent ``vfmadd231ps`` on zmm and on ymm registers and reports the ratio of their
 f32 FLOP/s.  The result is rounded (it keys every compiled artifact through the Target, so two
 runs must agree) and stored in the cache, once per CPU model and flag set: the probe costs about
-0.2 s, once.
+0.1 s, once.
 """
 
 from __future__ import annotations

@@ -82,8 +82,6 @@ def direct_sizes(p: ConvProblem) -> dict[str, int]:
     return {"n": p.n, "cin": p.cin, "h": p.h, "w": p.w, "cout": p.cout, "oh": p.oh, "ow": p.ow}
 
 
-
-
 def gemm_prologues(p: ConvProblem, cpu: bool) -> dict[str, Any]:
     """The implicit GEMM's prologues: img2col into B (none for a 1x1 stride-1 layer, whose input
     is B; on the CPU the flat form where it applies), and into A the weights of each image's

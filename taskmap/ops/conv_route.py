@@ -12,6 +12,7 @@ and the graph compiler (:mod:`taskmap.graph.lower_anchor`) ask.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +49,13 @@ def gemm_kernel(p: ConvProblem, target: Target, schedule: Schedule, epilogues: d
     return fuse(MATMUL_CPU.instantiate(mp, target, schedule), gemm_prologues(p, True), epilogues or {}, sizes)
 
 
+@functools.lru_cache(maxsize=64)
+def _gemm_alone(p: ConvProblem, target: Target, schedule: Schedule) -> Kernel:
+    """The implicit GEMM without an epilogue (what the tuner builds, and reads the parameters
+    of to lay out the arguments), fused once per point."""
+    return gemm_kernel(p, target, schedule)
+
+
 class ConvRouteCpuTemplate:
     """The direct convolution template and the implicit GEMM as one space (CPU, f32)."""
 
@@ -73,7 +81,7 @@ class ConvRouteCpuTemplate:
 
     def instantiate(self, problem: ConvProblem, target: Target, schedule: Schedule) -> Kernel:
         gemm = gemm_schedule(schedule)
-        return CONV_CPU.instantiate(problem, target, schedule) if gemm is None else gemm_kernel(problem, target, gemm)
+        return CONV_CPU.instantiate(problem, target, schedule) if gemm is None else _gemm_alone(problem, target, gemm)
 
     def arguments(self, problem: ConvProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None, target: Target | None = None) -> list[Any]:

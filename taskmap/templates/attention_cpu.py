@@ -34,7 +34,7 @@ from ..runtime.kernel import Kernel
 from .attention_kernels import CpuAttnConfig, build_cpu
 from .attention_problem import AttentionProblem, operand_views, scalars
 from .base import KernelFamily, Schedule
-from .matmul_cpu import fma_rate, lanes_of, vector_registers
+from .matmul_cpu import lanes_of, vector_registers
 from .matmul_problem import WORKSPACE
 
 BMS = (1, 2, 4, 6, 8)
@@ -102,7 +102,7 @@ class AttentionCpuTemplate(KernelFamily):
         bm, bn, qg, cores = s["bm"], s["bn"], s["qg"], s["cores"]
         V, regs = lanes_of(target), vector_registers(target)
         clock = target.clock_hz or 2.5e9
-        rate = fma_rate(target)                              # vector FMAs per cycle
+        rate = target.vector_fma_rate                        # vector FMAs per cycle
         evp = -(-p.ev // V) * V
         nv, ov = bn // V, evp // V
         qk = p.e * max(bm * nv / rate, (bm + nv) / 2.0)

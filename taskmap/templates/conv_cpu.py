@@ -66,7 +66,6 @@ from .matmul_cpu import (
     MICRO_EFFICIENCY,
     SMALL_FLOPS,
     TILES,
-    fma_rate,
     lanes_of,
     vector_registers,
 )
@@ -204,7 +203,7 @@ class ConvCpuTemplate(KernelFamily):
         k = p.cin * p.kh * p.kw
         fmas = mr * nr // V
         loads = mr + SPLIT_LOAD * nr / V
-        step = (max(fmas / fma_rate(target), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        step = (max(fmas / target.vector_fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
         if mr * k * 4 > L1_BYTES:      # the weight rows (read in place) stream from L2
             step *= 1.04
         tile = k * step + 3 * fmas + 40
@@ -224,7 +223,7 @@ class ConvCpuTemplate(KernelFamily):
         clock = target.clock_hz or 2.5e9
         fmas = mr * nr // V
         loads = nr // V + mr
-        step = (max(fmas / fma_rate(target), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        step = (max(fmas / target.vector_fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
         spills = cfg.stage(p.cin) * 4 > l2_per_core(target) // 2
         if spills:
             step *= L2_SPILL
@@ -262,7 +261,7 @@ class ConvCpuTemplate(KernelFamily):
         units = -(-blocks * panels // cores)
         fmas = mr * nr // V
         loads = mr + nr // V
-        step = (max(fmas / fma_rate(target), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        step = (max(fmas / target.vector_fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
         half_l2 = l2_per_core(target) // 2
         if a2 * (p.cin + panels * mr) * nr * 4 > half_l2:     # the block's V and m spill from L2
             step *= L2_SPILL

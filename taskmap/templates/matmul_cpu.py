@@ -109,16 +109,6 @@ def vector_registers(target: Target) -> int:
     return 32 if target.vector_bytes >= 64 else 16
 
 
-def fma_rate(target: Target) -> float:
-    """Vector FMAs of the target's full SIMD width per cycle and core: two pipes of up to 256
-    bits; 512-bit ones at the rate measured on the host (``Target.fma512_per_cycle``: 1 on AMD
-    Zen 4, which splits them in two halves; up to 2 on parts with two 512-bit pipes)."""
-    lanes = lanes_of(target)
-    if lanes >= 16 and target.fma512_per_cycle:
-        return target.fma512_per_cycle
-    return 2.0 * min(lanes, 8) / lanes
-
-
 def memory_seconds(p: MatmulProblem, a_reads: int, b_reads: int, cores: int) -> float:
     """Streaming A ``a_reads`` times, B ``b_reads`` times and C once, at a core's bandwidth each."""
     a = (p.batch if p.a_batched else 1) * p.m * p.k
@@ -215,11 +205,11 @@ class MatmulCpuTemplate(KernelFamily):
         clock = target.clock_hz or 2.5e9
         mp, np_ = -(-p.m // mr), -(-p.n // nr)
         kb = -(-p.k // kc)
-        # One K step of the micro-kernel: MR*NR/V FMAs at the FMA rate (:func:`fma_rate`), or
+        # One K step of the micro-kernel: MR*NR/V FMAs at ``Target.vector_fma_rate``, or
         # its loads (MR broadcasts, NR/V vectors) at two per cycle, whichever is slower.
         fmas = mr * nr // V
         loads = mr + nr / V
-        step = (max(fmas / fma_rate(target), loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        step = (max(fmas / target.vector_fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
         if not pack_a:            # rows of A in place: their addresses spill; rows a page apart share a set
             sets = min(L1_BYTES // L1_WAYS // 64, 4096 // np.gcd(p.k * 4, 4096))   # L1 sets the MR rows fall in
             step *= 1.03 + A_ALIASED_ROW * max(0, -(-mr // sets) - L1_WAYS)
@@ -254,7 +244,7 @@ class MatmulCpuTemplate(KernelFamily):
         small side."""
         mr, nr, cores, V = s["mr"], s["nr"], s["cores"], lanes_of(target)
         mp, np_ = -(-p.m // mr), -(-p.n // nr)
-        step = max(mr * nr / fma_rate(target), (mr + nr) / 2.0) / MICRO_EFFICIENCY
+        step = max(mr * nr / target.vector_fma_rate, (mr + nr) / 2.0) / MICRO_EFFICIENCY
         tile = -(-p.k // V) * step + 12 * mr * nr + 40
         tiles = p.batch * mp * np_
         compute = -(-tiles // cores) * tile / (target.clock_hz or 2.5e9)
@@ -274,7 +264,7 @@ class MatmulCpuTemplate(KernelFamily):
         nb = min(max(V, ROW_BLOCK // mr // V * V), -(-p.n // (pieces * V)) * V)
         units = p.batch * mp * -(-p.n // nb)
         # (measured: C through L1 and A re-broadcast cost up to 2x the FMAs at MR = 8)
-        step = (max(mr * ku / fma_rate(target), (ku + 2 * mr) / 2.0) * (1 + mr / 8) + 2) / MICRO_EFFICIENCY
+        step = (max(mr * ku / target.vector_fma_rate, (ku + 2 * mr) / 2.0) * (1 + mr / 8) + 2) / MICRO_EFFICIENCY
         compute = -(-units // cores) * (nb // V) * -(-p.k // ku) * step / (target.clock_hz or 2.5e9)
         memory = memory_seconds(p, 1, mp, min(cores, units))
         return overlap(compute, memory) + FORK_COST * (cores > 1) + CALL_COST

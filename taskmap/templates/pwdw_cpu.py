@@ -20,7 +20,7 @@ from ..runtime.args import view
 from ..runtime.kernel import Kernel
 from .attention_cpu import l2_per_core
 from .base import KernelFamily, Schedule
-from .matmul_cpu import CALL_COST, FORK_COST, MICRO_EFFICIENCY, SMALL_FLOPS, fma_rate, lanes_of
+from .matmul_cpu import CALL_COST, FORK_COST, MICRO_EFFICIENCY, SMALL_FLOPS, lanes_of
 from .matmul_problem import WORKSPACE
 from .pwdw_kernel import ACTIVATIONS, PwDwConfig, build_kernel
 from .pwdw_problem import PwDwProblem
@@ -87,7 +87,7 @@ class PwDwCpuTemplate(KernelFamily):
         p, cfg = problem, self.config(problem, target, schedule)
         V, clock = lanes_of(target), target.clock_hz or 2.5e9
         fmas = cfg.mr * cfg.nr // V
-        step = (max(fmas / fma_rate(target), (cfg.mr + cfg.nr / V) / 2.0) + 0.02 * fmas) / MICRO_EFFICIENCY
+        step = (max(fmas / target.vector_fma_rate, (cfg.mr + cfg.nr / V) / 2.0) + 0.02 * fmas) / MICRO_EFFICIENCY
         tiles = -(-cfg.band_pixels // cfg.nr)
         expand = tiles * (p.cin * step + 2 * fmas + 20)
         staged = cfg.mr * p.sw * cfg.padded_rows * cfg.phase_width * STAGE_CYCLES

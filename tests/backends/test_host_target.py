@@ -16,7 +16,6 @@ from taskmap import spatial
 from taskmap.backends import host_probe
 from taskmap.backends.base import host_cpu_target
 from taskmap.lang import f32
-from taskmap.templates.matmul_cpu import fma_rate
 
 
 def cores_seen(env_value):
@@ -107,7 +106,7 @@ def test_fma_rate_follows_the_vector_width():
     """The templates' cost models: 256-bit and narrower vectors at two pipes; 512-bit ones at the
     measured rate (1 when unknown: two 256-bit halves)."""
     cpu = dataclasses.replace(host_cpu_target(), vector_bytes=64, fma512_per_cycle=0.0)
-    assert fma_rate(cpu) == 1.0
-    assert fma_rate(dataclasses.replace(cpu, fma512_per_cycle=1.75)) == 1.75
-    assert fma_rate(dataclasses.replace(cpu, vector_bytes=32, fma512_per_cycle=1.75)) == 2.0
-    assert fma_rate(dataclasses.replace(cpu, vector_bytes=16)) == 2.0
+    assert cpu.vector_fma_rate == 1.0
+    assert dataclasses.replace(cpu, fma512_per_cycle=1.75).vector_fma_rate == 1.75
+    assert dataclasses.replace(cpu, vector_bytes=32, fma512_per_cycle=1.75).vector_fma_rate == 2.0
+    assert dataclasses.replace(cpu, vector_bytes=16).vector_fma_rate == 2.0
