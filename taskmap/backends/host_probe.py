@@ -13,12 +13,13 @@ runs must agree) and stored in the cache, once per CPU model and flag set: the p
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import CacheError
+from ..errors import CacheError, TaskmapError
 from ..runtime.cache import DiskCache, cache_key
 
 #: Overrides the probe: the f32 FLOP/s of 512-bit FMAs over 256-bit ones (e.g. ``1`` on Zen 4,
@@ -79,8 +80,15 @@ def zmm_fma_ratio(cpu_identity: tuple[str, ...], cc: str = "gcc") -> float:
     """The rounded ratio for this host (``cpu_identity``: its model name and flags, the cache
     key): the environment's override, else the cached measurement, else a fresh one (stored).
     1.0 (half of a ymm machine's FMA rate per lane) when nothing can be measured."""
-    if override := os.environ.get(ENV_OVERRIDE):
-        return round_ratio(float(override))
+    if override := os.environ.get(ENV_OVERRIDE, "").strip():
+        try:
+            value = float(override)
+        except ValueError:
+            value = math.nan
+        if not 0 < value < math.inf:
+            raise TaskmapError(f"{ENV_OVERRIDE}={override!r} is not a positive number: give the f32 FLOP/s of "
+                               f"512-bit FMAs over 256-bit ones (1 on AMD Zen 4, up to 2), or unset it to measure")
+        return round_ratio(value)
     key = cache_key("zmm-fma-ratio", cpu_identity)
     if (path := _cache.get(key, ".json")) is not None:
         try:

@@ -15,6 +15,7 @@ import taskmap
 from taskmap import spatial
 from taskmap.backends import host_probe
 from taskmap.backends.base import host_cpu_target
+from taskmap.errors import TaskmapError
 from taskmap.lang import f32
 
 
@@ -95,6 +96,13 @@ def test_zmm_fma_ratio_is_read_from_the_cache_and_overridable(tmp_path, monkeypa
     monkeypatch.delenv(host_probe.ENV_OVERRIDE)
     monkeypatch.setattr(host_probe, "measure_zmm_fma_ratio", lambda cc="gcc": None)
     assert host_probe.zmm_fma_ratio(("Third CPU",)) == 1.0
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "-1", "nan", "inf"])
+def test_a_malformed_override_is_refused_by_name(value, monkeypatch):
+    monkeypatch.setenv(host_probe.ENV_OVERRIDE, value)
+    with pytest.raises(TaskmapError, match=rf"{host_probe.ENV_OVERRIDE}='{value}' is not a positive number"):
+        host_probe.zmm_fma_ratio(("Some CPU", "avx512f"))
 
 
 def test_rounding_keeps_the_target_stable():
