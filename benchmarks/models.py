@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -41,6 +42,7 @@ from common import machine_description, print_table, timed  # noqa: E402
 
 import taskmap  # noqa: E402
 
+PEERS = ("eager", "torch.compile", "onnxruntime")
 MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit")
 
 
@@ -138,34 +140,40 @@ def check(name: str, got: Any, want: Any) -> None:
         raise AssertionError(f"{name}: taskmap's output is off by {err:.2e} (relative to the largest value)")
 
 
-def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers: bool) -> list[str]:
+def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers: set[str],
+          compile_times: bool = True) -> list[str]:
     model, args = make_model(name, batch, device)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     with torch.no_grad():
         want = model(*args)
         fast = taskmap.compile(model, args)
         check(name, fast(*args), want)
+        if os.environ.get("MODELS_SUMMARY"):
+            print(fast.summary(), flush=True)
         calls: dict[str, Callable[[], Any]] = {"taskmap": lambda: (fast(*args), sync())}
-        if peers:
+        if "eager" in peers:
             calls["eager"] = lambda: (model(*args), sync())
+        if "torch.compile" in peers:
             compiled = torch.compile(model)
             compiled(*args)
             calls["torch.compile"] = lambda: (compiled(*args), sync())
-            if device == "cpu":
-                try:
-                    calls["onnxruntime"] = onnx_runner(model, args, torch.get_num_threads())
-                except Exception as exc:  # noqa: BLE001 - an export the ONNX exporter refuses: no such peer
-                    print(f"  ({name}: no onnxruntime time: {type(exc).__name__}: {str(exc).splitlines()[0]})",
-                          flush=True)
+        if "onnxruntime" in peers and device == "cpu":
+            try:
+                calls["onnxruntime"] = onnx_runner(model, args, torch.get_num_threads())
+            except Exception as exc:  # noqa: BLE001 - an export the ONNX exporter refuses: no such peer
+                print(f"  ({name}: no onnxruntime time: {type(exc).__name__}: {str(exc).splitlines()[0]})",
+                      flush=True)
         samples: dict[str, list[float]] = {k: [] for k in calls}
         for _ in range(rounds):
             for k, fn in calls.items():
                 samples[k].append(timed(fn, seconds))
     t = {k: statistics.median(v) for k, v in samples.items()}
-    with tempfile.TemporaryDirectory() as cache:
-        cold = compile_seconds(name, batch, device, cache)
-        cached = compile_seconds(name, batch, device, cache)
-    cols = ["taskmap", "eager", "torch.compile", "onnxruntime"]
+    cold = cached = (float("nan"), float("nan"))
+    if compile_times:
+        with tempfile.TemporaryDirectory() as cache:
+            cold = compile_seconds(name, batch, device, cache)
+            cached = compile_seconds(name, batch, device, cache)
+    cols = ["taskmap", *PEERS]
     row = [name, str(batch)] + [f"{t[c] * 1e3:.1f}" if c in t else "-" for c in cols]
     row += [f"{t[c] / t['taskmap']:.2f}" if c in t else "-" for c in cols[1:]]
     steps = [st for e in fast.entries.values() for st in e.compiled.steps]
@@ -183,6 +191,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.0, help="per peer per round")
     parser.add_argument("--no-peers", action="store_true", help="time taskmap only")
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS), help="which peers to time")
+    parser.add_argument("--no-compile-times", action="store_true", help="skip the cold and cached compile runs")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="report a model that fails (traceback) and go on with the others")
     parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compile_only:
@@ -191,11 +203,20 @@ def main() -> None:
     unknown = set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; choose from {MODELS}")
-    rows = [bench(m, b, args.device, args.rounds, args.seconds, not args.no_peers)
-            for m in args.models for b in args.batch]
+    rows = []
+    for m in args.models:
+        for b in args.batch:
+            try:
+                rows.append(bench(m, b, args.device, args.rounds, args.seconds, set() if args.no_peers else set(args.peers),
+                                  not args.no_compile_times))
+            except Exception:
+                if not args.keep_going:
+                    raise
+                traceback.print_exc()
+                rows.append([m, str(b), "FAILED"] + ["-"] * 8)
     print(f"\n{machine_description()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"device {args.device}, {datetime.date.today()}; median of {args.rounds} rounds")
-    cols = ["taskmap", "eager", "torch.compile", "onnxruntime"]
+    cols = ["taskmap", *PEERS]
     print_table(["model", "batch"] + [f"{c} ms" for c in cols] + [f"{c}/taskmap" for c in cols[1:]]
                 + ["compile cold s", "compile cached s", "kernel launches/steps"], rows)
 

@@ -2,6 +2,8 @@
 # Everything a lent NVIDIA GPU machine should run, in one device call (see /work/.library/device):
 #
 #   run(command="bash tools/gpu_session.sh", timeout_s=600)
+#   run(command="bash tools/gpu_session.sh cuda_tests models")     # some stages only
+#   MODELS="resnet50 bert" TESTS="tests/backends" bash tools/gpu_session.sh cuda_tests models
 #
 # The machine's image has torch (CUDA 13), cuda-bindings 13 and NVRTC 13 (taskmap finds their
 # headers under nvidia/cu13), hypothesis, pytest-xdist, networkx, tqdm and transformers, and no
@@ -12,16 +14,20 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/taskmap-gpu}"
 mkdir -p "$OUT"
-stage() {  # stage NAME SECONDS COMMAND...
+WANT=" ${*:-cuda_tests matmul_gpu ops_f32 ops_f16 models} "
+stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the command line, if any)
     local name=$1 limit=$2; shift 2
+    [[ "$WANT" == *" $name "* ]] || return 0
     echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "=== $name: exit $?"; tail -n 25 "$OUT/$name.log"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$OUT/gpu.txt"
-stage cuda_tests 240 python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE tests/
+stage cuda_tests 240 python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE --tb=short -n 8 \
+    --timeout 120 --junitxml="$OUT/cuda_tests.xml" ${TESTS:-tests/}
 stage matmul_gpu 60 python3 benchmarks/matmul_gpu.py
 stage ops_f32 100 python3 benchmarks/ops_table.py --device cuda --no-compile --rounds 2 --only matmul,linear,conv,softmax,layernorm,attention
 stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 --no-compile --rounds 2 --only matmul,linear,attention
-stage models 120 python3 benchmarks/models.py --device cuda --rounds 2 --seconds 0.5 resnet50 bert
+stage models 150 python3 benchmarks/models.py --device cuda --rounds 2 --seconds 0.5 --keep-going \
+    ${MODEL_FLAGS:---peers eager torch.compile --no-compile-times} ${MODELS:-resnet50 bert}

@@ -43,6 +43,8 @@ from ..templates.conv_cpu import CONV_CPU
 from ..templates.conv_problem import ConvProblem
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import MatmulProblem
+from ..templates.matmul_simt import MATMUL_SIMT
+from ..templates.matmul_tc import MATMUL_TC
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
 from .kinds import OpKind
@@ -110,11 +112,21 @@ def _swapped(target: Target, m: int, n: int, const_weights: bool) -> bool:
     return target.kind is TargetKind.CPU and m < n and not const_weights
 
 
+def _dtypes(target: Target) -> tuple[str, ...]:
+    """The anchors' dtypes: f32 on the CPU; on a GPU also f16 / bf16 (the tensor-core template)."""
+    return ("float32",) if target.kind is TargetKind.CPU else ("float32", "float16", "bfloat16")
+
+
+def gpu_template(p: MatmulProblem, target: Target) -> Any:
+    """The GPU matmul template of ``p``: SIMT for f32, tensor cores for f16 / bf16 (None: none)."""
+    return next((t for t in (MATMUL_SIMT, MATMUL_TC) if t.applies(p, target)), None)
+
+
 def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
     """The problem of a MATMUL / LINEAR op, or None for shapes the fused path does not take
     (vectors, broadcast batches: those run through ``taskmap.ops``)."""
     dt = op.output.dtype.name
-    if dt != "float32" or any(t.dtype.name != dt for t in op.inputs) or op.output.numel == 0:
+    if dt not in _dtypes(target) or any(t.dtype.name != dt for t in op.inputs) or op.output.numel == 0:
         return None
     if op.kind is OpKind.LINEAR:
         x, w = op.inputs[0], op.inputs[1]
@@ -158,17 +170,19 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     """The implicit-GEMM problem of a CONV2D op (None: depthwise, non-f32, batch-less input)."""
     x, w = op.inputs[0], op.inputs[1]
     a = op.attrs
-    if x.ndim != 4 or op.output.dtype.name != "float32" or any(t.dtype.name != "float32" for t in op.inputs):
+    dt = op.output.dtype.name
+    if x.ndim != 4 or dt not in _dtypes(target) or any(t.dtype.name != dt for t in op.inputs):
         return None
     n, cin, h, wd = x.shape
     cout, cg, kh, kw = w.shape
     if n == 0 or (a.groups == cin and a.groups > 1 and cg == 1):      # depthwise: its own kernel
         return None
     p = ConvProblem(n, cin, h, wd, cout, kh, kw, a.stride[0], a.stride[1], a.padding[0], a.padding[0],
-                    a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, "float32", False,
+                    a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, dt, False,
                     w.data is not None)
     mp = p.matmul()
-    direct, gemm = route(p, target)
+    # on a GPU: always the implicit GEMM (its template's loads take the img2col prologue)
+    direct, gemm = route(p, target) if target.kind is TargetKind.CPU else (None, None)
     if direct is not None:      # the weights as the kernel takes them: packed once, here, when constant
         wshape = CONV_CPU.weight_shape(p, direct, target)
         wt = w if not direct.get("packed") else \
@@ -190,13 +204,13 @@ _ANCHORS_LOCK = threading.Lock()
 def anchor_problem(op: Op, target: Target) -> _Anchor | None:
     """The anchor's problem on ``target``, made once per op (the partition asks, then the plan:
     a conv's schedule is selected and its constant weights packed only once)."""
-    if target.kind is not TargetKind.CPU:
-        return None                                   # GPU graphs: the anchors' own runners for now
     with _ANCHORS_LOCK:
         per_op = _ANCHORS.setdefault(op, {})
         if target in per_op:
             return per_op[target]
     anc = conv_anchor(op, target) if op.kind is OpKind.CONV2D else matmul_anchor(op, target)
+    if anc is not None and target.kind is not TargetKind.CPU and gpu_template(anc.problem, target) is None:
+        anc = None
     with _ANCHORS_LOCK:
         return per_op.setdefault(target, anc)
 
@@ -282,6 +296,18 @@ def _schedule(p: MatmulProblem, target: Target, packed_a: bool, packed_b: bool) 
     return tune.ranked(tune.model_costs(MATMUL_CPU, p, target, space))[0]
 
 
+def _gpu_schedule(template: Any, p: MatmulProblem, target: Target) -> Schedule:
+    """The GPU template's schedule for ``p`` without split-K: a fused kernel is one launch (the
+    chosen one, when it does not split; else the model's best that does not)."""
+    best = tune.choose(template, p, target)
+    if best["split"] == 1:
+        return best
+    space = [s for s in template.space(p, target) if s["split"] == 1]
+    if not space:
+        raise FusionError(f"no schedule of {template.name} without split-K for {p}")
+    return tune.ranked(tune.model_costs(template, p, target, space))[0]
+
+
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -332,15 +358,21 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         outputs["out"] = last
     if anc.direct is not None:
         return _direct_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
-    sched = anc.gemm if anc.gemm is not None and _suits(anc.gemm.as_dict(), "a" in pro_defs, "b" in pro_defs) \
-        else _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
+    if target.kind is TargetKind.CPU:
+        template = MATMUL_CPU
+        sched = anc.gemm if anc.gemm is not None and _suits(anc.gemm.as_dict(), "a" in pro_defs, "b" in pro_defs) \
+            else _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
+        wa, wb = MATMUL_CPU.workspace_sizes(p, sched, target)
+        packed = _packed_constants(anc, sched, target)
+    else:                 # the GPU templates read their operands in place: nothing packed, no scratch
+        template = gpu_template(p, target)
+        sched = _gpu_schedule(template, p, target)
+        wa, wb, packed = 0, 0, (None, None)
     sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
-    kernel = cached_kernel((MATMUL_CPU.name, MATMUL_CPU.version, MATMUL_CPU.config(p, target, sched),
+    kernel = cached_kernel((template.name, template.version, template.config(p, target, sched),
                             fusion_key(pro_defs, epi_defs, sizes), target),
-                           lambda: fuse(MATMUL_CPU.instantiate(p, target, sched), pro_defs, epi_defs, sizes),
+                           lambda: fuse(template.instantiate(p, target, sched), pro_defs, epi_defs, sizes),
                            target)
-    wa, wb = MATMUL_CPU.workspace_sizes(p, sched, target)
-    packed = _packed_constants(anc, sched, target)
     args: list[Arg] = []
     shapes: list[tuple[int, ...] | None] = []
     for param in kernel.func.params:

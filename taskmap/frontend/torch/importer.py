@@ -107,8 +107,11 @@ def _has_dynamic(args: Any) -> bool:
     return any(_is_dynamic(v) for v in pytree.tree_leaves(args))
 
 
-def _materialize(args: Any) -> Any:
-    return pytree.tree_map(lambda v: to_torch(v) if isinstance(v, Tensor) else v, args)
+def _materialize(args: Any, device: str) -> Any:
+    """Constants as torch tensors on the graph's device: a folded op sees its arguments where the
+    model had them (``aten._assert_tensor_metadata(c, device=cuda:0)`` checks the device, and an
+    op mixing a constant with a tensor made on ``device=`` needs both on one device)."""
+    return pytree.tree_map(lambda v: to_torch(v).to(device) if isinstance(v, Tensor) else v, args)
 
 
 class Importer:
@@ -228,7 +231,7 @@ class Importer:
             self.env[node.args[0]] = result
 
     def _fold(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
-        a, kw = _materialize(args), _materialize(kwargs)
+        a, kw = _materialize(args, self.builder.device), _materialize(kwargs, self.builder.device)
         if _inplace(node, target) and a and isinstance(a[0], torch.Tensor):
             a = (a[0].clone(), *a[1:])       # constants share memory with the model's tensors
         if node.op == "call_method":

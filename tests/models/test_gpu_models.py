@@ -1,0 +1,115 @@
+"""The whole models on an NVIDIA GPU: ``taskmap.compile`` of CUDA models matches eager PyTorch in
+f32 (rtol 1e-3, atol 1e-4, against eager with TF32 off) and in f16 (relative L2 error against the
+f32 model), over several calls: the second call captures a CUDA graph and later calls replay it
+with new inputs.  Skipped without a GPU ("no NVIDIA GPU")."""
+import warnings
+
+import pytest
+import torch
+
+import taskmap
+from cnn_defs import inception_v3, mobilenet_v2, resnet50
+from vit_def import ViT
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.cuda
+
+# f16 against the f32 model: ||got - want|| / ||want|| (f16 has 11 bits: 5e-4 per rounding; a model's
+# depth of accumulated roundings stays well under 1e-2)
+F16_REL_L2 = 1e-2
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """Eager's reference in true f32: cuDNN's convolutions use TF32 by default (10-bit mantissas)."""
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _model(name):
+    torch.manual_seed(0)
+    tf = transformers
+    return {
+        "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "inception_v3": inception_v3,
+        "vit": lambda: ViT(image=224, patch=16, dim=768, depth=12, heads=12, classes=1000),
+        "bert": lambda: tf.BertModel(tf.BertConfig(attn_implementation="sdpa")),
+        "gpt2": lambda: tf.GPT2Model(tf.GPT2Config(use_cache=False)),
+    }[name]().eval().cuda()
+
+
+def _inputs(name, batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    if name in ("bert", "gpt2"):
+        return torch.randint(0, 1000, (batch, 128), generator=g).cuda()
+    side = 299 if name == "inception_v3" else 224
+    return torch.randn(batch, 3, side, side, generator=g).cuda()
+
+
+def _main(out):
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out
+
+
+def _rel_l2(got, want):
+    got, want = got.double(), want.double()
+    return float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "inception_v3", "vit", "bert", "gpt2"])
+def test_model_f32(name, batch):
+    model = _model(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = taskmap.compile(model, _inputs(name, batch, 0), progress=False)
+    for seed in range(3):                # plain run, capture, replay: each on new inputs
+        x = _inputs(name, batch, seed + 1)
+        got = _main(fast(x))
+        with torch.no_grad():
+            want = _main(model(x))
+        assert got.device == want.device and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    assert "fallback" not in fast.summary() and "run by PyTorch" not in fast.summary()
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "inception_v3", "vit", "bert", "gpt2"])
+def test_model_f16(name, batch):
+    model = _model(name)
+    half = _model(name).half()
+    x = _inputs(name, batch, 1)
+    xh = x.half() if x.is_floating_point() else x
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = taskmap.compile(half, xh, progress=False)
+        for _ in range(3):
+            got = _main(fast(xh))
+    with torch.no_grad():
+        want = _main(model(x))
+        eager16 = _main(half(xh))
+    assert got.dtype == torch.float16 and bool(torch.isfinite(got).all())
+    # as close to f32 as PyTorch's own f16 run is (with room), and within the table's bound
+    assert _rel_l2(got, want) < max(F16_REL_L2, 2 * _rel_l2(eager16, want))
+
+
+def test_folded_constants_live_on_the_models_device():
+    """Constants folded at import (a buffer moved with ``.to(x.device)``, an ``arange`` made on the
+    input's device) meet on one device: torch.export records ``_assert_tensor_metadata(device=cuda)``
+    on them, which fails if the importer materializes them on the CPU."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.linspace(0.5, 2.0, 16))
+
+        def forward(self, x):
+            n = x.shape[-1]
+            causal = torch.arange(n, device=x.device)[None, :] <= torch.arange(n, device=x.device)[:, None]
+            s = self.scale.to(x.device, torch.float32)
+            return torch.softmax((x * s).masked_fill(~causal, float("-inf")), dim=-1)
+
+    model = Masked().cuda()
+    x = torch.randn(3, 16, 16, device="cuda")
+    fast = taskmap.compile(model, x, progress=False, capture="export")
+    torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-6)
