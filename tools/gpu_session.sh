@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/taskmap-gpu}"
 mkdir -p "$OUT"
-WANT=" ${*:-cuda_tests matmul_gpu ops_f32 ops_f16 models} "
+WANT=" ${*:-cuda_tests matmul_gpu ops_f32 ops_f16 models profile} "
 stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the command line, if any)
     local name=$1 limit=$2; shift 2
     [[ "$WANT" == *" $name "* ]] || return 0
@@ -24,10 +24,11 @@ stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the comman
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$OUT/gpu.txt"
-stage cuda_tests 240 python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE --tb=short -n 8 \
+stage cuda_tests ${TEST_SECONDS:-240} python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE --tb=short -n 8 \
     --timeout 120 --junitxml="$OUT/cuda_tests.xml" ${TESTS:-tests/}
 stage matmul_gpu 60 python3 benchmarks/matmul_gpu.py
 stage ops_f32 100 python3 benchmarks/ops_table.py --device cuda --no-compile --rounds 2 --only matmul,linear,conv,softmax,layernorm,attention
 stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 --no-compile --rounds 2 --only matmul,linear,attention
-stage models 150 python3 benchmarks/models.py --device cuda --rounds 2 --seconds 0.5 --keep-going \
+stage models ${MODEL_SECONDS:-150} python3 benchmarks/models.py --device cuda --rounds 2 --seconds 0.5 --keep-going \
     ${MODEL_FLAGS:---peers eager torch.compile --no-compile-times} ${MODELS:-resnet50 bert}
+stage profile 90 python3 benchmarks/profile_model.py --device cuda --top 25 ${PROFILE_MODELS:-resnet50 bert}

@@ -64,6 +64,7 @@ class Zeros:
     """A small zero-filled array (an operand the kernel declares but this problem does not use)."""
 
     elements: int = 1
+    dtype: str = "float32"
 
 
 Arg = Tensor | Workspace | Zeros
@@ -382,7 +383,7 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
             args.append(t)
             shapes.append(anc.views.get(name, kernel_shape(t.shape)))
         elif name == "bias":
-            args.append(Zeros())
+            args.append(Zeros(dtype=param.type.dtype.name))
             shapes.append(None)
         elif name in ("c", "cw"):
             if epi_defs:

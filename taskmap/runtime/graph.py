@@ -367,8 +367,12 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
             where = kg.kernel.build(kind.target).source_path if kg.kernel is not None else "taskmap.ops runner"
             print(f"// {kg.name}: {where}", file=sys.stderr)
     ws = {k: empty_like_kind(kind, (n,), "float32") for k, n in workspace_sizes(groups).items()}
-    zeros = empty_like_kind(kind, (1,), "float32")
-    zeros[...] = 0
+    zeros: dict[str, Any] = {}                  # per dtype: the Zeros operands (one element)
+    for kg in groups:
+        for a in kg.args:
+            if isinstance(a, Zeros) and a.dtype not in zeros:
+                zeros[a.dtype] = empty_like_kind(kind, (1,), a.dtype)
+                zeros[a.dtype][...] = 0
     outputs = set(graph.outputs)
     stable = {slots[t] for t in graph.constants()}
     for kg in groups:
@@ -414,7 +418,7 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
     return out
 
 
-def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: Any,
+def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: dict[str, Any],
                 stable: set[int], constants: dict[int, Any]) -> Step:
     compiled = kg.kernel.build(kind.target)
     out = kg.outputs[0]
@@ -425,7 +429,7 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
             buf = ws[a.slot]
             plan.append((-1, buf if s is None else view(buf[:math.prod(s)], s), None))
         elif isinstance(a, Zeros):
-            plan.append((-1, zeros, None))
+            plan.append((-1, zeros[a.dtype], None))
         elif isinstance(a, Scalar):
             plan.append((-1, a.value, None))
         elif a not in slots and a.data is not None:     # a constant of the lowering's (packed weights)

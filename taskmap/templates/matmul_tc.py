@@ -244,9 +244,13 @@ class MatmulTcTemplate(KernelFamily):
         return TcConfig(bm, bn, bk, wm, wn, stages, split, p.dtype, p.out_dtype, p.a_batched, p.b_batched, p.trans_b,
                         p.bias)
 
-    def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
+    def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> TcConfig:
+        """Everything the kernel depends on (the key of its cache entries)."""
         s = schedule.as_dict()
-        cfg = self._cfg(problem, s["bm"], s["bn"], s["bk"], s["wm"], s["wn"], s["stages"], s["split"])
+        return self._cfg(problem, s["bm"], s["bn"], s["bk"], s["wm"], s["wn"], s["stages"], s["split"])
+
+    def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
+        cfg = self.config(problem, target, schedule)
         return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias))
 
     def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],

@@ -80,3 +80,35 @@ def test_batched_matmul_with_epilogue_on_gpu():
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     # the transpose is a prologue (read in place), the scale and tanh an epilogue: one launch
     assert [k.func.name for _, k in _kernels(fast)] == ["matmul_simt"]
+
+
+def test_half_anchors_are_fused_tensor_core_kernels():
+    """f16 on a CUDA device (no widening to f32 there): linear + bias + GELU and conv + ReLU are ONE
+    tensor-core matmul kernel each (the conv's img2col spliced into the template's tile loads, a
+    one-element f16 zero bias for the conv), right in GPU emulation and built for sm_90."""
+    import torch.nn.functional as F
+
+    from taskmap.graph import Conv2dAttrs, GraphBuilder, OpKind, UnaryAttrs, UnaryFn
+    from taskmap.ir.dtypes import f16
+    from taskmap.runtime.graph import CompiledGraph
+
+    rng = np.random.default_rng(0)
+    h = lambda *shape: rng.standard_normal(shape).astype(np.float16)  # noqa: E731
+    w, bias, cw = h(128, 96), h(128), h(16, 8, 3, 3)
+    b = GraphBuilder(device="cuda:0")
+    x, img = b.input((64, 96), f16), b.input((2, 8, 10, 10), f16)
+    y = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)])], UnaryAttrs(UnaryFn.GELU))
+    z = b.op(OpKind.UNARY, [b.op(OpKind.CONV2D, [img, b.constant(cw)], Conv2dAttrs((1, 1), (1, 1), (1, 1), 1))],
+             UnaryAttrs(UnaryFn.RELU))
+    xa, ia = h(64, 96), h(2, 8, 10, 10)
+    with emulate_gpu("sm_90"):
+        cg = CompiledGraph(b.build([y, z]), "cpu", "numpy")
+        gy, gz = cg(xa, ia)
+    assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc", "matmul_tc"]
+    f = lambda a: torch.from_numpy(a).float()  # noqa: E731
+    for got, want in ((gy, F.gelu(F.linear(f(xa), f(w), f(bias)))), (gz, F.relu(F.conv2d(f(ia), f(cw), padding=1)))):
+        assert got.dtype == np.float16
+        err = np.abs(got.astype(np.float32) - want.numpy()).max() / np.abs(want.numpy()).max()
+        assert err < 2e-3, err          # f16 output rounding (2^-11 relative) and f16 operands
+    for st in cg.steps:
+        assert st.kernel.build("cuda", arch="sm_90").binary
