@@ -73,6 +73,19 @@ class KernelGroup:
     args: tuple[Arg, ...] = ()
     shapes: tuple[tuple[int, ...] | None, ...] = ()
     fallback: str = ""
+    then: tuple[AnchorPlan, ...] = ()     # more launches of this step (split-K's reduction)
+
+    @classmethod
+    def of(cls, group: FusionGroup, plan: AnchorPlan, fallback: str = "") -> "KernelGroup":
+        """The group run as ``plan``'s launches."""
+        return cls(group, plan.kernel, plan.args, plan.shapes, fallback, plan.then)
+
+    @property
+    def launches(self) -> tuple[tuple[Kernel, tuple[Arg, ...], tuple[tuple[int, ...] | None, ...]], ...]:
+        """``(kernel, args, shapes)`` of each launch of the step, in order (none for a runner)."""
+        if self.kernel is None:
+            return ()
+        return ((self.kernel, self.args, self.shapes), *((p.kernel, p.args, p.shapes) for p in self.then))
 
     @property
     def name(self) -> str:
@@ -96,7 +109,7 @@ class KernelGroup:
         return self.kernel is not None and len(self.group.ops) > 1
 
     def __repr__(self) -> str:
-        how = "runner" if self.kernel is None else self.kernel.__name__
+        how = "runner" if self.kernel is None else "+".join(k.__name__ for k, _, _ in self.launches)
         return f"KernelGroup({self.group.kind.value} {self.name} -> {how}{' (fallback)' if self.fallback else ''})"
 
 
@@ -137,7 +150,7 @@ def _split(group: FusionGroup, target: Target, reason: str) -> list[KernelGroup]
     assert anchor is not None
     try:
         plan = _plan(anchor, (), (), target)
-        out.append(KernelGroup(FusionGroup(GroupKind.SINGLE, (anchor,)), plan.kernel, plan.args, plan.shapes, reason))
+        out.append(KernelGroup.of(FusionGroup(GroupKind.SINGLE, (anchor,)), plan, reason))
     except FusionError:
         out.append(KernelGroup(FusionGroup(GroupKind.SINGLE, (anchor,)), None, fallback=reason))
     if group.epilogue:
@@ -156,7 +169,7 @@ def lower_group(group: FusionGroup, target: Target) -> list[KernelGroup]:
         if template_fusable(op, target):
             try:
                 plan = plan_template(op, (), (), target)
-                return [KernelGroup(group, plan.kernel, plan.args, plan.shapes)]
+                return [KernelGroup.of(group, plan)]
             except FusionError as e:
                 return [KernelGroup(group, None, fallback=str(e))]
         return [KernelGroup(group, None)]
@@ -169,7 +182,7 @@ def lower_group(group: FusionGroup, target: Target) -> list[KernelGroup]:
         plan = _plan(group.anchor, group.prologues, group.epilogue, target)
     except FusionError as e:
         return _without_epilogue(group, target, str(e))
-    return [KernelGroup(group, plan.kernel, plan.args, plan.shapes)]
+    return [KernelGroup.of(group, plan)]
 
 
 def _without_epilogue(group: FusionGroup, target: Target, reason: str) -> list[KernelGroup]:
@@ -185,7 +198,7 @@ def _without_epilogue(group: FusionGroup, target: Target, reason: str) -> list[K
         return _split(group, target, reason)
     head = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in group.epilogue), anchor,
                        group.prologues, ())
-    return [KernelGroup(head, plan.kernel, plan.args, plan.shapes, reason),
+    return [KernelGroup.of(head, plan, reason),
             _injective_group(FusionGroup(GroupKind.INJECTIVE, group.epilogue), target, reason)]
 
 
@@ -229,7 +242,7 @@ def lowered(graph: Graph, groups: Sequence[FusionGroup], target: Target) -> Iter
             j, tp = pairs[i]
             try:
                 plan = plan_problem(tp, g.anchor, (), g.epilogue, target)
-                yield [KernelGroup(merged(groups[j], g), plan.kernel, plan.args, plan.shapes)]
+                yield [KernelGroup.of(merged(groups[j], g), plan)]
             except FusionError:
                 yield lower_group(groups[j], target) + lower_group(g, target)
         else:
@@ -245,7 +258,7 @@ def workspace_sizes(groups: Sequence[KernelGroup]) -> dict[str, int]:
     """Elements of each workspace slot: the largest request of any kernel."""
     sizes: dict[str, int] = {}
     for kg in groups:
-        for a in kg.args:
+        for a in (a for _, args, _ in kg.launches for a in args):
             if isinstance(a, Workspace):
                 sizes[a.slot] = max(sizes.get(a.slot, 1), a.elements)
     return sizes

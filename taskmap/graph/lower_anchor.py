@@ -72,11 +72,19 @@ Arg = Tensor | Workspace | Zeros
 
 @dataclass
 class AnchorPlan:
-    """A fused kernel and, per parameter, what to pass (a graph tensor, viewed as ``shape``)."""
+    """A fused kernel and, per parameter, what to pass (a graph tensor, viewed as ``shape``);
+    ``then``: launches that follow it in the same step (split-K's reduction, which carries the
+    epilogue)."""
 
     kernel: Kernel
     args: tuple[Arg, ...]
     shapes: tuple[tuple[int, ...] | None, ...]
+    then: tuple["AnchorPlan", ...] = ()
+
+    @property
+    def launches(self) -> tuple["AnchorPlan", ...]:
+        """This launch and those that follow it, in order."""
+        return (self, *self.then)
 
 
 # ----------------------------------------------------------------------------- anchor problems
@@ -297,18 +305,6 @@ def _schedule(p: MatmulProblem, target: Target, packed_a: bool, packed_b: bool) 
     return tune.ranked(tune.model_costs(MATMUL_CPU, p, target, space))[0]
 
 
-def _gpu_schedule(template: Any, p: MatmulProblem, target: Target) -> Schedule:
-    """The GPU template's schedule for ``p`` without split-K: a fused kernel is one launch (the
-    chosen one, when it does not split; else the model's best that does not)."""
-    best = tune.choose(template, p, target)
-    if best["split"] == 1:
-        return best
-    space = [s for s in template.space(p, target) if s["split"] == 1]
-    if not space:
-        raise FusionError(f"no schedule of {template.name} without split-K for {p}")
-    return tune.ranked(tune.model_costs(template, p, target, space))[0]
-
-
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -359,50 +355,73 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         outputs["out"] = last
     if anc.direct is not None:
         return _direct_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
-    if target.kind is TargetKind.CPU:
-        template = MATMUL_CPU
-        sched = anc.gemm if anc.gemm is not None and _suits(anc.gemm.as_dict(), "a" in pro_defs, "b" in pro_defs) \
-            else _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
-        wa, wb = MATMUL_CPU.workspace_sizes(p, sched, target)
-        packed = _packed_constants(anc, sched, target)
-    else:                 # the GPU templates read their operands in place: nothing packed, no scratch
-        template = gpu_template(p, target)
-        sched = _gpu_schedule(template, p, target)
-        wa, wb, packed = 0, 0, (None, None)
+    if target.kind is not TargetKind.CPU:
+        return _gpu_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
+    sched = anc.gemm if anc.gemm is not None and _suits(anc.gemm.as_dict(), "a" in pro_defs, "b" in pro_defs) \
+        else _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
     sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
-    kernel = cached_kernel((template.name, template.version, template.config(p, target, sched),
+    kernel = cached_kernel((MATMUL_CPU.name, MATMUL_CPU.version, MATMUL_CPU.config(p, target, sched),
                             fusion_key(pro_defs, epi_defs, sizes), target),
-                           lambda: fuse(template.instantiate(p, target, sched), pro_defs, epi_defs, sizes),
+                           lambda: fuse(MATMUL_CPU.instantiate(p, target, sched), pro_defs, epi_defs, sizes),
                            target)
+    wa, wb = MATMUL_CPU.workspace_sizes(p, sched, target)
+    packed = _packed_constants(anc, sched, target)
+    c = (Workspace("cpu_c", p.batch * p.m * p.n) if epi_defs else anchor.output, p.c_shape)
+    fixed = {"c": c, "cw": c}
+    for name, data, size in (("wa", packed[0], wa), ("wb", packed[1], wb)):
+        fixed[name] = (data if data is not None else Workspace(f"cpu_{name[1]}", size), None)
+    return AnchorPlan(kernel, *_plan_args(kernel, anc, anchor, pro_defs, outputs, sources, fixed))
+
+
+def _gpu_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_defs: dict[str, TensorNode],
+              outputs: dict[str, Tensor], sources: dict[str, Tensor], target: Target) -> AnchorPlan:
+    """The GPU matmul template (operands read in place: nothing packed) with the prologues in its
+    tile loads; the epilogue in its stores of ``c`` — or, when the schedule splits K, in the
+    stores of the split-K reduction that follows it (the partial results go through a
+    workspace)."""
+    p = anc.problem
+    template = gpu_template(p, target)
+    sched = tune.choose(template, p, target)
+    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
+    key = (template.name, template.version, template.config(p, target, sched))
+    out = {"c": (anchor.output, p.c_shape)}
+    if sched["split"] == 1:
+        kernel = cached_kernel((*key, fusion_key(pro_defs, epi_defs, sizes), target),
+                               lambda: fuse(template.instantiate(p, target, sched), pro_defs, epi_defs, sizes), target)
+        return AnchorPlan(kernel, *_plan_args(kernel, anc, anchor, pro_defs, outputs, sources, out))
+    main = cached_kernel((*key, "main", fusion_key(pro_defs, {}, sizes), target),
+                         lambda: fuse(template.instantiate(p, target, sched).kernels[0], pro_defs, {}, sizes), target)
+    reduce = cached_kernel((*key, "reduce", fusion_key({}, epi_defs, sizes), target),
+                           lambda: fuse(template.instantiate(p, target, sched).kernels[1], {}, epi_defs, sizes), target)
+    part = (Workspace("gpu_splitk", p.batch * sched["split"] * p.m * p.n), (p.batch * sched["split"], p.m, p.n))
+    then = AnchorPlan(reduce, *_plan_args(reduce, anc, anchor, {}, outputs, sources, {**out, "part": part}))
+    return AnchorPlan(main, *_plan_args(main, anc, anchor, pro_defs, outputs, sources, {"c": part}), then=(then,))
+
+
+def _plan_args(kernel: Kernel, anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], outputs: dict[str, Tensor],
+               sources: dict[str, Tensor], fixed: dict[str, tuple[Arg, tuple[int, ...] | None]]
+               ) -> tuple[tuple[Arg, ...], tuple[tuple[int, ...] | None, ...]]:
+    """Per parameter of a matmul-template kernel, what to pass and the shape to view it as: the
+    anchor's operands (unless a prologue computes them), a zero bias where the problem has
+    none, the ``fixed`` parameters (outputs, workspaces, packed weights), and the graph tensors
+    fusion added."""
     args: list[Arg] = []
     shapes: list[tuple[int, ...] | None] = []
     for param in kernel.func.params:
         name = param.name
         if name in anc.operands and name not in pro_defs:
             t = anc.operands[name]
-            args.append(t)
-            shapes.append(anc.views.get(name, kernel_shape(t.shape)))
+            arg, shape = t, anc.views.get(name, kernel_shape(t.shape))
         elif name == "bias":
-            args.append(Zeros(dtype=param.type.dtype.name))
-            shapes.append(None)
-        elif name in ("c", "cw"):
-            if epi_defs:
-                args.append(Workspace("cpu_c", p.batch * p.m * p.n))
-                shapes.append(p.c_shape)
-            else:
-                args.append(anchor.output)
-                shapes.append(p.c_shape)
-        elif name in ("wa", "wb") and packed[name == "wb"] is not None:
-            args.append(packed[name == "wb"])
-            shapes.append(None)
-        elif name in ("wa", "wb"):
-            args.append(Workspace(f"cpu_{name[1]}", wa if name == "wa" else wb))
-            shapes.append(None)
+            arg, shape = Zeros(dtype=param.type.dtype.name), None
+        elif name in fixed:
+            arg, shape = fixed[name]
         else:
             t = _graph_tensor(anchor, name, outputs, sources)
-            args.append(t)
-            shapes.append(kernel_shape(t.shape))
-    return AnchorPlan(kernel, tuple(args), tuple(shapes))
+            arg, shape = t, kernel_shape(t.shape)
+        args.append(arg)
+        shapes.append(shape)
+    return tuple(args), tuple(shapes)
 
 
 def _reshaped(ops: Sequence[Op], operand: Tensor) -> Tensor | None:

@@ -369,7 +369,7 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
     ws = {k: empty_like_kind(kind, (n,), "float32") for k, n in workspace_sizes(groups).items()}
     zeros: dict[str, Any] = {}                  # per dtype: the Zeros operands (one element)
     for kg in groups:
-        for a in kg.args:
+        for a in (a for _, args, _ in kg.launches for a in args):
             if isinstance(a, Zeros) and a.dtype not in zeros:
                 zeros[a.dtype] = empty_like_kind(kind, (1,), a.dtype)
                 zeros[a.dtype][...] = 0
@@ -406,7 +406,7 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
     with bar, ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 16)) as pool:
         for kgs in lowered(graph, groups, target):
             out.extend(kgs)
-            new = [kg.kernel for kg in kgs if kg.kernel is not None and kg.kernel not in futures]
+            new = list(dict.fromkeys(k for kg in kgs for k, _, _ in kg.launches if k not in futures))
             for k in new:
                 futures[k] = pool.submit(k.build, kind.target)
             if new:
@@ -420,29 +420,31 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
 
 def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: dict[str, Any],
                 stable: set[int], constants: dict[int, Any]) -> Step:
-    compiled = kg.kernel.build(kind.target)
     out = kg.outputs[0]
     o = slots[out]
-    plan: list[_Arg] = []
-    for a, s in zip(kg.args, kg.shapes):
-        if isinstance(a, Workspace):
-            buf = ws[a.slot]
-            plan.append((-1, buf if s is None else view(buf[:math.prod(s)], s), None))
-        elif isinstance(a, Zeros):
-            plan.append((-1, zeros[a.dtype], None))
-        elif isinstance(a, Scalar):
-            plan.append((-1, a.value, None))
-        elif a not in slots and a.data is not None:     # a constant of the lowering's (packed weights)
-            plan.append((-1, a.data if s is None else a.data.reshape(s), None))
-        else:
-            plan.append(_slot_arg(slots[a], s, constants))
-    volatile = tuple(dict.fromkeys([o, *(k for k, _, _ in plan if k >= 0 and k not in stable)]))
-    launch = _launch(compiled, plan, volatile)
+    launches = []
+    for kernel, args, shapes in kg.launches:
+        plan: list[_Arg] = []
+        for a, s in zip(args, shapes):
+            if isinstance(a, Workspace):
+                buf = ws[a.slot]
+                plan.append((-1, buf if s is None else view(buf[:math.prod(s)], s), None))
+            elif isinstance(a, Zeros):
+                plan.append((-1, zeros[a.dtype], None))
+            elif isinstance(a, Scalar):
+                plan.append((-1, a.value, None))
+            elif a not in slots and a.data is not None:     # a constant of the lowering's (packed weights)
+                plan.append((-1, a.data if s is None else a.data.reshape(s), None))
+            else:
+                plan.append(_slot_arg(slots[a], s, constants))
+        volatile = tuple(dict.fromkeys([o, *(k for k, _, _ in plan if k >= 0 and k not in stable)]))
+        launches.append(_launch(kernel.build(kind.target), plan, volatile))
 
     def run(values: list[Any]) -> None:
         if values[o] is None:
             values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
-        launch(values)
+        for launch in launches:
+            launch(values)
     ins = tuple(slots[t] for t in kg.inputs)
     return Step(kg.name, kg.ops[-1].kind, ins, tuple(slots[t] for t in kg.outputs), run, kg.kernel, True)
 

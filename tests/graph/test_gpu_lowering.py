@@ -112,3 +112,40 @@ def test_half_anchors_are_fused_tensor_core_kernels():
         assert err < 2e-3, err          # f16 output rounding (2^-11 relative) and f16 operands
     for st in cg.steps:
         assert st.kernel.build("cuda", arch="sm_90").binary
+
+
+def test_split_k_takes_the_epilogue_in_its_reduction():
+    """Few output tiles over a long K (a batch-1 classifier, a deep 3x3 conv at 5x5): the GPU
+    template splits K, the prologues stay in the main kernel's loads and the epilogue (bias,
+    GELU, scale; ReLU, add) moves into the split-K reduction's stores — two launches in one
+    step, the partial sums in a workspace."""
+    from taskmap.backends import cuda_target
+    from taskmap.graph.lower import lower_graph
+    from taskmap.graph.passes import optimize
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.conv = torch.nn.Linear(2048, 40), torch.nn.Conv2d(64, 24, 3, padding=1)
+
+        def forward(self, x, img):
+            return torch.nn.functional.gelu(self.fc(x)) * 2.0, torch.relu(self.conv(img)) + 1.0
+
+    torch.manual_seed(0)
+    model = M().eval()
+    x, img = torch.randn(3, 2048), torch.randn(1, 64, 5, 5)
+    with emulate_gpu("sm_90"):
+        fast = taskmap.compile(model, (x, img), progress=False)
+        got = fast(x, img)
+    with torch.no_grad():
+        want = model(x, img)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    (entry,) = fast.entries.values()
+    groups = lower_graph(optimize(entry.imported.graph), cuda_target("sm_90"))
+    assert len(groups) == 2
+    for kg in groups:
+        assert [k.func.name for k, _, _ in kg.launches] == ["matmul_simt", "splitk_reduce"], kg
+        assert "unary" in kg.name and "binary" in kg.name          # the whole epilogue in this step
+        for k, _, _ in kg.launches:
+            assert k.build("cuda", arch="sm_90").binary
