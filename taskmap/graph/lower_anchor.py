@@ -17,6 +17,12 @@ chose (the model's, when the group's own prologues need operands it does not pac
 img2col prologue and per-group weights of :mod:`taskmap.ops.conv_defs`.  :func:`plan_anchor`
 returns an :class:`AnchorPlan`; it raises :class:`~taskmap.errors.FusionError` when the group
 cannot be one kernel (the caller splits it).
+
+On a GPU target the anchor runs the GPU matmul template (:func:`gpu_template`: SIMT for f32,
+tensor cores for f16 / bf16) reading its operands in place (nothing packed), a convolution always
+as the implicit GEMM.  A schedule that splits K is two launches in one step: the template with the
+prologues, writing partial sums to a workspace, then the split-K reduction with the epilogue
+(:attr:`AnchorPlan.then`).
 """
 from __future__ import annotations
 
