@@ -18,7 +18,8 @@ same ``Kernel`` object the operator runs).  Then :func:`taskmap.fusion.fuse` spl
 :func:`plan_template` raises :class:`~taskmap.errors.FusionError` when fusion is refused (the
 CPU softmax kernel reads its output back: no epilogue) — the caller then runs the anchor alone
 (``plan_template(op, (), (), target)``, still one prepared launch) and the rest as injective
-kernels.  CPU targets only (GPU graphs keep the operators' runners for now).
+kernels.  On a GPU the same templates' GPU kernels (attention: the SIMT kernel for f32, the
+tensor-core one for f16 / bf16), except global pooling, which is a reduction there.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ from ..ops.pool import plan_adaptive, plan_pool
 from ..ops.reduction import norm_problem, softmax_problem
 from ..ops.transform import reshape_compute
 from ..templates.attention_cpu import ATTENTION_CPU
+from ..templates.attention_gpu import ATTENTION_GPU
+from ..templates.attention_tc import ATTENTION_TC
 from ..templates.reduce import template_for
 from ..templates.window import WINDOW
 from .ir import Op, Tensor
@@ -72,10 +75,13 @@ class TemplateProblem:
     fixed: dict[str, tuple[Any, tuple[int, ...] | None]]    # parameter -> Workspace / Zeros / Scalar, view
 
 
-def _f32(op: Op) -> bool:
-    """Float32 data and output (attention's mask may be bool: its problem checks it)."""
+def _float_ok(op: Op, target: Target) -> bool:
+    """Data and output of one dtype the templates take on ``target``: float32 on the CPU, also
+    float16 / bfloat16 on a GPU (attention's mask may be bool: its problem checks it)."""
     data = op.inputs[:3] if op.kind is OpKind.ATTENTION else op.inputs
-    return all(t.dtype.name == "float32" for t in (*data, op.output)) and op.output.numel > 0
+    dts = {t.dtype.name for t in (*data, op.output)}
+    kinds = ("float32",) if target.kind is TargetKind.CPU else ("float32", "float16", "bfloat16")
+    return len(dts) == 1 and dts <= set(kinds) and op.output.numel > 0
 
 
 def _row(op: Op) -> TemplateProblem | None:
@@ -95,7 +101,7 @@ def _row(op: Op) -> TemplateProblem | None:
     return TemplateProblem(template_for(name), p, operands, {0: "x"}, "y", rows, {})
 
 
-def _window(op: Op) -> TemplateProblem | None:
+def _window(op: Op, target: Target) -> TemplateProblem | None:
     x, a = op.inputs[0], op.attrs
     shape, dt = tuple(x.shape), x.dtype.name
     if op.kind is OpKind.MAX_POOL2D:
@@ -112,8 +118,8 @@ def _window(op: Op) -> TemplateProblem | None:
             return None                               # not depthwise: lower_anchor's conv
         p, _ = plan_depthwise(tuple(tuple(t.shape) for t in op.inputs), tuple(t.dtype.name for t in op.inputs),
                               a.stride, a.padding, a.dilation)
-    if p is None or p.n == 0:
-        return None
+    if p is None or p.n == 0 or (p.is_global and target.kind is not TargetKind.CPU):
+        return None              # a GPU's global pooling: a reduction (rule-based, or its runner)
     out = (p.n, p.c_out, p.oh, p.ow)
     if p.is_global:
         return TemplateProblem(WINDOW, p, {"x": (x, (p.n * p.c_in, p.h * p.w))}, {0: "x"}, "y", (p.n * p.c_out,), {})
@@ -131,7 +137,9 @@ def _attention(op: Op, target: Target) -> TemplateProblem | None:
     mask = op.inputs[3] if a.has_mask else None
     p = attention_problem(q.shape, k.shape, v.shape, mask.shape if mask is not None else None,
                           mask.dtype.name if mask is not None else None, q.dtype.name, a.is_causal, a.scale)
-    if p is None:
+    template = ATTENTION_CPU if target.kind is TargetKind.CPU else \
+        ATTENTION_GPU if q.dtype.name == "float32" else ATTENTION_TC
+    if p is None or not template.applies(p, target):
         return None
     operands = {"q": (q, (p.bh, p.L, p.e)), "k": (k, (p.bk, p.S, p.e)), "v": (v, (p.bk, p.S, p.ev))}
     fixed: dict[str, tuple[Any, tuple[int, ...] | None]] = {}
@@ -139,25 +147,25 @@ def _attention(op: Op, target: Target) -> TemplateProblem | None:
         operands["mask"] = (mask, (p.mb, p.ml, p.S))
     else:
         fixed["mask"] = (Workspace("attn_no_mask", 1), (1, 1, 1))
-    # packed K^T: as large as any schedule needs (the kernel's own is chosen by template_kernel)
-    ws = max(ATTENTION_CPU.workspace_size(p, s, target) for s in ATTENTION_CPU.space(p, target))
-    fixed["kt"] = (Workspace("cpu_attn_kt", ws), (ws,))
+    if template is ATTENTION_CPU:   # packed K^T: as large as any schedule needs (template_kernel picks one)
+        ws = max(ATTENTION_CPU.workspace_size(p, s, target) for s in ATTENTION_CPU.space(p, target))
+        fixed["kt"] = (Workspace("cpu_attn_kt", ws), (ws,))
     for name, value in zip(("scale", "kd", "km", "md", "mm"), (float(p.scale), p.kd, p.km, p.md, p.mm)):
         fixed[name] = (Scalar(value), None)
-    return TemplateProblem(ATTENTION_CPU, p, operands, {0: "q", 1: "k", 2: "v", 3: "mask"}, "o", (p.bh, p.L, p.ev),
+    return TemplateProblem(template, p, operands, {0: "q", 1: "k", 2: "v", 3: "mask"}, "o", (p.bh, p.L, p.ev),
                            fixed)
 
 
 def template_problem(op: Op, target: Target) -> TemplateProblem | None:
     """The template problem of a template-anchor op, or None (another lowering, or its runner)."""
-    if target.kind is not TargetKind.CPU or op.kind not in TEMPLATE_KINDS or len(op.outputs) != 1 or not _f32(op):
+    if op.kind not in TEMPLATE_KINDS or len(op.outputs) != 1 or not _float_ok(op, target):
         return None
     try:
         if op.kind is OpKind.ATTENTION:
             return _attention(op, target)
         if op.kind in (OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM):
             return _row(op)
-        return _window(op)
+        return _window(op, target)
     except OpError:
         return None
 

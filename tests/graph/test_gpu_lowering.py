@@ -149,3 +149,88 @@ def test_split_k_takes_the_epilogue_in_its_reduction():
         assert "unary" in kg.name and "binary" in kg.name          # the whole epilogue in this step
         for k, _, _ in kg.launches:
             assert k.build("cuda", arch="sm_90").binary
+
+
+def _all_launches_build(fast):
+    (entry,) = fast.entries.values()
+    for st in entry.compiled.steps:
+        assert st.kernel is not None, f"{st.name} runs through its runner"
+        assert st.kernel.build("cuda", arch="sm_90").binary
+
+
+def test_transformer_on_gpu_runs_template_anchors_only():
+    """A small BERT: the attention, layer norm and embedding templates are anchors on a GPU too
+    — the heads' reshapes / permutes fold into the q / k / v linears' stores and the attention's,
+    the embedding sums into the first layer norm — and nothing runs through a runner."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=100, attn_implementation="sdpa")
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 100, (2, 16))
+    with emulate_gpu("sm_90"):
+        fast = taskmap.compile(model, ids, progress=False)
+        got = fast(ids)
+    with torch.no_grad():
+        want = model(ids)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=1e-4, atol=1e-5)
+    names = [k.func.name for _, k in _kernels(fast)]
+    assert names.count("attention_gpu") == 2 and names.count("layer_norm_gpu") == 5
+    assert len(names) == 20, names        # 9 launches per layer, the embeddings' and the pooler's
+    assert any("attention" in n and "permute" in n for n, _ in _kernels(fast))
+    _all_launches_build(fast)
+
+
+def test_mobile_block_on_gpu_runs_template_anchors_only():
+    """Max pooling, a depthwise convolution with BN + ReLU6, a 1x1 convolution and global average
+    pooling: window templates and the GPU matmul, no runner."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.pool = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.MaxPool2d(3, 2, 1)
+            self.dw, self.bn = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), torch.nn.BatchNorm2d(8)
+            self.pw = torch.nn.Conv2d(8, 16, 1)
+
+        def forward(self, x):
+            y = self.pool(torch.relu(self.stem(x)))
+            y = self.pw(torch.nn.functional.relu6(self.bn(self.dw(y))))
+            return torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+
+    torch.manual_seed(1)
+    model = Block().eval()
+    _randomize_bn(model)
+    x = torch.randn(2, 3, 14, 14)
+    with emulate_gpu("sm_90"):
+        fast = taskmap.compile(model, x, progress=False)
+        got = fast(x)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _all_launches_build(fast)
+
+
+def test_half_attention_takes_the_heads_permutes_as_prologues():
+    """f16 causal attention on a CUDA device: the tensor-core attention template reads q / k / v
+    through the (batch, seq, heads, dim) -> (batch, heads, seq, dim) permutes — one kernel."""
+    import torch.nn.functional as F
+
+    from taskmap.graph import GraphBuilder, OpKind, PermuteAttrs
+    from taskmap.graph.attrs import AttentionAttrs
+    from taskmap.ir.dtypes import f16
+    from taskmap.runtime.graph import CompiledGraph
+
+    rng = np.random.default_rng(5)
+    b = GraphBuilder(device="cuda:0")
+    heads = [b.op(OpKind.PERMUTE, [b.input((2, 16, 4, 32), f16)], PermuteAttrs((0, 2, 1, 3))) for _ in range(3)]
+    graph = b.build([b.op(OpKind.ATTENTION, heads, AttentionAttrs(is_causal=True))])
+    arrays = [rng.standard_normal((2, 16, 4, 32)).astype(np.float16) for _ in range(3)]
+    with emulate_gpu("sm_90"):
+        cg = CompiledGraph(graph, "cpu", "numpy")
+        (got,) = cg(*arrays)
+    assert [st.kernel.func.name for st in cg.steps] == ["attention_tc"]
+    q, k, v = (torch.from_numpy(a).float().permute(0, 2, 1, 3) for a in arrays)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True).numpy()
+    assert got.dtype == np.float16
+    assert np.abs(got.astype(np.float32) - want).max() / np.abs(want).max() < 2e-3
+    assert cg.steps[0].kernel.build("cuda", arch="sm_90").binary
