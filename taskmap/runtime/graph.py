@@ -19,7 +19,8 @@ Memory plan: every intermediate written by a kernel step (not a graph output) ge
 one of a few byte buffers, chosen by lifetime (a buffer is free again after the last step that
 reads its tensor; best fit, growing the largest free one).  The buffers are allocated (and the
 tensors' views of them made) once, on the first run, and reused by every later run — so a
-compiled graph runs one call at a time.
+compiled graph runs one call at a time.  A batch-1 concat's inputs are written in place, in
+their ranges of its buffer, and its copy step is dropped (:mod:`.concat_inplace`).
 Values of other steps are dropped after their last use.  Graph outputs are always fresh arrays.
 
 On a GPU (torch CUDA tensors) the second call captures the whole run as one CUDA graph and later
@@ -59,6 +60,7 @@ from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
 from .args import data_ptr as _ptr
+from .concat_inplace import elide_concats
 from .args import view
 from .kernel import CompiledKernel, HostLaunch, Kernel
 
@@ -144,7 +146,9 @@ class CompiledGraph:
                 print(graph_str(graph), file=sys.stderr)
             self.slots: dict[Tensor, int] = {t: k for k, t in enumerate(graph.tensors())}
             self.constants: dict[int, Any] = {self.slots[t]: self._convert(t.data) for t in graph.constants()}
-            self.steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse, self.constants)
+            steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse, self.constants)
+            self.steps, self.aliases = elide_concats(graph, self.slots, steps, set(self.constants)) if fuse \
+                else (steps, {})
             self._plan()
         self._by_slot = {k: t for t, k in self.slots.items()}
         self._carved: list[list[tuple[int, Any]]] | None = None    # per step: (slot, its view of a buffer)
@@ -185,7 +189,11 @@ class CompiledGraph:
         for i, step in enumerate(self.steps):
             if step.planned:
                 for k in step.outputs:
-                    if k in keep or k not in last:
+                    if k in self.aliases:      # written inside a concat's output: its buffer, from here on
+                        k = self.aliases[k][0]
+                        if k in self.assign:
+                            continue
+                    elif k in keep or k not in last:
                         continue
                     need = max(nbytes[k], 1)
                     fits = [b for b in free if sizes[b] >= need]
@@ -232,13 +240,20 @@ class CompiledGraph:
         """Allocate the memory plan's buffers; per step, the views its planned outputs write."""
         buffers = [empty_like_kind(self.kind, (n,), "uint8") for n in self.buffer_sizes]
         carved = []
+        made: set[int] = set()
         for step in self.steps:
             views = []
             for k in step.outputs:
-                b = self.assign.get(k)
-                if b is not None:
-                    t = self._by_slot[k]
-                    views.append((k, _carve(buffers[b], t.shape, t.dtype.name)))
+                out, offset = self.aliases.get(k, (k, 0))
+                b = self.assign.get(out)
+                if b is None:
+                    continue
+                if out != k and out not in made:          # the concat's output, before its first part
+                    t = self._by_slot[out]
+                    views.append((out, _carve(buffers[b], t.shape, t.dtype.name)))
+                made.add(out)
+                t = self._by_slot[k]
+                views.append((k, _carve(buffers[b][offset:], t.shape, t.dtype.name)))
             carved.append(views)
         return carved
 
