@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Everything a lent NVIDIA GPU machine should run, in one device call (see /work/.library/device):
 #
-#   run(command="bash tools/gpu_session.sh", timeout_s=600)
-#   run(command="bash tools/gpu_session.sh cuda_tests models")     # some stages only
+#   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, models, profile
+#   run(command="bash tools/gpu_session.sh cuda_tests matmul_gpu ops_f32")     # stages by name
 #   MODELS="resnet50 bert" TESTS="tests/backends" bash tools/gpu_session.sh cuda_tests models
+#
+# Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
+# torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
+# defaults fit one 15-minute lease with room for one more call.
 #
 # The machine's image has torch (CUDA 13), cuda-bindings 13 and NVRTC 13 (taskmap finds their
 # headers under nvidia/cu13), hypothesis, pytest-xdist, networkx, tqdm and transformers, and no
@@ -14,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/taskmap-gpu}"
 mkdir -p "$OUT"
-WANT=" ${*:-cuda_tests matmul_gpu ops_f32 ops_f16 models profile} "
+WANT=" ${*:-cuda_tests models profile} "     # matmul_gpu ops_f32 ops_f16: on request
 stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the command line, if any)
     local name=$1 limit=$2; shift 2
     [[ "$WANT" == *" $name "* ]] || return 0
@@ -24,11 +28,11 @@ stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the comman
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$OUT/gpu.txt"
-stage cuda_tests ${TEST_SECONDS:-240} python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE --tb=short -n 8 \
+stage cuda_tests ${TEST_SECONDS:-150} python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE --tb=short -n 8 \
     --timeout 120 --junitxml="$OUT/cuda_tests.xml" ${TESTS:-tests/}
 stage matmul_gpu 60 python3 benchmarks/matmul_gpu.py
 stage ops_f32 100 python3 benchmarks/ops_table.py --device cuda --no-compile --rounds 2 --only matmul,linear,conv,softmax,layernorm,attention
 stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 --no-compile --rounds 2 --only matmul,linear,attention
-stage models ${MODEL_SECONDS:-150} python3 benchmarks/models.py --device cuda --rounds 2 --seconds 0.5 --keep-going \
-    ${MODEL_FLAGS:---peers eager torch.compile --no-compile-times} ${MODELS:-resnet50 bert}
-stage profile 90 python3 benchmarks/profile_model.py --device cuda --top 25 ${PROFILE_MODELS:-resnet50 bert}
+stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet50 bert gpt2 mobilenet_v2 inception_v3 vit} \
+    --device cuda --rounds 2 --seconds 0.5 --keep-going ${MODEL_FLAGS:---batch 1 8 --peers eager torch.compile --no-compile-times}
+stage profile ${PROFILE_SECONDS:-90} python3 benchmarks/profile_model.py --device cuda --top 25 ${PROFILE_MODELS:-resnet50 bert}
