@@ -83,6 +83,12 @@ class Step:
     run: Callable[[list[Any]], None] = field(repr=False)
     kernel: Any = field(default=None, repr=False)
     planned: bool = False  # writes into the memory plan
+    more: tuple[Any, ...] = field(default=(), repr=False)     # kernels launched after ``kernel`` (split-K)
+
+    @property
+    def kernels(self) -> tuple[Any, ...]:
+        """Every kernel the step launches, in order (none for a runner)."""
+        return () if self.kernel is None else (self.kernel, *self.more)
 
 
 def compute_kernel(op: Op, target: Any) -> tuple[Kernel, tuple[int, ...]]:
@@ -219,7 +225,8 @@ class CompiledGraph:
 
     @property
     def kernels(self) -> list[Any]:
-        return [s.kernel for s in self.steps if s.kernel is not None]
+        """Every kernel launched, in order."""
+        return [k for s in self.steps for k in s.kernels]
 
     # ------------------------------------------------------------------ run time
 
@@ -461,7 +468,8 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
         for launch in launches:
             launch(values)
     ins = tuple(slots[t] for t in kg.inputs)
-    return Step(kg.name, kg.ops[-1].kind, ins, tuple(slots[t] for t in kg.outputs), run, kg.kernel, True)
+    return Step(kg.name, kg.ops[-1].kind, ins, tuple(slots[t] for t in kg.outputs), run, kg.kernel, True,
+                tuple(k for k, _, _ in kg.launches[1:]))
 
 
 def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: Any, kind: ArrayKind,

@@ -196,7 +196,7 @@ class CompiledModule:
         tensors = [v for v, k in zip(flat, entry.imported.input_kinds) if k == "tensor"]
         rows = cg.profile(*tensors, rounds=rounds)
         total = sum(r[2] for r in rows) or 1.0
-        kernels = {s.name: getattr(s.kernel, "__name__", "runner") for s in cg.steps}
+        kernels = {s.name: "+".join(k.__name__ for k in s.kernels) or "runner" for s in cg.steps}
         lines = [f"{self.name}: {len(rows)} steps, {total * 1e3:.3f} ms in all (median of {rounds} runs per step)",
                  f"{'ms':>9} {'share':>6}  {'kind':<14} {'kernel':<18} step"]
         for name, kind, sec in rows[:top]:
@@ -222,7 +222,7 @@ class CompiledModule:
             calls = sum(1 for st in cg.steps if st.kernel is None) if cg is not None else 0
             by = f", captured by {e.capture.tracer}" if getattr(e.capture, "tracer", "") else ""
             lines.append(f"  inputs ({_describe(key)}){by}: {len(g.ops)} ops ({kinds}), {after} after graph passes, "
-                         f"{steps} fusion groups, {kernels} compiled kernels + {calls} "
+                         f"{steps} fusion groups (launch steps), {kernels} compiled kernels + {calls} "
                          f"taskmap.ops / PyTorch calls, planned memory "
                          f"{cg.planned_bytes / 2**20 if cg else 0:.1f} MiB in {len(cg.buffer_sizes) if cg else 0} "
                          f"buffers, constants {const_mb:.1f} MiB, compiled in {e.compile_seconds:.1f} s, "
