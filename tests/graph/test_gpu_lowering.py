@@ -36,6 +36,16 @@ def _randomize_bn(model):
             mod.bias.data.uniform_(-0.2, 0.2)
 
 
+def _emulated(model, *inputs):
+    """``model`` compiled for sm_90 and run in GPU emulation, with eager's result."""
+    with emulate_gpu("sm_90"):
+        fast = taskmap.compile(model, inputs, progress=False)
+        got = fast(*inputs)
+    with torch.no_grad():
+        want = model(*inputs)
+    return fast, got, want
+
+
 def _kernels(fast):
     (entry,) = fast.entries.values()
     return [(st.name, st.kernel) for st in entry.compiled.steps]
@@ -46,12 +56,7 @@ def test_conv_net_fuses_into_gpu_matmul_kernels(batch):
     torch.manual_seed(batch)
     model = ConvNet().eval()
     _randomize_bn(model)
-    x = torch.randn(batch, 3, 12, 10)
-    with emulate_gpu("sm_90"):
-        fast = taskmap.compile(model, x, progress=False)
-        got = fast(x)
-    with torch.no_grad():
-        want = model(x)
+    fast, got, want = _emulated(model, torch.randn(batch, 3, 12, 10))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     steps = _kernels(fast)
     assert all(k is not None for _, k in steps), [n for n, k in steps if k is None]   # no runner
@@ -133,12 +138,7 @@ def test_split_k_takes_the_epilogue_in_its_reduction():
 
     torch.manual_seed(0)
     model = M().eval()
-    x, img = torch.randn(3, 2048), torch.randn(1, 64, 5, 5)
-    with emulate_gpu("sm_90"):
-        fast = taskmap.compile(model, (x, img), progress=False)
-        got = fast(x, img)
-    with torch.no_grad():
-        want = model(x, img)
+    fast, got, want = _emulated(model, torch.randn(3, 2048), torch.randn(1, 64, 5, 5))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     (entry,) = fast.entries.values()
@@ -167,12 +167,7 @@ def test_transformer_on_gpu_runs_template_anchors_only():
     config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                      intermediate_size=128, vocab_size=100, attn_implementation="sdpa")
     model = transformers.BertModel(config).eval()
-    ids = torch.randint(0, 100, (2, 16))
-    with emulate_gpu("sm_90"):
-        fast = taskmap.compile(model, ids, progress=False)
-        got = fast(ids)
-    with torch.no_grad():
-        want = model(ids)
+    fast, got, want = _emulated(model, torch.randint(0, 100, (2, 16)))
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=1e-4, atol=1e-5)
     names = [k.func.name for _, k in _kernels(fast)]
     assert names.count("attention_gpu") == 2 and names.count("layer_norm_gpu") == 5
@@ -200,12 +195,7 @@ def test_mobile_block_on_gpu_runs_template_anchors_only():
     torch.manual_seed(1)
     model = Block().eval()
     _randomize_bn(model)
-    x = torch.randn(2, 3, 14, 14)
-    with emulate_gpu("sm_90"):
-        fast = taskmap.compile(model, x, progress=False)
-        got = fast(x)
-    with torch.no_grad():
-        want = model(x)
+    fast, got, want = _emulated(model, torch.randn(2, 3, 14, 14))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     _all_launches_build(fast)
 
