@@ -87,11 +87,6 @@ class AnchorPlan:
     shapes: tuple[tuple[int, ...] | None, ...]
     then: tuple["AnchorPlan", ...] = ()
 
-    @property
-    def launches(self) -> tuple["AnchorPlan", ...]:
-        """This launch and those that follow it, in order."""
-        return (self, *self.then)
-
 
 # ----------------------------------------------------------------------------- anchor problems
 

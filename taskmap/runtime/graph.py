@@ -60,8 +60,8 @@ from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
 from .args import data_ptr as _ptr
-from .concat_inplace import elide_concats
 from .args import view
+from .concat_inplace import elide_concats
 from .kernel import CompiledKernel, HostLaunch, Kernel
 
 #: One kernel argument of a step: (a slot of the graph's values or -1, the fixed array or scalar
