@@ -113,3 +113,48 @@ def test_folded_constants_live_on_the_models_device():
     x = torch.randn(3, 16, 16, device="cuda")
     fast = taskmap.compile(model, x, progress=False, capture="export")
     torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+class _Small(torch.nn.Module):
+    """conv + BN + ReLU, a residual, global pooling and a linear + GELU: the fused GPU paths."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32)
+        self.conv2 = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        y = y + self.conv2(y)
+        return torch.nn.functional.gelu(self.fc(y.mean((2, 3))))
+
+
+def _small():
+    torch.manual_seed(0)
+    model = _Small().eval()
+    model.bn.running_mean.uniform_(-0.5, 0.5)
+    model.bn.running_var.uniform_(0.5, 2.0)
+    return model.cuda()
+
+
+def test_dynamo_backend_on_gpu():
+    model = _small()
+    fast = torch.compile(model, backend="taskmap")
+    with torch.no_grad():
+        for seed in range(3):
+            x = _inputs("resnet50", 2, seed)[:, :, :32, :32].contiguous()
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+
+
+def test_save_and_load_on_gpu(tmp_path):
+    model = _small()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    fast = taskmap.compile(model, x, progress=False)
+    fast.save(tmp_path / "small.tm")
+    loaded = taskmap.load(tmp_path / "small.tm")
+    with torch.no_grad():
+        want = model(x)
+    got = loaded(x)
+    assert got.device == want.device
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
