@@ -6,6 +6,7 @@ tuning, per template, on the benchmark shapes of the operator table.
     python benchmarks/model_vs_exhaustive.py --threads 1        # one core (shared machines)
     python benchmarks/model_vs_exhaustive.py conv --only C2 C9  # some problems of a group
     python benchmarks/model_vs_exhaustive.py route --only C3 C9 # the routing: direct vs implicit GEMM
+    python benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda   # the GPU matmul templates
 
 Each problem's whole tuning space is built and measured by ``taskmap.schedule.tune`` in isolated
 worker processes (``tune.compare_model_vs_exhaustive``; measured records go to the tuning cache,
@@ -43,6 +44,8 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
     from taskmap.templates.conv_problem import ConvProblem
     from taskmap.templates.matmul_cpu import MATMUL_CPU
     from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.matmul_simt import MATMUL_SIMT
+    from taskmap.templates.matmul_tc import MATMUL_TC
     from taskmap.templates.pwdw_cpu import PWDW_CPU
     from taskmap.templates.pwdw_problem import PwDwProblem
     from taskmap.templates.window import WINDOW, WindowProblem
@@ -76,12 +79,21 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
                                                                        "relu6"))
             for name, (cin, hw, cexp, s) in {"P1": (16, 112, 96, 2), "P2": (24, 56, 144, 1), "P3": (24, 56, 144, 2),
                                              "P4": (32, 28, 192, 1), "P5": (32, 28, 192, 2)}.items()]
-    return {"conv": convs, "route": routes, "depthwise": depthwise, "matmul": matmuls, "attention": attention, "pwdw": pwdw}
+    # on a GPU (--device cuda): the SIMT f32 and tensor-core f16 templates on square products, BERT's
+    # batch-1 linears, ResNet-50's classifier and its 512-channel 3x3 conv at 7x7 as an implicit GEMM
+    gemms = [(512, 512, 512), (1024, 1024, 1024), (128, 768, 768), (128, 768, 3072), (128, 3072, 768),
+             (1, 2048, 1000), (512, 4608, 49)]
+    gpu = [(f"{m}x{k}x{n} {dt}", MATMUL_TC if dt == "float16" else MATMUL_SIMT, MatmulProblem(1, m, n, k, dt, dt))
+           for dt in ("float32", "float16") for m, k, n in gemms]
+    return {"conv": convs, "route": routes, "depthwise": depthwise, "matmul": matmuls, "attention": attention,
+            "pwdw": pwdw, "gpu_matmul": gpu}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("groups", nargs="*", help="conv, route, depthwise, matmul, attention, pwdw (default: all)")
+    ap.add_argument("groups", nargs="*",
+                    help="conv, route, depthwise, matmul, attention, pwdw; gpu_matmul with --device cuda (default: all)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the GPU templates on the current GPU")
     ap.add_argument("--threads", type=int, default=0, help="cores the kernels use (default: all)")
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME",
                     help="problems whose label starts with one of these (e.g. C2 C9 512x512)")
@@ -93,7 +105,11 @@ def main() -> None:
     from taskmap.backends.base import host_cpu_target
     from taskmap.schedule import tune
 
-    target = host_cpu_target()
+    if args.device == "cuda":
+        from taskmap.backends.cuda.target import current_cuda_target
+        target = current_cuda_target(0)
+    else:
+        target = host_cpu_target()
     if args.threads:
         target = dataclasses.replace(target, num_cores=args.threads)
     table = problems()

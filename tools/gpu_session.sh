@@ -3,7 +3,8 @@
 #
 #   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, models, profile
 #   run(command="bash tools/gpu_session.sh cuda_tests matmul_gpu ops_f32")     # stages by name
-#   (on request: matmul_gpu, ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk)
+#   (on request: matmul_gpu, ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —
+#   and gpu_exhaustive — the GPU matmul cost model against exhaustive tuning, a few shapes)
 #   MODELS="resnet50 bert" TESTS="tests/backends" bash tools/gpu_session.sh cuda_tests models
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
@@ -38,4 +39,6 @@ stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet
     --device cuda --rounds 2 --seconds 0.5 --keep-going ${MODEL_FLAGS:---batch 1 8 --peers eager torch.compile --no-compile-times}
 stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmarks/models.py ${TUNED_MODELS:-resnet50 bert} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --peers torch.compile --no-compile-times
+stage gpu_exhaustive ${EXHAUSTIVE_SECONDS:-240} python3 benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda \
+    --only ${EXHAUSTIVE_ONLY:-128x768x768 512x4608x49 1x2048x1000}
 stage profile ${PROFILE_SECONDS:-90} python3 benchmarks/profile_model.py --device cuda --top 25 ${PROFILE_MODELS:-resnet50 bert}
