@@ -326,8 +326,10 @@ class CompiledGraph:
         if self._carved is None:
             self._carved = self._carve_buffers()
         values: list[Any] = [None] * len(self.slots)
+        gpu = self.target.kind is not TargetKind.CPU
         for t, a in zip(self.graph.inputs, inputs):
-            values[self.slots[t]] = a if _contiguous(a) else a.contiguous()
+            # GPU kernels read 16-byte chunks (cp_async, ldmatrix): a view off that alignment is copied
+            values[self.slots[t]] = a if _contiguous(a) and not (gpu and _ptr(a) % 16) else _copy(a)
         for k, c in self.constants.items():
             values[k] = c
         for i, (step, carved, free) in enumerate(zip(self.steps, self._carved, self.free_after)):
@@ -349,6 +351,13 @@ class CompiledGraph:
 
 def _contiguous(a: Any) -> bool:
     return a.flags.c_contiguous if isinstance(a, np.ndarray) else a.is_contiguous()
+
+
+def _copy(a: Any) -> Any:
+    """A contiguous copy in a fresh (aligned) allocation."""
+    if isinstance(a, np.ndarray):
+        return np.array(a, order="C")
+    return a.clone(memory_format=sys.modules["torch"].contiguous_format)
 
 
 def _dtype_name(a: Any) -> str:

@@ -224,3 +224,24 @@ def test_half_attention_takes_the_heads_permutes_as_prologues():
     assert got.dtype == np.float16
     assert np.abs(got.astype(np.float32) - want).max() / np.abs(want).max() < 2e-3
     assert cg.steps[0].kernel.build("cuda", arch="sm_90").binary
+
+
+def test_a_misaligned_input_view_is_copied_before_gpu_kernels_read_it():
+    """A contiguous input view 2 bytes off a 16-byte boundary, read by the tensor-core template's
+    ``cp_async`` (which faults on a GPU and in emulation): the compiled graph copies it first."""
+    from taskmap.graph import GraphBuilder, OpKind
+    from taskmap.ir.dtypes import f16
+    from taskmap.runtime.graph import CompiledGraph
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((128, 96)).astype(np.float16)
+    b = GraphBuilder(device="cuda:0")
+    graph = b.build([b.op(OpKind.LINEAR, [b.input((64, 96), f16), b.constant(w)])])
+    x = rng.standard_normal(64 * 96 + 1).astype(np.float16)[1:].reshape(64, 96)
+    assert x.flags.c_contiguous and x.ctypes.data % 16
+    with emulate_gpu("sm_90"):
+        cg = CompiledGraph(graph, "cpu", "numpy")
+        (got,) = cg(x)
+    assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc"]
+    want = x.astype(np.float32) @ w.astype(np.float32).T
+    assert np.abs(got.astype(np.float32) - want).max() / np.abs(want).max() < 2e-3
