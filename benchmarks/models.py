@@ -178,7 +178,7 @@ def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers
     row += [f"{t[c] / t['taskmap']:.2f}" if c in t else "-" for c in cols[1:]]
     steps = [st for e in fast.entries.values() for st in e.compiled.steps]
     row += [f"{cold[0]:.1f} (cpu {cold[1]:.1f})", f"{cached[0]:.2f} (cpu {cached[1]:.2f})",
-            f"{sum(st.kernel is not None for st in steps)}/{len(steps)}"]
+            f"{sum(len(st.kernels) for st in steps)}/{len(steps)}"]
     print("  " + " | ".join(row), flush=True)
     return row
 
