@@ -1,5 +1,6 @@
 """Kernel counts of whole models after the graph passes and the partition into fusion groups
-(no kernel is built: this is what ``taskmap.compile`` launches per call on the CPU).
+(no kernel is built: this is what ``taskmap.compile`` launches per call), on the CPU and for a GPU
+(sm_90: the GPU matmul, window, norm and attention templates as anchors).
 
 ResNet-50: every conv with its folded batch norm, ReLU and residual add is one kernel; the max
 pool is a template anchor (a prepared kernel, no ``taskmap.ops`` runner).
@@ -13,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from taskmap.backends import cuda_target
 from taskmap.backends.base import host_cpu_target
 from taskmap.frontend.torch.capture import bind, capture, try_symbolic_trace
 from taskmap.graph import OpKind
-from taskmap.graph.lower import graph_groups
+from taskmap.graph.lower import graph_groups, lower_graph, summary
 from taskmap.graph.partition import GroupKind
 from taskmap.graph.passes import optimize
 
@@ -24,15 +26,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.models.cnn_defs import ResNet50, randomize_bn
 
 
-def groups_of(model, *args):
+TARGETS = {"cpu": host_cpu_target, "sm_90": lambda: cuda_target("sm_90")}
+
+
+def groups_of(model, *args, target="cpu"):
     imported, _ = capture(model, try_symbolic_trace(model), bind(model, args, {}), fallback=False, name="m")
     graph = optimize(imported.graph)
-    return imported.graph, graph, graph_groups(graph, host_cpu_target())
+    return imported.graph, graph, graph_groups(graph, TARGETS[target]())
 
 
-def test_resnet50_kernel_count():
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_resnet50_kernel_count(target):
     torch.manual_seed(0)
-    source, graph, groups = groups_of(randomize_bn(ResNet50()), torch.randn(1, 3, 224, 224))
+    source, graph, groups = groups_of(randomize_bn(ResNet50()), torch.randn(1, 3, 224, 224), target=target)
     assert sum(op.kind is OpKind.BATCH_NORM for op in graph.ops) == 0         # all folded into the convs
     convs = [g for g in groups if g.anchor is not None and g.anchor.kind is OpKind.CONV2D]
     assert len(convs) == 53
@@ -40,14 +46,18 @@ def test_resnet50_kernel_count():
     assert len(source.ops) == 175
     assert len(groups) == 56        # 53 fused convs + max pool + global average pool + fc
     assert all(g.kind is GroupKind.ANCHORED for g in groups)
+    if target != "cpu":             # and each lowers whole: no fallback, no runner (split-K: two launches)
+        counts = summary(lower_graph(graph, TARGETS[target]()))
+        assert counts["launches"] == 56 and counts["runners"] == 0 and not counts["fallbacks"]
 
 
 @pytest.mark.slow
-def test_bert_base_kernel_count():
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_bert_base_kernel_count(target):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.BertModel(transformers.BertConfig(attn_implementation="sdpa")).eval()
-    source, _, groups = groups_of(model, torch.randint(0, 30000, (1, 128)))
+    source, _, groups = groups_of(model, torch.randint(0, 30000, (1, 128)), target=target)
     anchored = [g for g in groups if g.kind is GroupKind.ANCHORED]
     # 6 linears, attention and 2 layer norms per layer + the embeddings' layer norm + the pooler
     assert len(anchored) == len(groups) == 12 * 9 + 2
