@@ -1,5 +1,6 @@
 """GPU primitives in CUDA and HIP C++: warp shuffles and votes, atomics, 16-byte and asynchronous
-copies, block transposes, ``mma.sync`` and ``ldmatrix`` (IR: :mod:`taskmap.ir.primitives`).
+copies, block transposes, ``mma.sync`` (f16 / bf16 m16n8k16, tf32 m16n8k8) and ``ldmatrix`` (IR:
+:mod:`taskmap.ir.primitives`).
 
 ``transpose_block`` is a plain loop of the calling thread (its semantics; nothing cooperative).
 
@@ -68,6 +69,14 @@ TM_FN void NAME(float *c, const void *a, const void *b) { \
                : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1])); }
 TM_MMA_M16N8K16(tm_mma_m16n8k16_f16, "f16")
 TM_MMA_M16N8K16(tm_mma_m16n8k16_bf16, "bf16")
+TM_FN void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b) {
+  unsigned A[4], B[2];
+  for (int i = 0; i < 4; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(A[i]) : "f"(a[i]));
+  for (int i = 0; i < 2; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(B[i]) : "f"(b[i]));
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1])); }
 
 #define TM_LDMATRIX(NAME, SHAPE, N, REGS, ...) \
 TM_FN void NAME(void *dst, const void *src) { \
@@ -214,6 +223,10 @@ class CudaPrims(GpuPrims):
                 raise UnsupportedError(f"{g.func.name}: mma_sync_m16n8k16() needs sm_80 or newer, not {target.name}")
             kind = "bf16" if a[1].dtype is bf16 else "f16"
             return f"tm_mma_m16n8k16_{kind}({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])})"
+        if e.op is Prim.MMA_M16N8K8_TF32:
+            if "mma_tf32" not in target.features:
+                raise UnsupportedError(f"{g.func.name}: mma_sync_m16n8k8_tf32() needs sm_80 or newer, not {target.name}")
+            return f"tm_mma_m16n8k8_tf32({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])})"
         if "ldmatrix" not in target.features:
             raise UnsupportedError(f"{g.func.name}: ldmatrix() needs sm_75 or newer, not {target.name}")
         trans = "_trans" if a[3].value else ""

@@ -76,6 +76,8 @@ class Prim(enum.Enum):
     CP_ASYNC_WAIT = PrimSpec("cp_async_wait", PrimKind.MEMORY, 1, consts=(0,), value=False)  # (n,)
     MMA_M16N8K16 = PrimSpec("mma_sync_m16n8k16", PrimKind.MMA, 3, refs=(0, 1, 2), writes=(0,),
                             value=False)                          # (c, a, b): c += a @ b
+    MMA_M16N8K8_TF32 = PrimSpec("mma_sync_m16n8k8_tf32", PrimKind.MMA, 3, refs=(0, 1, 2), writes=(0,),
+                                value=False)                      # (c, a, b): c += tf32(a) @ tf32(b)
     LDMATRIX = PrimSpec("ldmatrix", PrimKind.MMA, 4, refs=(0, 1), writes=(0,), consts=(2, 3),
                         value=False)                              # (dst, src_row, num, trans)
 
@@ -99,6 +101,8 @@ TRANSPOSE_TYPES = (f32,)
 LDMATRIX_NUMS = (1, 2, 4)
 #: Elements each mma_sync_m16n8k16 operand reference covers (C f32, A and B f16/bf16), per lane.
 MMA_FRAGMENT = {0: 4, 1: 8, 2: 4}
+#: The same for mma_sync_m16n8k8_tf32 (C f32, A and B f32 rounded to tf32).
+MMA_TF32_FRAGMENT = {0: 4, 1: 4, 2: 2}
 B16_TYPES = (f16, bf16, i16, u16)
 
 
@@ -252,7 +256,7 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
 
 
 def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) -> Problem:
-    if op is Prim.MMA_M16N8K16:
+    if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32):
         c, a, b = args
         for i, ref in enumerate(args):
             if _scope(ref) is not MemScope.REGISTER:
@@ -260,6 +264,11 @@ def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) ->
                           f"{_scope(ref).value}"
         if c.dtype is not f32:
             return 0, f"the accumulator of {name}() must be f32, got {c.dtype!r}"
+        if op is Prim.MMA_M16N8K8_TF32:
+            for i, ref in ((1, a), (2, b)):
+                if ref.dtype is not f32:
+                    return i, f"the {'AB'[i - 1]} operand of {name}() must be f32 (rounded to tf32), got {ref.dtype!r}"
+            return None
         if a.dtype not in (f16, bf16):
             return 1, f"the A operand of {name}() must be f16 or bf16, got {a.dtype!r}"
         if b.dtype is not a.dtype:
@@ -284,6 +293,8 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
     """How many consecutive elements from reference ``index`` the primitive reads or writes."""
     if op is Prim.MMA_M16N8K16:
         return MMA_FRAGMENT[index]
+    if op is Prim.MMA_M16N8K8_TF32:
+        return MMA_TF32_FRAGMENT[index]
     if op is Prim.LDMATRIX:
         return 2 * int(args[2].value) if index == 0 else 8  # type: ignore[attr-defined]
     if op is Prim.COPY16:
@@ -302,6 +313,6 @@ def alignment(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return 16
     if op is Prim.CP_ASYNC:
         return int(args[2].value)  # type: ignore[attr-defined]
-    if op is Prim.MMA_M16N8K16 or op is Prim.LDMATRIX:
+    if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32, Prim.LDMATRIX):
         return 4
     return args[index].dtype.nbytes

@@ -305,12 +305,15 @@ cp_async_wait = Builtin("cp_async_wait", _cp_async_wait, "``cp_async_wait(n)``: 
 # ----------------------------------------------------------------------------- tensor cores
 
 
-def _mma(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    name = "mma_sync_m16n8k16"
-    check_args(ctx, node, name, args, kwargs, 3, 3)
-    ctx.mark_gpu(node, f"{name}()")
-    refs = tuple(element_ref(ctx, node, k, a, name, whole=True) for k, a in enumerate(args))
-    return S.Evaluate(finish(ctx, node, PrimCall(Prim.MMA_M16N8K16, refs)))
+def _mma_of(prim: Prim) -> Any:
+    name = prim.spec.name
+
+    def impl(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+        check_args(ctx, node, name, args, kwargs, 3, 3)
+        ctx.mark_gpu(node, f"{name}()")
+        refs = tuple(element_ref(ctx, node, k, a, name, whole=True) for k, a in enumerate(args))
+        return S.Evaluate(finish(ctx, node, PrimCall(prim, refs)))
+    return impl
 
 
 def _ldmatrix(num: int) -> Builtin:
@@ -333,13 +336,18 @@ def _ldmatrix(num: int) -> Builtin:
                                f"elements from shared memory into {regs} register elements per lane.")
 
 
-mma_sync_m16n8k16 = Builtin("mma_sync_m16n8k16", _mma, "``mma_sync_m16n8k16(c, a, b)``: c (f32[4]) += a (f16 or "
-                                                       "bf16 [8]) @ b ([4]), fragments as in mma_a/b/c_layout.")
+mma_sync_m16n8k16 = Builtin("mma_sync_m16n8k16", _mma_of(Prim.MMA_M16N8K16),
+                            "``mma_sync_m16n8k16(c, a, b)``: c (f32[4]) += a (f16 or bf16 [8]) @ b ([4]), fragments "
+                            "as in mma_a/b/c_layout.")
+mma_sync_m16n8k8_tf32 = Builtin("mma_sync_m16n8k8_tf32", _mma_of(Prim.MMA_M16N8K8_TF32),
+                                "``mma_sync_m16n8k8_tf32(c, a, b)``: c (f32[4]) += tf32(a) (f32[4]) @ tf32(b) (f32[2]) "
+                                "on tensor cores, fragments as in mma_tf32_a/b_layout and mma_c_layout; the operands "
+                                "are rounded to tf32 (10-bit mantissas, to nearest).")
 ldmatrix_x1 = _ldmatrix(1)
 ldmatrix_x2 = _ldmatrix(2)
 ldmatrix_x4 = _ldmatrix(4)
 
 __all__ = ["FULL_MASK", "all_sync", "any_sync", "atomic_add", "atomic_cas", "atomic_exch", "atomic_max",
            "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
-           "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "shfl_down_sync", "shfl_sync",
-           "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id", "warp_size"]
+           "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "shfl_down_sync",
+           "shfl_sync", "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id", "warp_size"]

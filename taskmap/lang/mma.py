@@ -9,6 +9,11 @@ register ``i`` of a lane holds
 * B (K x N): row ``2 * threadID_in_group + i % 2 + 8 * (i // 2)``, column ``groupID``;
 * C (and D): row ``groupID + 8 * (i // 2)``, column ``2 * threadID_in_group + i % 2``.
 
+``mma_sync_m16n8k8_tf32(c, a, b)`` computes ``C[16, 8] += A[16, 8] @ B[8, 8]`` on f32 operands
+rounded to tf32: 4 elements of A per lane — row ``groupID + 8 * (i % 2)``, column
+``threadID_in_group + 4 * (i // 2)`` — 2 of B — row ``threadID_in_group + 4 * i``, column
+``groupID`` — and C as above (``mma_tf32_a_layout``, ``mma_tf32_b_layout``, ``mma_c_layout``).
+
 Each layout below is that table written as a task mapping whose workers are lanes and whose
 tasks, in order, are the fragment's elements: ``mma_a_layout.worker2task(lane)[i]`` is the
 ``(row, col)`` of register ``i``.  So a kernel fills and drains fragments with mapping loops::
@@ -40,6 +45,13 @@ mma_a_layout: TaskMapping = repeat(2, 2, ranks=[1, 0]) * spatial(8, 4) * repeat(
 mma_b_layout: TaskMapping = repeat(2, 1) * spatial(4, 8, ranks=[1, 0]) * repeat(2, 1)
 #: C[16, 8] (and D) fragments: register pairs along n, then the row half (+8).
 mma_c_layout: TaskMapping = repeat(2, 1) * spatial(8, 4) * repeat(1, 2)
+
+#: K of one ``mma_sync_m16n8k8_tf32`` (M and N as above; C's fragments are ``mma_c_layout``'s).
+MMA_TF32_K = 8
+#: tf32 A[16, 8] fragments: the row half (+8), then the column half (+4).
+mma_tf32_a_layout: TaskMapping = repeat(2, 2, ranks=[1, 0]) * spatial(8, 4)
+#: tf32 B[8, 8] (K x N) fragments: the k half (+4); lanes are column-major.
+mma_tf32_b_layout: TaskMapping = repeat(2, 1) * spatial(4, 8, ranks=[1, 0])
 
 
 def _x4_row(lane, k):  # lanes 0-15 address rows 0-15 at column 0, lanes 16-31 at column 8
@@ -73,8 +85,12 @@ def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
         return [(tig * 2 + (i & 1) + (0 if i < 2 else 8), group) for i in range(4)]
     if operand == "c":
         return [(group + (0 if i < 2 else 8), tig * 2 + (i & 1)) for i in range(4)]
-    raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
+    if operand == "a_tf32":      # "Matrix fragments for mma.m16n8k8" with .tf32: a0..a3
+        return [(group + 8 * (i % 2), tig + 4 * (i // 2)) for i in range(4)]
+    if operand == "b_tf32":      # b0, b1
+        return [(tig + 4 * i, group) for i in range(2)]
+    raise ValueError(f"operand must be 'a', 'b', 'c', 'a_tf32' or 'b_tf32', got {operand!r}")
 
 
-__all__ = ["MMA_K", "MMA_M", "MMA_N", "ldmatrix_x1_rows", "ldmatrix_x2_rows", "ldmatrix_x4_rows", "mma_a_layout",
-           "mma_b_layout", "mma_c_layout", "ptx_fragment"]
+__all__ = ["MMA_K", "MMA_M", "MMA_N", "MMA_TF32_K", "ldmatrix_x1_rows", "ldmatrix_x2_rows", "ldmatrix_x4_rows",
+           "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_tf32_a_layout", "mma_tf32_b_layout", "ptx_fragment"]

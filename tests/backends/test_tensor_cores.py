@@ -1,4 +1,5 @@
-"""Tensor cores: ``mma_sync_m16n8k16`` (f16 and bf16 in, f32 accumulate) and ``ldmatrix``, with
+"""Tensor cores: ``mma_sync_m16n8k16`` (f16 and bf16 in, f32 accumulate), ``mma_sync_m16n8k8_tf32``
+(f32 rounded to tf32) and ``ldmatrix``, with
 fragments moved by the task-mapping layouts of ``taskmap.lang.mma``; and the tensor-core matmul
 example (cp.async pipeline, ldmatrix, mma, predicated edges) on sizes that are not multiples of
 its tiles — on the CPU emulation against numpy, built for sm_80 / sm_90, refused for HIP, and
@@ -16,7 +17,8 @@ import taskmap
 from taskmap.errors import TaskmapError, UnsupportedError
 from taskmap.lang import (attrs, bf16, f16, f32, lane_id, ldmatrix_x1, ldmatrix_x1_rows, ldmatrix_x2,
                           ldmatrix_x2_rows, ldmatrix_x4, ldmatrix_x4_rows, mma_a_layout, mma_b_layout, mma_c_layout,
-                          mma_sync_m16n8k16, register_tensor, shared_tensor, syncthreads, threadIdx)
+                          mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, mma_tf32_a_layout, mma_tf32_b_layout,
+                          register_tensor, shared_tensor, syncthreads, threadIdx)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FEW = settings(max_examples=8, deadline=None)
@@ -92,6 +94,65 @@ def test_mma_is_refused_before_sm_80_and_on_hip():
         MMA_F16.build("cuda", arch="sm_75")
     with pytest.raises(UnsupportedError, match=r"NVIDIA tensor-core instruction with no HIP equivalent"):
         MMA_F16.build("hip", arch="gfx90a")
+
+
+# ----------------------------------------------------------------------------- tf32: mma.m16n8k8 on f32 operands
+
+
+@taskmap.kernel
+def mma_tf32_tile(a: f32[16, 8], b: f32[8, 8], c: f32[16, 8]):
+    attrs.block_dim = 32
+    ra = register_tensor(f32, [4])
+    rb = register_tensor(f32, [2])
+    rc = register_tensor(f32, [4])
+    for q, (i, k) in enumerate(mma_tf32_a_layout.on(lane_id())):
+        ra[q] = a[i, k]
+    for q, (k, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
+        rb[q] = b[k, j]
+    for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+        rc[q] = c[i, j]
+    mma_sync_m16n8k8_tf32(rc, ra, rb)
+    for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+        c[i, j] = rc[q]
+
+
+def tf32(x):
+    """f32 -> tf32 as ``cvt.rna.tf32.f32``: 10 mantissa bits, to nearest, ties away from zero."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_mma_tf32(device):
+    a = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
+    b = RNG.uniform(-1, 1, (8, 8)).astype(np.float32)
+    a[0, :] = 1 + 2.0 ** -12       # rounds to 1 in tf32: a full-f32 product would differ by 2^-12 per term
+    b[:, 0] = 1.0
+    c = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
+    out = run_on(device, mma_tf32_tile, a, b, c)[2]
+    want = c + tf32(a).astype(np.float64) @ tf32(b).astype(np.float64)     # tf32 products are exact in f32
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert abs(out[0, 0] - (c[0, 0] + 8.0)) < 1e-5 and abs(c[0, 0] + 8 * (1 + 2.0 ** -12) - out[0, 0]) > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_mma_tf32_builds(arch):
+    built_for_cuda(mma_tf32_tile, arch, ["mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cvt.rna.tf32.f32"])
+
+
+def test_mma_tf32_is_refused_before_sm_80_on_hip_and_on_half_operands():
+    with pytest.raises(UnsupportedError, match=r"mma_sync_m16n8k8_tf32\(\) needs sm_80 or newer, not cuda:sm_75"):
+        mma_tf32_tile.build("cuda", arch="sm_75")
+    with pytest.raises(UnsupportedError, match=r"NVIDIA tensor-core instruction with no HIP equivalent"):
+        mma_tf32_tile.build("hip", arch="gfx90a")
+    with pytest.raises(TaskmapError, match=r"the A operand of mma_sync_m16n8k8_tf32\(\) must be f32"):
+        @taskmap.kernel
+        def half_operands(c: f32[16, 8]):
+            attrs.block_dim = 32
+            ra = register_tensor(f16, [4])
+            rb = register_tensor(f32, [2])
+            rc = register_tensor(f32, [4])
+            mma_sync_m16n8k8_tf32(rc, ra, rb)
 
 
 @taskmap.kernel

@@ -64,5 +64,21 @@ def test_ldmatrix_rows():
 
 
 def test_ptx_fragment_rejects_unknown_operands():
-    with pytest.raises(ValueError, match="operand must be 'a', 'b' or 'c'"):
+    with pytest.raises(ValueError, match="operand must be 'a', 'b', 'c', 'a_tf32' or 'b_tf32'"):
         ptx_fragment("d", 0)
+
+
+def test_tf32_fragment_layouts_match_the_ptx_tables():
+    """``mma.m16n8k8`` with .tf32: A[16, 8] 4 registers, B[8, 8] 2, C as for m16n8k16."""
+    from taskmap.lang import MMA_TF32_K, mma_tf32_a_layout, mma_tf32_b_layout
+
+    for operand, mapping, shape, per_lane in (("a_tf32", mma_tf32_a_layout, (MMA_M, MMA_TF32_K), 4),
+                                              ("b_tf32", mma_tf32_b_layout, (MMA_TF32_K, MMA_N), 2)):
+        assert mapping.num_workers == 32 and mapping.task_shape == shape and mapping.tasks_per_worker == per_lane
+        for lane in range(32):
+            assert mapping.worker2task(lane) == ptx_fragment(operand, lane), (operand, lane)
+        held = [t for lane in range(32) for t in mapping.worker2task(lane)]
+        assert sorted(held) == [(i, j) for i in range(shape[0]) for j in range(shape[1])]
+    # lane 5 (groupID 1, threadID_in_group 1), as the PTX ISA's figures show it
+    assert mma_tf32_a_layout.worker2task(5) == [(1, 1), (9, 1), (1, 5), (9, 5)]
+    assert mma_tf32_b_layout.worker2task(5) == [(1, 1), (5, 1)]

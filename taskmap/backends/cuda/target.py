@@ -7,6 +7,7 @@ Numbers are those of each architecture's flagship data-center (or most common) p
 ``bf16``        ``__nv_bfloat16`` arithmetic and bf16 ``mma.sync`` (sm_80+)
 ``cp_async``    ``cp.async`` global->shared copies (sm_80+)
 ``mma_m16n8k16`` ``mma.sync.aligned.m16n8k16`` with f16 / bf16 inputs (sm_80+)
+``mma_tf32``     ``mma.sync.aligned.m16n8k8`` with tf32 inputs (sm_80+)
 ``ldmatrix``    ``ldmatrix`` (sm_75+)
 ``fp8``         e4m3/e5m2 types and fp8 ``mma`` (sm_89+)
 ``tma``         tensor memory accelerator, thread-block clusters (sm_90+)
@@ -65,7 +66,7 @@ def _features(cc: int, suffix: str) -> tuple[str, ...]:
     if cc >= 75:
         feats.append("ldmatrix")
     if cc >= 80:
-        feats += ["bf16", "cp_async", "mma_m16n8k16"]
+        feats += ["bf16", "cp_async", "mma_m16n8k16", "mma_tf32"]
     if cc >= 89:
         feats.append("fp8")
     if cc >= 90:
