@@ -168,7 +168,7 @@ def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers
             for k, fn in calls.items():
                 samples[k].append(timed(fn, seconds))
     t = {k: statistics.median(v) for k, v in samples.items()}
-    cold = cached = (float("nan"), float("nan"))
+    cold = cached = (0.0, 0.0)
     if compile_times:
         with tempfile.TemporaryDirectory() as cache:
             cold = compile_seconds(name, batch, device, cache)
@@ -177,7 +177,8 @@ def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers
     row = [name, str(batch)] + [f"{t[c] * 1e3:.1f}" if c in t else "-" for c in cols]
     row += [f"{t[c] / t['taskmap']:.2f}" if c in t else "-" for c in cols[1:]]
     steps = [st for e in fast.entries.values() for st in e.compiled.steps]
-    row += [f"{cold[0]:.1f} (cpu {cold[1]:.1f})", f"{cached[0]:.2f} (cpu {cached[1]:.2f})",
+    row += [f"{cold[0]:.1f} (cpu {cold[1]:.1f})" if compile_times else "-",
+            f"{cached[0]:.2f} (cpu {cached[1]:.2f})" if compile_times else "-",
             f"{sum(len(st.kernels) for st in steps)}/{len(steps)}"]
     print("  " + " | ".join(row), flush=True)
     return row
