@@ -122,7 +122,7 @@ def _swapped(target: Target, m: int, n: int, const_weights: bool) -> bool:
     return target.kind is TargetKind.CPU and m < n and not const_weights
 
 
-def _dtypes(target: Target) -> tuple[str, ...]:
+def anchor_dtypes(target: Target) -> tuple[str, ...]:
     """The anchors' dtypes: f32 on the CPU; on a GPU also f16 / bf16 (the tensor-core template)."""
     return ("float32",) if target.kind is TargetKind.CPU else ("float32", "float16", "bfloat16")
 
@@ -136,7 +136,7 @@ def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
     """The problem of a MATMUL / LINEAR op, or None for shapes the fused path does not take
     (vectors, broadcast batches: those run through ``taskmap.ops``)."""
     dt = op.output.dtype.name
-    if dt not in _dtypes(target) or any(t.dtype.name != dt for t in op.inputs) or op.output.numel == 0:
+    if dt not in anchor_dtypes(target) or any(t.dtype.name != dt for t in op.inputs) or op.output.numel == 0:
         return None
     if op.kind is OpKind.LINEAR:
         x, w = op.inputs[0], op.inputs[1]
@@ -181,7 +181,7 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     x, w = op.inputs[0], op.inputs[1]
     a = op.attrs
     dt = op.output.dtype.name
-    if x.ndim != 4 or dt not in _dtypes(target) or any(t.dtype.name != dt for t in op.inputs):
+    if x.ndim != 4 or dt not in anchor_dtypes(target) or any(t.dtype.name != dt for t in op.inputs):
         return None
     n, cin, h, wd = x.shape
     cout, cg, kh, kw = w.shape
@@ -492,5 +492,5 @@ def _direct_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_
     return AnchorPlan(kernel, tuple(args), tuple(shapes))
 
 
-__all__ = ["AnchorPlan", "Arg", "Workspace", "Zeros", "anchor_problem", "compose", "fusable", "kernel_shape",
+__all__ = ["AnchorPlan", "Arg", "Workspace", "Zeros", "anchor_dtypes", "anchor_problem", "compose", "fusable", "kernel_shape",
            "leaf", "plan_anchor"]

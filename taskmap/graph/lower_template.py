@@ -33,20 +33,18 @@ from ..errors import FusionError, OpError
 from ..fusion import fuse, fusion_key
 from ..ir.printer import func_str
 from ..ops._dispatch import template_kernel
-from ..ops.attention import attention_problem
+from ..ops.attention import attention_problem, attention_template
 from ..ops.depthwise import plan_depthwise
 from ..ops.pool import plan_adaptive, plan_pool
 from ..ops.reduction import norm_problem, softmax_problem
 from ..ops.transform import reshape_compute
 from ..templates.attention_cpu import ATTENTION_CPU
-from ..templates.attention_gpu import ATTENTION_GPU
-from ..templates.attention_tc import ATTENTION_TC
 from ..templates.reduce import template_for
 from ..templates.window import WINDOW
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
 from .kinds import OpKind
-from .lower_anchor import AnchorPlan, Workspace, compose, kernel_shape, view_as
+from .lower_anchor import AnchorPlan, Workspace, anchor_dtypes, compose, kernel_shape, view_as
 
 
 @dataclass(frozen=True)
@@ -76,12 +74,11 @@ class TemplateProblem:
 
 
 def _float_ok(op: Op, target: Target) -> bool:
-    """Data and output of one dtype the templates take on ``target``: float32 on the CPU, also
-    float16 / bfloat16 on a GPU (attention's mask may be bool: its problem checks it)."""
+    """Data and output of one dtype the anchors take on ``target`` (:func:`.lower_anchor.anchor_dtypes`;
+    attention's mask may be bool: its problem checks it)."""
     data = op.inputs[:3] if op.kind is OpKind.ATTENTION else op.inputs
     dts = {t.dtype.name for t in (*data, op.output)}
-    kinds = ("float32",) if target.kind is TargetKind.CPU else ("float32", "float16", "bfloat16")
-    return len(dts) == 1 and dts <= set(kinds) and op.output.numel > 0
+    return len(dts) == 1 and dts <= set(anchor_dtypes(target)) and op.output.numel > 0
 
 
 def _row(op: Op) -> TemplateProblem | None:
@@ -137,8 +134,7 @@ def _attention(op: Op, target: Target) -> TemplateProblem | None:
     mask = op.inputs[3] if a.has_mask else None
     p = attention_problem(q.shape, k.shape, v.shape, mask.shape if mask is not None else None,
                           mask.dtype.name if mask is not None else None, q.dtype.name, a.is_causal, a.scale)
-    template = ATTENTION_CPU if target.kind is TargetKind.CPU else \
-        ATTENTION_GPU if q.dtype.name == "float32" else ATTENTION_TC
+    template = attention_template(target, q.dtype.name)
     if p is None or not template.applies(p, target):
         return None
     operands = {"q": (q, (p.bh, p.L, p.e)), "k": (k, (p.bk, p.S, p.e)), "v": (v, (p.bk, p.S, p.ev))}

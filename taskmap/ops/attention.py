@@ -87,7 +87,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     if attn_mask is not None:
         mask, mask_shape, mask_kind = _mask(args.arrays[3], args.shapes[3], dts[3], dt, full, L, S)
     target = target_for(args.kind)
-    template = ATTENTION_CPU if target.kind is TargetKind.CPU else ATTENTION_GPU if dt == "float32" else ATTENTION_TC
+    template = attention_template(target, dt)
     kinds = ("float32",) if target.kind is TargetKind.CPU or "mma_m16n8k16" not in target.features else \
         ("float32", "float16", "bfloat16")
     if dt not in kinds:
@@ -133,6 +133,14 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
             remember(plan_key, PlannedCall(plan, out))      # the operands went in as they came
         return out
     return run_template(template, problem, args, inputs, out)
+
+
+def attention_template(target: Target, dtype: str) -> Any:
+    """The attention template for ``target``: the CPU's; on a GPU the SIMT kernel for f32 and the
+    tensor-core one for f16 / bf16 (each checks ``applies`` itself)."""
+    if target.kind is TargetKind.CPU:
+        return ATTENTION_CPU
+    return ATTENTION_GPU if dtype == "float32" else ATTENTION_TC
 
 
 def attention_problem(sq: Sequence[int], sk: Sequence[int], sv: Sequence[int], mask_shape: Sequence[int] | None,
@@ -298,4 +306,4 @@ def _mask(mask: Any, shape: Sequence[int], dtype: str, qdtype: str, full: tuple[
     return mask, padded, kind
 
 
-__all__ = ["attention_problem", "scaled_dot_product_attention"]
+__all__ = ["attention_problem", "attention_template", "scaled_dot_product_attention"]
