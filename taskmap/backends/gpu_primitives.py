@@ -69,10 +69,14 @@ TM_FN void NAME(float *c, const void *a, const void *b) { \
                : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1])); }
 TM_MMA_M16N8K16(tm_mma_m16n8k16_f16, "f16")
 TM_MMA_M16N8K16(tm_mma_m16n8k16_bf16, "bf16")
-TM_FN void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b) {
+/* ROUNDED: a and b hold tf32 values already (round_tf32() when the fragment was loaded). */
+template <int ROUNDED> TM_FN void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b) {
   unsigned A[4], B[2];
-  for (int i = 0; i < 4; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(A[i]) : "f"(a[i]));
-  for (int i = 0; i < 2; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(B[i]) : "f"(b[i]));
+  if (ROUNDED) { memcpy(A, a, 16); memcpy(B, b, 8); }
+  else {
+    for (int i = 0; i < 4; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(A[i]) : "f"(a[i]));
+    for (int i = 0; i < 2; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(B[i]) : "f"(b[i]));
+  }
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
                "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -226,7 +230,7 @@ class CudaPrims(GpuPrims):
         if e.op is Prim.MMA_M16N8K8_TF32:
             if "mma_tf32" not in target.features:
                 raise UnsupportedError(f"{g.func.name}: mma_sync_m16n8k8_tf32() needs sm_80 or newer, not {target.name}")
-            return f"tm_mma_m16n8k8_tf32({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])})"
+            return f"tm_mma_m16n8k8_tf32<{int(a[3].value)}>({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])})"
         if "ldmatrix" not in target.features:
             raise UnsupportedError(f"{g.func.name}: ldmatrix() needs sm_75 or newer, not {target.name}")
         trans = "_trans" if a[3].value else ""

@@ -76,8 +76,8 @@ class Prim(enum.Enum):
     CP_ASYNC_WAIT = PrimSpec("cp_async_wait", PrimKind.MEMORY, 1, consts=(0,), value=False)  # (n,)
     MMA_M16N8K16 = PrimSpec("mma_sync_m16n8k16", PrimKind.MMA, 3, refs=(0, 1, 2), writes=(0,),
                             value=False)                          # (c, a, b): c += a @ b
-    MMA_M16N8K8_TF32 = PrimSpec("mma_sync_m16n8k8_tf32", PrimKind.MMA, 3, refs=(0, 1, 2), writes=(0,),
-                                value=False)                      # (c, a, b): c += tf32(a) @ tf32(b)
+    MMA_M16N8K8_TF32 = PrimSpec("mma_sync_m16n8k8_tf32", PrimKind.MMA, 4, refs=(0, 1, 2), writes=(0,), consts=(3,),
+                                value=False)  # (c, a, b, rounded): c += tf32(a) @ tf32(b); rounded: a, b are tf32
     LDMATRIX = PrimSpec("ldmatrix", PrimKind.MMA, 4, refs=(0, 1), writes=(0,), consts=(2, 3),
                         value=False)                              # (dst, src_row, num, trans)
 
@@ -257,8 +257,8 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
 
 def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) -> Problem:
     if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32):
-        c, a, b = args
-        for i, ref in enumerate(args):
+        c, a, b = args[:3]
+        for i, ref in enumerate(args[:3]):
             if _scope(ref) is not MemScope.REGISTER:
                 return i, f"the operands of {name}() are register tensors; '{ref.tensor.name}' is " \
                           f"{_scope(ref).value}"
@@ -268,6 +268,8 @@ def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) ->
             for i, ref in ((1, a), (2, b)):
                 if ref.dtype is not f32:
                     return i, f"the {'AB'[i - 1]} operand of {name}() must be f32 (rounded to tf32), got {ref.dtype!r}"
+            if _int_const(args[3]) not in (0, 1):
+                return 3, f"rounded of {name}() must be a compile-time bool"
             return None
         if a.dtype not in (f16, bf16):
             return 1, f"the A operand of {name}() must be f16 or bf16, got {a.dtype!r}"

@@ -316,6 +316,18 @@ def _mma_of(prim: Prim) -> Any:
     return impl
 
 
+def _mma_tf32(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+    name = "mma_sync_m16n8k8_tf32"
+    c_v, a_v, b_v, rounded = take_args(ctx, node, name, args, kwargs, ("c", "a", "b", "rounded"), 3,
+                                       {"rounded": False})
+    ctx.mark_gpu(node, f"{name}()")
+    if is_ir(rounded) or not isinstance(rounded, (bool, int)):
+        raise ctx.error(arg_node(node, 3, "rounded"), f"rounded of {name}() must be a compile-time bool, got "
+                                                      f"{ctx.value_str(rounded)}")
+    refs = tuple(element_ref(ctx, node, k, v, name, whole=True) for k, v in enumerate((c_v, a_v, b_v)))
+    return S.Evaluate(finish(ctx, node, PrimCall(Prim.MMA_M16N8K8_TF32, (*refs, E.const(int(bool(rounded)))))))
+
+
 def _ldmatrix(num: int) -> Builtin:
     name = f"ldmatrix_x{num}"
 
@@ -339,10 +351,13 @@ def _ldmatrix(num: int) -> Builtin:
 mma_sync_m16n8k16 = Builtin("mma_sync_m16n8k16", _mma_of(Prim.MMA_M16N8K16),
                             "``mma_sync_m16n8k16(c, a, b)``: c (f32[4]) += a (f16 or bf16 [8]) @ b ([4]), fragments "
                             "as in mma_a/b/c_layout.")
-mma_sync_m16n8k8_tf32 = Builtin("mma_sync_m16n8k8_tf32", _mma_of(Prim.MMA_M16N8K8_TF32),
-                                "``mma_sync_m16n8k8_tf32(c, a, b)``: c (f32[4]) += tf32(a) (f32[4]) @ tf32(b) (f32[2]) "
-                                "on tensor cores, fragments as in mma_tf32_a/b_layout and mma_c_layout; the operands "
-                                "are rounded to tf32 (10-bit mantissas, to nearest).")
+mma_sync_m16n8k8_tf32 = Builtin("mma_sync_m16n8k8_tf32", _mma_tf32,
+                                "``mma_sync_m16n8k8_tf32(c, a, b, rounded=False)``: c (f32[4]) += tf32(a) (f32[4]) @ "
+                                "tf32(b) (f32[2]) on tensor cores, fragments as in mma_tf32_a/b_layout and "
+                                "mma_c_layout; the operands are rounded to tf32 (10-bit mantissas, to nearest) on "
+                                "every call.  ``rounded=True``: they already hold tf32 values (``round_tf32()`` when "
+                                "the fragment was loaded, once for all the calls that read it) and pass as they are "
+                                "(the tensor cores read their top 19 bits).")
 ldmatrix_x1 = _ldmatrix(1)
 ldmatrix_x2 = _ldmatrix(2)
 ldmatrix_x4 = _ldmatrix(4)

@@ -13,6 +13,8 @@ register ``i`` of a lane holds
 rounded to tf32: 4 elements of A per lane — row ``groupID + 8 * (i % 2)``, column
 ``threadID_in_group + 4 * (i // 2)`` — 2 of B — row ``threadID_in_group + 4 * i``, column
 ``groupID`` — and C as above (``mma_tf32_a_layout``, ``mma_tf32_b_layout``, ``mma_c_layout``).
+Each call rounds its operands; a kernel whose fragments feed several calls rounds them once, as
+it loads them, with :func:`round_tf32`, and passes ``rounded=True``.
 
 Each layout below is that table written as a task mapping whose workers are lanes and whose
 tasks, in order, are the fragment's elements: ``mma_a_layout.worker2task(lane)[i]`` is the
@@ -33,7 +35,9 @@ A fragment of a 16x16 tile (row-major in shared memory).  With ``trans=True`` th
 """
 from __future__ import annotations
 
+from ..ir.dtypes import f32, u32
 from ..ir.mapping import TaskMapping, custom_mapping, repeat, spatial
+from .builtins import bitcast, func, select
 
 #: Shape of one ``mma_sync_m16n8k16``.
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -52,6 +56,15 @@ MMA_TF32_K = 8
 mma_tf32_a_layout: TaskMapping = repeat(2, 2, ranks=[1, 0]) * spatial(8, 4)
 #: tf32 B[8, 8] (K x N) fragments: the k half (+4); lanes are column-major.
 mma_tf32_b_layout: TaskMapping = repeat(2, 1) * spatial(4, 8, ranks=[1, 0])
+
+
+@func
+def round_tf32(x: f32) -> f32:
+    """``x`` rounded to tf32 as ``cvt.rna.tf32.f32`` does (10 mantissa bits, to nearest, ties away
+    from zero; inf and NaN unchanged), in integer arithmetic that the compiler can share: the
+    operands of ``mma_sync_m16n8k8_tf32(..., rounded=True)``."""
+    u = bitcast(x, u32)
+    return bitcast(select((u & 0x7F800000) != 0x7F800000, (u + 0x1000) & 0xFFFFE000, u), f32)
 
 
 def _x4_row(lane, k):  # lanes 0-15 address rows 0-15 at column 0, lanes 16-31 at column 8
@@ -93,4 +106,5 @@ def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
 
 
 __all__ = ["MMA_K", "MMA_M", "MMA_N", "MMA_TF32_K", "ldmatrix_x1_rows", "ldmatrix_x2_rows", "ldmatrix_x4_rows",
-           "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_tf32_a_layout", "mma_tf32_b_layout", "ptx_fragment"]
+           "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_tf32_a_layout", "mma_tf32_b_layout", "ptx_fragment",
+           "round_tf32"]

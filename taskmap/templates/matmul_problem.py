@@ -39,6 +39,7 @@ class MatmulProblem:
     trans_c: bool = False           # c is stored (n, m) (CPU template only)
     const_a: bool = False           # a is a constant (a compiled graph's weights): packed once, beforehand
     const_b: bool = False           # b is a constant (CPU template: see ``MatmulCpuTemplate.pack_constants``)
+    tf32: bool = False              # f32 products may run on TF32 tensor cores (10-bit mantissas, f32 sums)
 
     def __post_init__(self) -> None:
         for name in ("batch", "m", "n", "k"):

@@ -1,5 +1,7 @@
-"""Tensor-core matmul (f16 / bf16 in, f32 accumulation, result in the input dtype) for sm_80+:
-``mma.sync.m16n8k16`` + ``ldmatrix`` + a multi-stage ``cp.async`` pipeline, as a template.
+"""Tensor-core matmul for sm_80+, as a template: f16 / bf16 in, f32 accumulation, result in the
+input dtype (``mma.sync.m16n8k16`` + ``ldmatrix``), or f32 in and out with the products on TF32
+tensor cores (``mma.sync.m16n8k8.tf32``: operands rounded to 10-bit mantissas, f32 sums) when the
+problem allows it (``MatmulProblem.tf32``); both behind a multi-stage ``cp.async`` pipeline.
 
 A block of ``wm x wn`` warps computes a ``BM x BN`` tile of C; warp ``(i, j)`` owns a
 ``WM x WN`` sub-tile (``WM = BM / wm``, ``WN = BN / wn``) as ``WM/16 x WN/8`` mma tiles whose f32
@@ -14,7 +16,14 @@ Every access is predicated, so any m, n, k works: out-of-range 16-byte chunks ar
 copied element by element instead (same pipeline, same layout).  With ``split > 1`` K is cut
 into ranges whose f32 partial results an epilogue kernel sums (:mod:`.matmul_splitk`).
 
-Space: block tiles 32..128 x 32..128, BK 32 / 64, warp grids of 1..8 warps with warp tiles of at
+TF32: the same tiles and pipeline on f32 data (16-byte chunks of 4 floats); fragments are read
+from shared memory element by element through ``mma_tf32_a_layout`` / ``mma_tf32_b_layout``
+(``ldmatrix`` moves 16-bit elements) and rounded to tf32 there, once for all the mma calls that
+read them (``round_tf32``, ``rounded=True``); the reads are conflict-free thanks to the row padding: 4 floats for A
+and an ``N x K`` B (lane ``(g, t)`` reads row ``g``, column ``t``: banks ``4g + t``), 8 floats
+for a ``K x N`` B (row ``t``, column ``g``: banks ``8t + g``).
+
+Space: block tiles 32..128 x 32..128, BK 32 / 64 (TF32: 16 / 32), warp grids of 1..8 warps with warp tiles of at
 least 16 x 16, 2..4 stages, split-K; pruned by shared memory and registers per thread.
 """
 from dataclasses import dataclass
@@ -22,9 +31,10 @@ from typing import Any, Sequence
 
 from ..lang.kernel import kernel
 from ..ir.mapping import auto_map, custom_mapping
-from ..lang import (MMA_K, MMA_M, MMA_N, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32,
-                          lane_id, ldmatrix_x4, ldmatrix_x4_rows, mma_c_layout, mma_sync_m16n8k16, register_tensor,
-                          shared_tensor, symbol, syncthreads, threadIdx, unroll, warp_id)
+from ..lang import (MMA_K, MMA_M, MMA_N, MMA_TF32_K, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait,
+                    f32, lane_id, ldmatrix_x4, ldmatrix_x4_rows, mma_c_layout, mma_sync_m16n8k8_tf32,
+                    mma_sync_m16n8k16, mma_tf32_a_layout, mma_tf32_b_layout, register_tensor, round_tf32,
+                    shared_tensor, symbol, syncthreads, threadIdx, unroll, warp_id)
 
 from ..backends.base import Target, TargetKind
 from ..ir.dtypes import scalar_type
@@ -35,13 +45,12 @@ from .matmul_problem import MatmulProblem
 from .matmul_simt import chain, gpu_arguments
 from .matmul_splitk import ceil_div, splits_for
 
-PAD = 8                          # halves of padding per shared row (rows stay 16-byte aligned)
-VEC = 8                          # halves per 16-byte chunk
 #: ``ldmatrix_x4`` row addresses for B stored N x K: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
 #: (n 8-15, k 0-7), (n 8-15, k 8-15) -> the fragments of two 8-column mma tiles, in order.
 B_NK_ROWS = custom_mapping((16, 16), 32, 1, lambda lane, q: (lane // 16 * 8 + lane % 8, lane // 8 % 2 * 8))
 BLOCK_TILES = (32, 64, 128)
 BKS = (32, 64)
+TF32_BKS = (16, 32)            # floats: the same bytes per row as f16's 32 / 64
 WARP_GRIDS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (2, 4))
 STAGES = (2, 3, 4)             # 3-4 with BK 32, 2-3 with BK 64
 
@@ -62,9 +71,28 @@ class TcConfig:
     trans_b: bool
     bias: bool
 
+    @property
+    def tf32(self) -> bool:
+        return self.dtype == "float32"
+
+    @property
+    def itemsize(self) -> int:
+        return scalar_type(self.dtype).nbytes
+
+    @property
+    def vec(self) -> int:
+        """Elements per 16-byte chunk (one ``cp_async``)."""
+        return 16 // self.itemsize
+
+    @property
+    def pads(self) -> tuple[int, int]:
+        """Padding of the A and B rows in shared memory (elements; rows stay 16-byte aligned)."""
+        return self.vec, (self.vec if self.trans_b else 8)
+
     def smem_bytes(self) -> int:
         b_rows, b_cols = (self.bn, self.bk) if self.trans_b else (self.bk, self.bn)
-        return self.stages * (self.bm * (self.bk + PAD) + b_rows * (b_cols + PAD)) * 2
+        pa, pb = self.pads
+        return self.stages * (self.bm * (self.bk + pa) + b_rows * (b_cols + pb)) * self.itemsize
 
 
 def build_kernel(cfg: TcConfig) -> Kernel:
@@ -73,11 +101,13 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     MI, NI = WM // MMA_M, WN // MMA_N
     THREADS = 32 * WGM * WGN
     T, OUT = scalar_type(cfg.dtype), scalar_type(cfg.out_dtype)
-    TRANS_B, A_BATCHED, B_BATCHED = cfg.trans_b, cfg.a_batched, cfg.b_batched
+    TRANS_B, A_BATCHED, B_BATCHED, TF32 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.tf32
     BIAS = cfg.bias and S == 1
+    VEC, (PAD_A, PAD_B) = cfg.vec, cfg.pads
+    FA, FB = (4, 2) if TF32 else (8, 4)       # fragment registers per lane: A (16 x K), B (K x 8)
     a_chunks = auto_map((BM, BK // VEC), THREADS)
     b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN // VEC), THREADS)
-    SB_SHAPE = [STG, BN, BK + PAD] if TRANS_B else [STG, BK, BN + PAD]
+    SB_SHAPE = [STG, BN, BK + PAD_B] if TRANS_B else [STG, BK, BN + PAD_B]
     batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
     A_T = T[batch if A_BATCHED else 1, m, k]
     B_T = T[batch if B_BATCHED else 1, n, k] if TRANS_B else T[batch if B_BATCHED else 1, k, n]
@@ -88,11 +118,11 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     def matmul_tc(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS
-        sa = shared_tensor(T, [STG, BM, BK + PAD])
+        sa = shared_tensor(T, [STG, BM, BK + PAD_A])
         sb = shared_tensor(T, SB_SHAPE)
         acc = register_tensor(f32, [MI, NI, 4])
-        af = register_tensor(T, [MI, 8])
-        bf = register_tensor(T, [NI, 4])
+        af = register_tensor(T, [MI, FA])
+        bf = register_tensor(T, [NI, FB])
         for i in unroll(MI):
             for j in unroll(NI):
                 for q in unroll(4):
@@ -151,21 +181,36 @@ def build_kernel(cfg: TcConfig) -> Kernel:
             cp_async_commit()                         # one group per iteration, empty ones included
             if ct >= 0:
                 st = ct % STG
-                for kk in unroll(BK // MMA_K):
-                    for mi in unroll(MI):
-                        for i, j in ldmatrix_x4_rows.on(lane_id()):
-                            ldmatrix_x4(af[mi, 0], sa[st, wy * WM + mi * MMA_M + i, kk * MMA_K + j])
-                    for nj in unroll(NI // 2):        # one x4 load: the fragments of 2 column tiles
-                        if TRANS_B:
-                            for i, j in B_NK_ROWS.on(lane_id()):
-                                ldmatrix_x4(bf[nj * 2, 0], sb[st, wx * WN + nj * 2 * MMA_N + i, kk * MMA_K + j])
-                        else:
-                            for i, j in ldmatrix_x4_rows.on(lane_id()):
-                                ldmatrix_x4(bf[nj * 2, 0], sb[st, kk * MMA_K + i, wx * WN + nj * 2 * MMA_N + j],
-                                            trans=True)
-                    for mi in unroll(MI):
+                if TF32:
+                    for kk in unroll(BK // MMA_TF32_K):
+                        for mi in unroll(MI):
+                            for q, (i, j) in enumerate(mma_tf32_a_layout.on(lane_id())):
+                                af[mi, q] = round_tf32(sa[st, wy * WM + mi * MMA_M + i, kk * MMA_TF32_K + j])
                         for ni in unroll(NI):
-                            mma_sync_m16n8k16(acc[mi, ni, 0], af[mi, 0], bf[ni, 0])
+                            for q, (i, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
+                                if TRANS_B:
+                                    bf[ni, q] = round_tf32(sb[st, wx * WN + ni * MMA_N + j, kk * MMA_TF32_K + i])
+                                else:
+                                    bf[ni, q] = round_tf32(sb[st, kk * MMA_TF32_K + i, wx * WN + ni * MMA_N + j])
+                        for mi in unroll(MI):
+                            for ni in unroll(NI):
+                                mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af[mi, 0], bf[ni, 0], rounded=True)
+                else:
+                    for kk in unroll(BK // MMA_K):
+                        for mi in unroll(MI):
+                            for i, j in ldmatrix_x4_rows.on(lane_id()):
+                                ldmatrix_x4(af[mi, 0], sa[st, wy * WM + mi * MMA_M + i, kk * MMA_K + j])
+                        for nj in unroll(NI // 2):        # one x4 load: the fragments of 2 column tiles
+                            if TRANS_B:
+                                for i, j in B_NK_ROWS.on(lane_id()):
+                                    ldmatrix_x4(bf[nj * 2, 0], sb[st, wx * WN + nj * 2 * MMA_N + i, kk * MMA_K + j])
+                            else:
+                                for i, j in ldmatrix_x4_rows.on(lane_id()):
+                                    ldmatrix_x4(bf[nj * 2, 0], sb[st, kk * MMA_K + i, wx * WN + nj * 2 * MMA_N + j],
+                                                trans=True)
+                        for mi in unroll(MI):
+                            for ni in unroll(NI):
+                                mma_sync_m16n8k16(acc[mi, ni, 0], af[mi, 0], bf[ni, 0])
         for mi in unroll(MI):
             for ni in unroll(NI):
                 for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
@@ -188,10 +233,12 @@ class MatmulTcTemplate(KernelFamily):
 
 
     def applies(self, problem: Any, target: Target) -> bool:
-        if not (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA
-                and "mma_m16n8k16" in target.features and target.warp_size == 32):
+        if not (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and target.warp_size == 32):
             return False
-        return problem.dtype in ("float16", "bfloat16") and problem.out_dtype in (problem.dtype, "float32")
+        if problem.dtype == "float32":
+            return problem.tf32 and problem.out_dtype == "float32" and "mma_tf32" in target.features
+        return problem.dtype in ("float16", "bfloat16") and problem.out_dtype in (problem.dtype, "float32") and \
+            "mma_m16n8k16" in target.features
 
     def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
         if not self.applies(problem, target):
@@ -208,8 +255,9 @@ class MatmulTcTemplate(KernelFamily):
                         continue
                     if wtm * wtn < 32 * 32 and bm * bn > 32 * 32:   # small warp tiles only in small blocks
                         continue
-                    for bk in BKS:
-                        for stages in STAGES[1:] if bk == BKS[0] else STAGES[:-1]:
+                    bks = TF32_BKS if p.dtype == "float32" else BKS
+                    for bk in bks:
+                        for stages in STAGES[1:] if bk == bks[0] else STAGES[:-1]:
                             cfg = self._cfg(p, bm, bn, bk, wm, wn, stages, 1)
                             if cfg.smem_bytes() > target.max_shared_memory_optin:
                                 continue
@@ -225,18 +273,21 @@ class MatmulTcTemplate(KernelFamily):
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
         padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, bk) * bk
         wtm, wtn = bm // s["wm"], bn // s["wn"]
-        intensity = wtm * wtn / (wtm + wtn) / 16.0                       # mma per ldmatrix, per warp
-        eff = min(1.0, intensity) * min(1.0, 0.6 + 0.15 * s["stages"]) * (p.batch * p.m * p.n * p.k) / padded
-        aligned = p.k % VEC == 0 and (p.trans_b or p.n % VEC == 0)
-        eff *= 1.0 if aligned else 0.35
-        out_b = 2 if p.out_dtype != "float32" else 4
-        global_bytes = 2 * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
-        global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
         cfg = self._cfg(p, bm, bn, bk, s["wm"], s["wn"], s["stages"], split)
-        w = Workload(flops=p.flops, global_bytes=global_bytes, cache_bytes=p.flops * (1 / bm + 1 / bn),
+        size = cfg.itemsize
+        intensity = wtm * wtn / (wtm + wtn) / 16.0                       # mma per fragment load, per warp
+        eff = min(1.0, intensity) * min(1.0, 0.6 + 0.15 * s["stages"]) * (p.batch * p.m * p.n * p.k) / padded
+        aligned = p.k % cfg.vec == 0 and (p.trans_b or p.n % cfg.vec == 0)
+        eff *= 1.0 if aligned else 0.35
+        if cfg.tf32:            # half the f16 rate; fragments read element-wise (no ldmatrix)
+            eff *= 0.5 * 0.8
+        out_b = 2 if p.out_dtype != "float32" else 4
+        global_bytes = size * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
+        global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
+        w = Workload(flops=p.flops, global_bytes=global_bytes, cache_bytes=p.flops / 2 * size * (1 / bm + 1 / bn),
                      work_items=tiles, threads_per_item=threads,
                      registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64), shared_per_item=cfg.smem_bytes(),
-                     inner_bytes=2 * bk, matrix_units=True, compute_efficiency=eff)
+                     inner_bytes=size * bk, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
     @staticmethod

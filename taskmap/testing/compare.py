@@ -158,3 +158,13 @@ def _report(a, e, close, rtol, atol, name) -> str:
 
 def _index(flat: np.intp, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(flat), shape))
+
+
+def round_tf32(x: Any) -> np.ndarray:
+    """``x`` (f32) rounded to TF32 as the tensor cores' operands are (``cvt.rna.tf32.f32``: 10
+    mantissa bits, to nearest, ties away from zero; inf and NaN stay): the reference for kernels
+    that multiply on TF32 tensor cores (``mma_sync_m16n8k8_tf32``)."""
+    a, _ = to_numpy(x)
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    finite = (u & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    return np.where(finite, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000), u).view(np.float32)

@@ -15,10 +15,11 @@ from prim_checks import DEVICES, built_for_cuda, run_on
 
 import taskmap
 from taskmap.errors import TaskmapError, UnsupportedError
+from taskmap.testing import round_tf32 as tf32_reference
 from taskmap.lang import (attrs, bf16, f16, f32, lane_id, ldmatrix_x1, ldmatrix_x1_rows, ldmatrix_x2,
                           ldmatrix_x2_rows, ldmatrix_x4, ldmatrix_x4_rows, mma_a_layout, mma_b_layout, mma_c_layout,
                           mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, mma_tf32_a_layout, mma_tf32_b_layout,
-                          register_tensor, shared_tensor, syncthreads, threadIdx)
+                          register_tensor, round_tf32, shared_tensor, syncthreads, threadIdx)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FEW = settings(max_examples=8, deadline=None)
@@ -116,12 +117,6 @@ def mma_tf32_tile(a: f32[16, 8], b: f32[8, 8], c: f32[16, 8]):
         c[i, j] = rc[q]
 
 
-def tf32(x):
-    """f32 -> tf32 as ``cvt.rna.tf32.f32``: 10 mantissa bits, to nearest, ties away from zero."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_one_mma_tf32(device):
     a = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
@@ -130,14 +125,64 @@ def test_one_mma_tf32(device):
     b[:, 0] = 1.0
     c = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
     out = run_on(device, mma_tf32_tile, a, b, c)[2]
-    want = c + tf32(a).astype(np.float64) @ tf32(b).astype(np.float64)     # tf32 products are exact in f32
+    want = c + tf32_reference(a).astype(np.float64) @ tf32_reference(b).astype(np.float64)     # tf32 products are exact in f32
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     assert abs(out[0, 0] - (c[0, 0] + 8.0)) < 1e-5 and abs(c[0, 0] + 8 * (1 + 2.0 ** -12) - out[0, 0]) > 1e-3
+
+
+@taskmap.kernel
+def mma_tf32_rounded_tiles(a: f32[16, 8], b: f32[8, 16], c: f32[16, 16]):
+    """Two mma calls sharing one A fragment, rounded once as it is loaded (``rounded=True``)."""
+    attrs.block_dim = 32
+    ra = register_tensor(f32, [4])
+    rb = register_tensor(f32, [2, 2])
+    rc = register_tensor(f32, [2, 4])
+    for q, (i, k) in enumerate(mma_tf32_a_layout.on(lane_id())):
+        ra[q] = round_tf32(a[i, k])
+    for t in range(2):
+        for q, (k, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
+            rb[t, q] = round_tf32(b[k, t * 8 + j])
+        for q in range(4):
+            rc[t, q] = 0.0
+        mma_sync_m16n8k8_tf32(rc[t, 0], ra, rb[t, 0], rounded=True)
+        for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+            c[i, t * 8 + j] = rc[t, q]
+
+
+@taskmap.kernel
+def round_tf32_each(x: f32[64], y: f32[64]):
+    attrs.block_dim = 64
+    y[threadIdx.x] = round_tf32(x[threadIdx.x])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_round_tf32_is_cvt_rna(device):
+    """``round_tf32``: to nearest on 10 mantissa bits, ties away from zero; inf and NaN stay."""
+    x = RNG.uniform(-4, 4, 64).astype(np.float32)
+    u = x.view(np.uint32)
+    u[:8] = (u[:8] & np.uint32(0xFFFFE000)) | np.uint32(0x1000)        # exact ties: away from zero
+    x[8:12] = [np.inf, -np.inf, np.nan, 0.0]
+    x[12] = np.finfo(np.float32).max                                     # rounds up to inf, as cvt.rna
+    y = run_on(device, round_tf32_each, x, np.zeros(64, np.float32))[1]
+    np.testing.assert_array_equal(y, tf32_reference(x))
+    assert np.all(np.abs(y[:8]) > np.abs(x[:8])) and np.isinf(y[12])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mma_tf32_with_operands_rounded_once(device):
+    a = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
+    b = RNG.uniform(-1, 1, (8, 16)).astype(np.float32)
+    out = run_on(device, mma_tf32_rounded_tiles, a, b, np.zeros((16, 16), np.float32))[2]
+    want = tf32_reference(a).astype(np.float64) @ tf32_reference(b).astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(out - a.astype(np.float64) @ b.astype(np.float64)).max() > 1e-5      # not the f32 products
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_mma_tf32_builds(arch):
     built_for_cuda(mma_tf32_tile, arch, ["mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cvt.rna.tf32.f32"])
+    ptx = built_for_cuda(mma_tf32_rounded_tiles, arch, ["mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"])
+    assert "cvt.rna" not in ptx.artifact.extra.ptx           # rounded in integer arithmetic, once per element
 
 
 def test_mma_tf32_is_refused_before_sm_80_on_hip_and_on_half_operands():
@@ -153,6 +198,14 @@ def test_mma_tf32_is_refused_before_sm_80_on_hip_and_on_half_operands():
             rb = register_tensor(f32, [2])
             rc = register_tensor(f32, [4])
             mma_sync_m16n8k8_tf32(rc, ra, rb)
+    with pytest.raises(TaskmapError, match=r"rounded of mma_sync_m16n8k8_tf32\(\) must be a compile-time bool"):
+        @taskmap.kernel
+        def runtime_flag(c: f32[16, 8]):
+            attrs.block_dim = 32
+            ra = register_tensor(f32, [4])
+            rb = register_tensor(f32, [2])
+            rc = register_tensor(f32, [4])
+            mma_sync_m16n8k8_tf32(rc, ra, rb, rounded=threadIdx.x > 0)
 
 
 @taskmap.kernel

@@ -1,14 +1,15 @@
-"""The tensor-core matmul template (f16 / bf16, mma.sync + ldmatrix + cp.async): numerics with GPU
-semantics on the CPU — aligned (cp.async) and unaligned (element-wise) tiles, stored and
-transposed B, split-K, f16 and f32 outputs.  Spaces, builds and GPU runs: test_matmul_simt.py."""
+"""The tensor-core matmul template (f16 / bf16, mma.sync + ldmatrix + cp.async; f32 on TF32 tensor
+cores): numerics with GPU semantics on the CPU — aligned (cp.async) and unaligned (element-wise)
+tiles, stored and transposed B, split-K, f16 and f32 outputs, TF32's rounding.  Spaces, builds
+and GPU runs: test_matmul_simt.py."""
 import numpy as np
 import pytest
 
 from taskmap.backends import cuda_target
 from taskmap.templates.matmul_problem import MatmulProblem
 from taskmap.templates.matmul_tc import MATMUL_TC
-from taskmap.testing import assert_close
-from test_matmul_simt import SM80, run, tc
+from taskmap.testing import assert_close, round_tf32
+from test_matmul_simt import SM80, operands, run, tc
 
 
 @pytest.mark.parametrize("schedule,shape", [
@@ -33,8 +34,32 @@ def test_tensor_cores_f32_output():
     assert_close(c, a.astype(np.float32) @ b.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("schedule,shape", [
+    (tc(bk=16), (37, 29, 45)),                              # misaligned rows: element-wise copies
+    (tc(bm=64, bn=64, bk=32, wm=2, wn=2, stages=2), (33, 40, 64)),   # aligned: cp.async of 4 floats
+    (tc(bk=16, wm=1, wn=2, stages=4, split=3), (19, 24, 200)),       # split-K
+], ids=["unaligned", "aligned", "splitk3"])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_tf32_tensor_cores_round_the_operands(schedule, shape, trans_b):
+    """f32 in and out on TF32 tensor cores: the result is the f64 product of the operands rounded
+    to TF32 (up to f32 summation), and measurably not the f32 product of the operands."""
+    p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32=True)
+    a, b, bias = operands(p, np.float32, seed=3)
+    c = np.zeros(p.c_shape, np.float32)
+    MATMUL_TC.instantiate(p, SM80, schedule)(*MATMUL_TC.arguments(p, [a, b, bias], [c], schedule))
+    bm = np.swapaxes(b, 1, 2) if trans_b else b
+    want = round_tf32(a).astype(np.float64) @ round_tf32(bm).astype(np.float64) + bias
+    assert_close(c, want, rtol=1e-5, atol=1e-6 * np.sqrt(shape[2]))
+    full = a.astype(np.float64) @ bm.astype(np.float64) + bias
+    assert np.abs(c - full).max() > 20 * np.abs(c - want).max()      # TF32 products, not f32 ones
 
 
+def test_tf32_only_when_the_problem_allows_it():
+    allowed = MatmulProblem(1, 64, 64, 64, tf32=True)
+    assert MATMUL_TC.applies(allowed, SM80) and MATMUL_TC.space(allowed, SM80)
+    assert not MATMUL_TC.applies(MatmulProblem(1, 64, 64, 64), SM80)          # f32 stays f32 by default
+    assert not MATMUL_TC.applies(allowed, cuda_target("sm_75"))               # no TF32 before Ampere
+    assert {s["bk"] for s in MATMUL_TC.space(allowed, SM80)} == {16, 32}
 def test_bf16_transposed_weight():
     torch = pytest.importorskip("torch")
     p = MatmulProblem(1, 18, 24, 40, "bfloat16", "bfloat16", trans_b=True, bias=True)

@@ -163,15 +163,18 @@ static void tm_mma_m16n8k16(float *c, const void *a, const void *b, int bf) {
     c[i] = acc;
   }
 }
-/* f32 -> tf32 as cvt.rna.tf32.f32: 10 mantissa bits, round to nearest, ties away from zero. */
-static inline float tm_tf32(float v) {
+/* f32 -> tf32 as cvt.rna.tf32.f32: 10 mantissa bits, round to nearest, ties away from zero (inf,
+   nan unchanged); rounded: the value is taken as it is, its 13 low bits dropped (the tensor cores
+   read the top 19). */
+static inline float tm_tf32(float v, int rounded) {
   uint32_t u; memcpy(&u, &v, 4);
-  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;   /* inf / nan unchanged */
+  if (rounded) u &= 0xffffe000u;
+  else if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
   memcpy(&v, &u, 4); return v;
 }
 /* mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32: c[4] += A[16x8] B[8x8]; lane (g, t) holds A (g, t),
    (g + 8, t), (g, t + 4), (g + 8, t + 4), B (t, g), (t + 4, g), C as in m16n8k16. */
-static void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b) {
+static void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b, int rounded) {
   tm_xchg x;
   tm_xslot *me = tm_warp_post(&x, TM_OP_MMA + 2, ~0ull, 0);
   memcpy(me->d.b, a, 16);
@@ -186,7 +189,7 @@ static void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b) {
       float av, bv;
       memcpy(&av, x.buf[(row & 7) * 4 + (k & 3)].d.b + 4 * ((row >> 3) + 2 * (k >> 2)), 4);
       memcpy(&bv, x.buf[col * 4 + (k & 3)].d.b + 16 + 4 * (k >> 2), 4);
-      acc += tm_tf32(av) * tm_tf32(bv);
+      acc += tm_tf32(av, rounded) * tm_tf32(bv, rounded);
     }
     c[i] = acc;
   }
@@ -367,7 +370,7 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
     if op is Prim.MMA_M16N8K16:
         return f"tm_mma_m16n8k16({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {int(a[1].dtype is bf16)})"
     if op is Prim.MMA_M16N8K8_TF32:
-        return f"tm_mma_m16n8k8_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])})"
+        return f"tm_mma_m16n8k8_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])})"
     if op is Prim.LDMATRIX:
         return f"tm_ldmatrix({ref(a[0])}, {ref(a[1])}, {x(a[2])}, {x(a[3])})"
     raise UnsupportedError(f"the C backend cannot render {op.spec.name}()")  # pragma: no cover
