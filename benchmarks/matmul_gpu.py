@@ -1,7 +1,10 @@
 """Benchmark: the example GPU matmul (examples/matmul_gpu.py: SIMT f32, 128x128 tiles, double
 buffered shared memory) against torch.matmul (cuBLAS, f32 with TF32 off), square sizes, on an
-NVIDIA GPU.  Times are CUDA-event medians after warm-up, measured on PyTorch's current stream,
-on which taskmap launches; the taskmap time includes its Python launch path (argument checks).
+NVIDIA GPU; then the matmul templates on the schedules their cost models choose — SIMT f32 against
+cuBLAS f32, and the tensor-core template on TF32 (f32 data, ``MatmulProblem.tf32``) against cuBLAS
+with TF32 allowed.  Times are CUDA-event medians after warm-up, measured on PyTorch's current
+stream, on which taskmap launches; the example's time includes its Python launch path (argument
+checks), the templates' a prepared launch.
 
     python benchmarks/matmul_gpu.py [sizes...]          # default: 512 1024 2039 2048 4096
 
@@ -87,7 +90,49 @@ def main(sizes: list[int]) -> int:
     print(f"\n{name}, torch {torch.__version__}, f32 (TF32 off), {datetime.date.today()}")
     print_table(["n", "taskmap ms", "taskmap TFLOP/s", "cuBLAS ms", "cuBLAS TFLOP/s", "taskmap/cuBLAS time",
                  "max rel err"], rows)
+    print(f"\nthe templates (model-chosen schedules) vs cuBLAS, {name}")
+    print_table(["n", "math", "schedule", "taskmap ms", "TFLOP/s", "cuBLAS ms", "cuBLAS TFLOP/s",
+                 "taskmap/cuBLAS time", "rel L2 err"], template_rows(sizes, gen))
     return 0
+
+
+def template_rows(sizes: list[int], gen: object) -> list[list[str]]:
+    """SIMT f32 and TF32 tensor cores, each against cuBLAS in the same math."""
+    import torch
+
+    from taskmap.backends.cuda.target import current_cuda_target
+    from taskmap.schedule import tune
+    from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.matmul_simt import MATMUL_SIMT
+    from taskmap.templates.matmul_tc import MATMUL_TC
+
+    target = current_cuda_target(0)
+    rows = []
+    for n in sizes:
+        a = torch.randn(n, n, device="cuda", generator=gen)
+        b = torch.randn(n, n, device="cuda", generator=gen)
+        exact = a.double() @ b.double()
+        for math, template, tf32 in (("f32", MATMUL_SIMT, False), ("tf32", MATMUL_TC, True)):
+            p = MatmulProblem(1, n, n, n, tf32=tf32)
+            if not template.applies(p, target):
+                continue
+            s = tune.choose(template, p, target, mode="model")
+            c = torch.empty(1, n, n, device="cuda")
+            args = template.arguments(p, [a[None], b[None]], [c], s)
+            run = template.instantiate(p, target, s)
+            run(*args)
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            ref = torch.empty(n, n, device="cuda")
+            repeat = 20 if n <= 2048 else 10
+            t_tm = cuda_median_ms(lambda run=run, args=args: run(*args), repeat=repeat)
+            t_cb = cuda_median_ms(lambda a=a, b=b, ref=ref: torch.matmul(a, b, out=ref), repeat=repeat)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            err = float(torch.linalg.vector_norm(c[0].double() - exact) / torch.linalg.vector_norm(exact))
+            flop = 2.0 * n**3
+            rows.append([f"{n}", math, ",".join(f"{k}={v}" for k, v in s.as_dict().items()), f"{t_tm:.3f}",
+                         f"{flop / t_tm / 1e9:.2f}", f"{t_cb:.3f}", f"{flop / t_cb / 1e9:.2f}", f"{t_tm / t_cb:.2f}",
+                         f"{err:.1e}"])
+    return rows
 
 
 if __name__ == "__main__":

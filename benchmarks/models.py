@@ -5,6 +5,11 @@ and onnxruntime, with taskmap's compile time cold (empty cache) and cached.
     python benchmarks/models.py resnet50 bert --batch 1 8
     python benchmarks/models.py --device cuda           # GPU: eager and torch.compile as peers
     python benchmarks/models.py --no-peers gpt2         # taskmap only
+    python benchmarks/models.py --device cuda --tf32    # GPU, matmuls on TF32 too (everyone)
+
+On a GPU every side follows PyTorch's TF32 settings: by default convolutions on TF32 (cuDNN's
+default, which taskmap's frontend reads at compile time) and matmuls in true f32; ``--tf32``
+allows TF32 for matmuls too (``torch.set_float32_matmul_precision("high")``).
 
 Models: ResNet-50, MobileNetV2, Inception-V3 and a ViT-Base/16 encoder (the hand-written
 definitions of the model tests, ``tests/models/``: there is no torchvision here), BERT-base and
@@ -114,7 +119,8 @@ def compile_seconds(name: str, batch: int, device: str, cache: str) -> tuple[flo
     time and CPU time (the process's and its compilers'; steadier on a shared machine)."""
     env = dict(os.environ, TASKMAP_CACHE_DIR=cache)
     out = subprocess.run([sys.executable, __file__, "--compile-only", name, "--batch", str(batch),
-                          "--device", device], env=env, capture_output=True, text=True, check=True)
+                          "--device", device] + (["--tf32"] if torch.get_float32_matmul_precision() == "high" else []),
+                         env=env, capture_output=True, text=True, check=True)
     wall, cpu = out.stdout.strip().splitlines()[-1].split()
     return float(wall), float(cpu)
 
@@ -196,8 +202,12 @@ def main() -> None:
     parser.add_argument("--no-compile-times", action="store_true", help="skip the cold and cached compile runs")
     parser.add_argument("--keep-going", action="store_true",
                         help="report a model that fails (traceback) and go on with the others")
+    parser.add_argument("--tf32", action="store_true",
+                        help='GPU: matmuls on TF32 too, for every side (set_float32_matmul_precision("high"))')
     parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tf32:
+        torch.set_float32_matmul_precision("high")
     if args.compile_only:
         compile_only(args.models[0], args.batch[0], args.device)
         return
@@ -216,7 +226,8 @@ def main() -> None:
                 traceback.print_exc()
                 rows.append([m, str(b), "FAILED"] + ["-"] * 8)
     print(f"\n{machine_description()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"device {args.device}, {datetime.date.today()}; median of {args.rounds} rounds")
+          f"device {args.device}{' (matmuls on TF32)' if args.tf32 else ''}, {datetime.date.today()}; "
+          f"median of {args.rounds} rounds")
     cols = ["taskmap", *PEERS]
     print_table(["model", "batch"] + [f"{c} ms" for c in cols] + [f"{c}/taskmap" for c in cols[1:]]
                 + ["compile cold s", "compile cached s", "kernel launches/steps"], rows)

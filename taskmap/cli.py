@@ -1,10 +1,13 @@
-"""The ``taskmap`` command line: ``taskmap cache [path] [--clear [--namespace NAME]]``, ``--version``."""
+"""The ``taskmap`` command line: ``taskmap cache [path] [--clear [--namespace NAME]]``,
+``taskmap records export DIR [--device D]`` (the tuning cache's measured choices, one file per
+device, to ship under ``taskmap/schedule/records``), ``--version``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from taskmap.errors import TaskmapError
 from taskmap.runtime.cache import DiskCache, cache_dir, cache_info, clear_cache
@@ -55,6 +58,19 @@ def _cache_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _records_command(args: argparse.Namespace) -> int:
+    from taskmap.schedule import shipped     # noqa: PLC0415 - only this command needs it
+
+    written = shipped.export(Path(args.directory), device=args.device)
+    if not written:
+        print("no measured tuning records in the cache" + (f" for {args.device}" if args.device else "")
+              + " (tune with TASKMAP_TUNE=topk or exhaustive first)")
+        return 0
+    for path, n in written.items():
+        print(f"{path}: {n} records")
+    return 0
+
+
 def _namespace(name: str) -> str:
     try:
         return DiskCache(name).namespace
@@ -80,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", metavar="NAME", type=_namespace, help="limit to one namespace (e.g. cpu, cuda)"
     )
     cache.set_defaults(handler=_cache_command, parser=cache)
+    records = commands.add_parser(
+        "records",
+        help="export measured tuning choices to ship with taskmap",
+        description="Merge the tuning cache's measured schedule choices into DIR/<device>.json, one file per "
+                    "device (target and core count); files under taskmap/schedule/records answer later "
+                    "model-mode choices on that device.",
+    )
+    records.add_argument("action", choices=("export",))
+    records.add_argument("directory", metavar="DIR", help="where the per-device files are written (merged)")
+    records.add_argument("--device", metavar="D", help="only this device, e.g. cuda:sm_90/132")
+    records.set_defaults(handler=_records_command, parser=records)
     return parser
 
 

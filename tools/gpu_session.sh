@@ -3,8 +3,11 @@
 #
 #   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, models, profile
 #   run(command="bash tools/gpu_session.sh cuda_tests matmul_gpu ops_f32")     # stages by name
-#   (on request: matmul_gpu, ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —
-#   and gpu_exhaustive — the GPU matmul cost model against exhaustive tuning, a few shapes)
+#   (on request: matmul_gpu — the example and the templates, SIMT f32 and TF32, against cuBLAS —,
+#   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
+#   TF32 for every side — and gpu_exhaustive — the GPU matmul cost model against exhaustive tuning)
+#   models_tuned also exports the measured choices to $OUT/records/<device>.json: commit them under
+#   taskmap/schedule/records/ and every later compile on that kind of GPU uses them.
 #   MODELS="resnet50 bert" TESTS="tests/backends" bash tools/gpu_session.sh cuda_tests models
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
@@ -32,13 +35,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$OUT/gpu.txt"
 stage cuda_tests ${TEST_SECONDS:-150} python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE --tb=short -n 8 \
     --timeout 120 --junitxml="$OUT/cuda_tests.xml" ${TESTS:-tests/}
-stage matmul_gpu 60 python3 benchmarks/matmul_gpu.py
+stage matmul_gpu 90 python3 benchmarks/matmul_gpu.py
 stage ops_f32 100 python3 benchmarks/ops_table.py --device cuda --no-compile --rounds 2 --only matmul,linear,conv,softmax,layernorm,attention
 stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 --no-compile --rounds 2 --only matmul,linear,attention
 stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet50 bert gpt2 mobilenet_v2 inception_v3 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going ${MODEL_FLAGS:---batch 1 8 --peers eager torch.compile --no-compile-times}
+stage models_tf32 ${TF32_SECONDS:-200} python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \
+    --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch 1 8 --peers eager torch.compile --no-compile-times
 stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmarks/models.py ${TUNED_MODELS:-resnet50 bert} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --peers torch.compile --no-compile-times
+[[ "$WANT" == *" models_tuned "* ]] && python3 -m taskmap records export "$OUT/records"   # to ship: taskmap/schedule/records
 stage gpu_exhaustive ${EXHAUSTIVE_SECONDS:-240} python3 benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda \
     --only ${EXHAUSTIVE_ONLY:-128x768x768 512x4608x49 1x2048x1000}
 stage profile ${PROFILE_SECONDS:-90} python3 benchmarks/profile_model.py --device cuda --top 25 ${PROFILE_MODELS:-resnet50 bert}

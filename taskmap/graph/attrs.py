@@ -208,13 +208,24 @@ class NormAttrs:
 
 
 @dataclass(frozen=True)
+class MatmulAttrs:
+    """MATMUL and LINEAR.  ``tf32``: f32 products may run on TF32 tensor cores (10-bit mantissas,
+    f32 sums) — on a GPU, where PyTorch's setting allowed it when the graph was captured
+    (``torch.backends.cuda.matmul``)."""
+
+    tf32: bool = False
+
+
+@dataclass(frozen=True)
 class Conv2dAttrs:
-    """NCHW convolution (weight OIHW, optional bias as a third input)."""
+    """NCHW convolution (weight OIHW, optional bias as a third input); ``tf32`` as in
+    :class:`MatmulAttrs` (PyTorch's setting: ``torch.backends.cudnn``, on by default)."""
 
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
+    tf32: bool = False
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from .kinds import OpKind
 def infer(kind: OpKind, inputs: Sequence[Tensor], attrs: Any = None) -> list[tuple[tuple[int, ...], ScalarType]]:
     """Output (shape, dtype) pairs of ``kind`` on ``inputs`` (OpError when it cannot apply)."""
     d = kind.definition
+    if attrs is None:
+        attrs = d.default_attrs()
     if d.attrs_type is not None and not isinstance(attrs, d.attrs_type):
         raise IRError(f"{kind.name}: attributes must be a {d.attrs_type.__name__}, got {type(attrs).__name__}")
     return [(tuple(s), t) for s, t in d.infer(list(inputs), attrs)]
@@ -68,6 +70,8 @@ class GraphBuilder:
         for t in inputs:
             if not isinstance(t, Tensor):
                 raise IRError(f"{kind.name}: inputs must be graph Tensors, got {type(t).__name__}")
+        if attrs is None:
+            attrs = kind.definition.default_attrs()
         if specs is None:
             try:
                 specs = infer(kind, inputs, attrs)

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 from .. import ops
 from ..errors import OpError
 from ..ir.dtypes import ScalarType, i64, scalar_type
-from .attrs import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, Conv2dAttrs, InputRef, NormAttrs, Pool2dAttrs,
-                    ReduceAttrs, ReduceFn, TopkAttrs, TorchAttrs)
+from .attrs import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, Conv2dAttrs, InputRef, MatmulAttrs, NormAttrs,
+                    Pool2dAttrs, ReduceAttrs, ReduceFn, TopkAttrs, TorchAttrs)
 from .kinds import OpCategory, OpDef, OpKind, register_def
 
 Spec = list[tuple[tuple[int, ...], ScalarType]]
@@ -222,10 +222,10 @@ def _def(kind: OpKind, category: OpCategory, infer: Any, run: Any, attrs_type: t
     register_def(OpDef(kind, category, infer, attrs_type, run=run, run_name=run_name))
 
 
-_def(OpKind.MATMUL, OpCategory.OUT_FUSABLE, _infer_matmul, lambda xs, a: ops.matmul(xs[0], xs[1]), None,
+_def(OpKind.MATMUL, OpCategory.OUT_FUSABLE, _infer_matmul, lambda xs, a: ops.matmul(xs[0], xs[1]), MatmulAttrs,
      "taskmap.ops.matmul")
 _def(OpKind.LINEAR, OpCategory.OUT_FUSABLE, _infer_linear,
-     lambda xs, a: ops.linear(xs[0], xs[1], xs[2] if len(xs) > 2 else None), None, "taskmap.ops.linear")
+     lambda xs, a: ops.linear(xs[0], xs[1], xs[2] if len(xs) > 2 else None), MatmulAttrs, "taskmap.ops.linear")
 _def(OpKind.CONV2D, OpCategory.OUT_FUSABLE, _infer_conv2d, _run_conv2d, Conv2dAttrs, "taskmap.ops.conv2d")
 _def(OpKind.MAX_POOL2D, OpCategory.REDUCTION, _infer_pool, _run_max_pool, Pool2dAttrs, "taskmap.ops.max_pool2d")
 _def(OpKind.AVG_POOL2D, OpCategory.REDUCTION, _infer_pool, _run_avg_pool, Pool2dAttrs, "taskmap.ops.avg_pool2d")

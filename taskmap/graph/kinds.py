@@ -22,7 +22,7 @@ runner calling :mod:`taskmap.ops`).  The facts:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Callable, Sequence
 
 from ..errors import IRError
@@ -112,6 +112,14 @@ class OpDef:
             raise IRError(f"{self.kind.name}: injective op definitions need a compute definition")
         if not self.category.is_injective and self.run is None:
             raise IRError(f"{self.kind.name}: anchor op definitions need a runner")
+
+    def default_attrs(self) -> Any:
+        """The attributes an op gets when none are given: ``attrs_type()`` when every field has a
+        default, else None (the builder then reports the missing attributes)."""
+        t = self.attrs_type
+        if t is None or any(f.default is MISSING and f.default_factory is MISSING for f in fields(t)):
+            return None
+        return t()
 
 
 _DEFS: dict[OpKind, OpDef] = {}

@@ -128,8 +128,15 @@ def anchor_dtypes(target: Target) -> tuple[str, ...]:
 
 
 def gpu_template(p: MatmulProblem, target: Target) -> Any:
-    """The GPU matmul template of ``p``: SIMT for f32, tensor cores for f16 / bf16 (None: none)."""
-    return next((t for t in (MATMUL_SIMT, MATMUL_TC) if t.applies(p, target)), None)
+    """The GPU matmul template of ``p``: tensor cores for f16 / bf16 and for f32 that allows TF32,
+    else SIMT for f32 (None: none)."""
+    return next((t for t in (MATMUL_TC, MATMUL_SIMT) if t.applies(p, target)), None)
+
+
+def _allows_tf32(op: Op, target: Target) -> bool:
+    """Whether the anchor's f32 products may run on TF32 tensor cores (the op's ``tf32`` attribute,
+    PyTorch's setting at capture; NVIDIA GPUs only)."""
+    return target.kind is TargetKind.CUDA and bool(getattr(op.attrs, "tf32", False))
 
 
 def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
@@ -219,6 +226,8 @@ def anchor_problem(op: Op, target: Target) -> _Anchor | None:
         if target in per_op:
             return per_op[target]
     anc = conv_anchor(op, target) if op.kind is OpKind.CONV2D else matmul_anchor(op, target)
+    if anc is not None and anc.problem.dtype == "float32" and _allows_tf32(op, target):
+        anc.problem = replace(anc.problem, tf32=True)
     if anc is not None and target.kind is not TargetKind.CPU and gpu_template(anc.problem, target) is None:
         anc = None
     with _ANCHORS_LOCK:

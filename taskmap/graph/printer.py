@@ -35,10 +35,12 @@ def _value(v: Any) -> str:
 
 
 def attrs_str(attrs: Any) -> str:
+    """``name=value`` of each attribute that differs from its field's default."""
     if attrs is None:
         return ""
     if dataclasses.is_dataclass(attrs):
-        return ", ".join(f"{f.name}={_value(getattr(attrs, f.name))}" for f in dataclasses.fields(attrs))
+        return ", ".join(f"{f.name}={_value(getattr(attrs, f.name))}" for f in dataclasses.fields(attrs)
+                         if f.default is dataclasses.MISSING or getattr(attrs, f.name) != f.default)
     return repr(attrs)
 
 

@@ -4,11 +4,12 @@
 
 ``"model"``       the cost model's best point, no measurement (the fast default) — unless the
                   tuning cache holds a *measured* choice for the same (template, problem,
-                  target): then that one (an exhaustive one first, else a top-k one).  A
-                  measurement is better evidence than the model, so once a problem has been
-                  tuned (say with ``TASKMAP_TUNE=exhaustive`` once), every later default call
-                  gets the tuned schedule for free.  The model's choice itself is not written to
-                  disk (it is recomputed).  Model-mode answers are memoized per process (cleared
+                  target): then that one (an exhaustive one first, else a top-k one); else a
+                  choice measured on the same kind of device and shipped with taskmap
+                  (:mod:`.shipped`).  A measurement is better evidence than the model, so once a
+                  problem has been tuned (say with ``TASKMAP_TUNE=exhaustive`` once), every later
+                  default call gets the tuned schedule for free.  The model's choice itself is not
+                  written to disk (it is recomputed).  Model-mode answers are memoized per process (cleared
                   when this process tunes, or by ``clear_memo``): a long-running process picks up
                   choices another process measures meanwhile only after ``clear_memo()``.
 ``"topk"``        measure the model's ``k`` best points, take the fastest (cached; an
@@ -38,7 +39,7 @@ from tqdm import tqdm
 from ..backends.base import Target
 from ..errors import TaskmapError
 from ..templates.base import Schedule, Template
-from . import tuning_cache
+from . import shipped, tuning_cache
 from .measure import Measurement, MeasureSettings, measure_candidates
 from .tuning_cache import TuningRecord
 
@@ -143,7 +144,9 @@ def choose(template: Template, problem: Any, target: Target, mode: str | None = 
         return space
 
     record = _cached(template, problem, target, "model", k, get_space)
-    best = record.best if record is not None else ranked(model_costs(template, problem, target, get_space()))[0]
+    best = record.best if record is not None else shipped.best(template, problem, target, get_space)
+    if best is None:
+        best = ranked(model_costs(template, problem, target, get_space()))[0]
     if key is not None:
         if len(_model_memo) >= _MEMO_LIMIT:
             _model_memo.clear()
@@ -175,7 +178,8 @@ def tune(template: Template, problem: Any, target: Target, mode: str | None = No
     record = TuningRecord(template=template.name, problem=repr(problem), target=target.name, mode=mode,
                           k=k if mode == "topk" else len(candidates), best=best.schedule,
                           times={m.schedule: m.time for m in ok},
-                          failures={m.schedule: m.error or "" for m in measured if not m.ok})
+                          failures={m.schedule: m.error or "" for m in measured if not m.ok},
+                          device=shipped.device_key(target), template_version=getattr(template, "version", None))
     if use_cache:
         tuning_cache.store(template, problem, target, record)
         _model_memo.clear()         # model-mode answers may now be this measured choice

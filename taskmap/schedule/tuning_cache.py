@@ -73,9 +73,12 @@ class TuningRecord:
     times: dict[Schedule, float]
     failures: dict[Schedule, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    device: str = ""                  # what the choice transfers across (``shipped.device_key``)
+    template_version: Any = None
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "taskmap_version": __version__, "template": self.template,
+                "template_version": self.template_version, "device": self.device,
                 "problem": self.problem, "target": self.target, "mode": self.mode, "k": self.k,
                 "created": self.created, "best": schedule_to_json(self.best),
                 "times": [[schedule_to_json(s), t] for s, t in self.times.items()],
@@ -93,7 +96,8 @@ class TuningRecord:
         times = {s: float(t) for d, t in data.get("times", []) if (s := find_schedule(d, space)) is not None}
         failures = {s: str(w) for d, w in data.get("failures", []) if (s := find_schedule(d, space)) is not None}
         return TuningRecord(data["template"], data["problem"], data["target"], data["mode"], int(data["k"]),
-                            best, times, failures, float(data.get("created", 0.0)))
+                            best, times, failures, float(data.get("created", 0.0)), data.get("device", ""),
+                            data.get("template_version"))
 
 
 def load(template: Any, problem: Any, target: Target, mode: str,

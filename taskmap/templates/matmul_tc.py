@@ -12,9 +12,10 @@ accumulators stay in registers.  Tiles of A (``BM x BK``) and B stream through s
 row addresses of :data:`B_NK_ROWS`.  The result fragments are written through ``mma_c_layout``.
 
 Every access is predicated, so any m, n, k works: out-of-range 16-byte chunks are zero-filled
-(``src_bytes=0``); when rows are not 16-byte aligned (k or n not a multiple of 8) the tiles are
-copied element by element instead (same pipeline, same layout).  With ``split > 1`` K is cut
-into ranges whose f32 partial results an epilogue kernel sums (:mod:`.matmul_splitk`).
+(``src_bytes=0``); when an operand's rows are not 16-byte aligned (k, or n for a stored B, not a
+multiple of 8) its tiles are copied element by element instead (same pipeline, same layout).
+With ``split > 1`` K is cut into ranges whose f32 partial results an epilogue kernel sums
+(:mod:`.matmul_splitk`).
 
 TF32: the same tiles and pipeline on f32 data (16-byte chunks of 4 floats); fragments are read
 from shared memory element by element through ``mma_tf32_a_layout`` / ``mma_tf32_b_layout``
@@ -134,7 +135,8 @@ def build_kernel(cfg: TcConfig) -> Kernel:
         bj = bi if B_BATCHED else 0
         row0 = blockIdx.y * BM
         col0 = blockIdx.x * BN
-        aligned = k % VEC == 0 and (TRANS_B or n % VEC == 0)   # rows of A and B start 16-byte aligned
+        aligned_a = k % VEC == 0                              # rows of A start 16-byte aligned
+        aligned_b = (k if TRANS_B else n) % VEC == 0          # rows of B
         kt = (k + BK - 1) // BK
         per = (kt + S - 1) // S
         t0 = blockIdx.z % S * per
@@ -150,7 +152,7 @@ def build_kernel(cfg: TcConfig) -> Kernel:
                 for r, ch in a_chunks.on(threadIdx.x):
                     gr = row0 + r
                     gk = kb + ch * VEC
-                    if aligned:
+                    if aligned_a:
                         ok = gr < m and gk < k
                         cp_async(sa[st, r, ch * VEC], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
                     else:
@@ -160,7 +162,7 @@ def build_kernel(cfg: TcConfig) -> Kernel:
                     for r, ch in b_chunks.on(threadIdx.x):
                         gn = col0 + r
                         gk = kb + ch * VEC
-                        if aligned:
+                        if aligned_b:
                             ok = gn < n and gk < k
                             cp_async(sb[st, r, ch * VEC], b[bj, gn if ok else 0, gk if ok else 0], 16,
                                      16 if ok else 0)
@@ -171,7 +173,7 @@ def build_kernel(cfg: TcConfig) -> Kernel:
                     for r, ch in b_chunks.on(threadIdx.x):
                         gk = kb + r
                         gc = col0 + ch * VEC
-                        if aligned:
+                        if aligned_b:
                             ok = gk < k and gc < n
                             cp_async(sb[st, r, ch * VEC], b[bj, gk if ok else 0, gc if ok else 0], 16,
                                      16 if ok else 0)
@@ -277,8 +279,8 @@ class MatmulTcTemplate(KernelFamily):
         size = cfg.itemsize
         intensity = wtm * wtn / (wtm + wtn) / 16.0                       # mma per fragment load, per warp
         eff = min(1.0, intensity) * min(1.0, 0.6 + 0.15 * s["stages"]) * (p.batch * p.m * p.n * p.k) / padded
-        aligned = p.k % cfg.vec == 0 and (p.trans_b or p.n % cfg.vec == 0)
-        eff *= 1.0 if aligned else 0.35
+        for aligned in (p.k % cfg.vec == 0, (p.k if p.trans_b else p.n) % cfg.vec == 0):
+            eff *= 1.0 if aligned else 0.6       # element-wise copies of that operand
         if cfg.tf32:            # half the f16 rate; fragments read element-wise (no ldmatrix)
             eff *= 0.5 * 0.8
         out_b = 2 if p.out_dtype != "float32" else 4

@@ -119,6 +119,81 @@ def test_half_anchors_are_fused_tensor_core_kernels():
         assert st.kernel.build("cuda", arch="sm_90").binary
 
 
+def test_f32_anchors_that_allow_tf32_run_on_tensor_cores():
+    """f32 linear / conv ops whose ``tf32`` attribute allows it (PyTorch's setting at capture) are
+    fused TF32 tensor-core kernels: their results are the products of the TF32-rounded operands
+    (and measurably not the f32 products); the same linear without the permission stays SIMT."""
+    import torch.nn.functional as F
+
+    from taskmap.graph import Conv2dAttrs, GraphBuilder, MatmulAttrs, OpKind, UnaryAttrs, UnaryFn
+    from taskmap.ir.dtypes import f32
+    from taskmap.runtime.graph import CompiledGraph
+    from taskmap.testing import round_tf32
+
+    rng = np.random.default_rng(1)
+    r = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    w, bias, cw, cb = r(48, 96), r(48), r(16, 8, 3, 3), r(16)
+    b = GraphBuilder(device="cuda:0")
+    x, img = b.input((40, 96), f32), b.input((2, 8, 10, 10), f32)
+    lin = lambda tf32: b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)], MatmulAttrs(tf32))  # noqa: E731
+    y = b.op(OpKind.UNARY, [lin(True)], UnaryAttrs(UnaryFn.GELU))
+    z = b.op(OpKind.UNARY, [b.op(OpKind.CONV2D, [img, b.constant(cw), b.constant(cb)],
+                                 Conv2dAttrs((1, 1), (1, 1), (1, 1), 1, tf32=True))], UnaryAttrs(UnaryFn.RELU))
+    xa, ia = r(40, 96), r(2, 8, 10, 10)
+    with emulate_gpu("sm_90"):
+        cg = CompiledGraph(b.build([y, z, lin(False)]), "cpu", "numpy")
+        gy, gz, gl = cg(xa, ia)
+    assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc", "matmul_tc", "matmul_simt"]
+    d = lambda a: torch.from_numpy(np.asarray(a, np.float64))  # noqa: E731
+    t = lambda a: d(round_tf32(a))  # noqa: E731
+    cases = ((gy, F.gelu(F.linear(t(xa), t(w), d(bias))), F.gelu(F.linear(d(xa), d(w), d(bias)))),
+             (gz, F.relu(F.conv2d(t(ia), t(cw), d(cb), padding=1)), F.relu(F.conv2d(d(ia), d(cw), d(cb), padding=1))))
+    for got, tf32_want, f32_want in cases:
+        np.testing.assert_allclose(got, tf32_want.numpy(), rtol=1e-5, atol=1e-5)
+        assert np.abs(got - f32_want.numpy()).max() > 1e-3            # TF32 products, not f32 ones
+    np.testing.assert_allclose(gl, F.linear(d(xa), d(w), d(bias)).numpy(), rtol=1e-5, atol=1e-5)
+    for st in cg.steps:
+        assert st.kernel.build("cuda", arch="sm_90").binary
+
+
+def test_tf32_settings_come_from_pytorch_at_capture(monkeypatch):
+    """The frontend records PyTorch's TF32 settings (cuDNN convolutions: on by default; matmuls:
+    off, on under ``set_float32_matmul_precision("high")``) as the ops' ``tf32`` attribute of CUDA
+    graphs; CPU graphs never take TF32."""
+    from taskmap.frontend.torch import precision
+    from taskmap.graph import OpKind
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.fc(self.conv(x).flatten(2))
+
+    old = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("highest")
+        assert precision.current("cuda:0") == precision.Tf32(matmul=False, conv=True)
+        assert precision.current("cpu") == precision.Tf32()
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = False
+        assert precision.current("cuda:0") == precision.Tf32(matmul=True, conv=False)
+        torch.backends.cudnn.allow_tf32 = True
+        seen = {}
+        real = precision.current
+        monkeypatch.setattr(precision, "current", lambda dev: seen.setdefault(dev, real("cuda:0")))
+        fast = taskmap.compile(M().eval(), torch.randn(1, 3, 6, 6), progress=False)
+        assert seen == {"cpu": precision.Tf32(matmul=True, conv=True)}
+        ops = {op.kind: op.attrs.tf32 for op in fast.graphs[0].ops if op.kind in (OpKind.CONV2D, OpKind.LINEAR)}
+        assert ops == {OpKind.CONV2D: True, OpKind.LINEAR: True}
+        assert "TF32 allowed (PyTorch's settings at compile time) for: conv2d, linear" in fast.summary()
+    finally:
+        torch.set_float32_matmul_precision(old[0])
+        torch.backends.cudnn.allow_tf32 = old[1]
+
+
 def test_split_k_takes_the_epilogue_in_its_reduction():
     """Few output tiles over a long K (a batch-1 classifier, a deep 3x3 conv at 5x5): the GPU
     template splits K, the prologues stay in the main kernel's loads and the epilogue (bias,

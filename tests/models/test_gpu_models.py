@@ -17,6 +17,7 @@ pytestmark = pytest.mark.cuda
 # f16 against the f32 model: ||got - want|| / ||want|| (f16 has 11 bits: 5e-4 per rounding; a model's
 # depth of accumulated roundings stays well under 1e-2)
 F16_REL_L2 = 1e-2
+TF32_REL_L2 = F16_REL_L2   # TF32 operands keep f16's 10-bit mantissas (f32 range and sums)
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +92,35 @@ def test_model_f16(name, batch):
     assert got.dtype == torch.float16 and bool(torch.isfinite(got).all())
     # as close to f32 as PyTorch's own f16 run is (with room), and within the table's bound
     assert _rel_l2(got, want) < max(F16_REL_L2, 2 * _rel_l2(eager16, want))
+
+
+@pytest.mark.parametrize("name", ["resnet50", "inception_v3", "bert"])
+def test_model_tf32(name):
+    """PyTorch's TF32 settings at compile time reach the anchors: convolutions (and, under
+    ``set_float32_matmul_precision("high")``, matmuls) run on TF32 tensor cores — as close to the
+    true f32 result as eager's own TF32 run is, with room — and the kernels say so."""
+    model, x = _model(name), _inputs(name, 8, 1)
+    with torch.no_grad():
+        want = _main(model(x))                                   # TF32 off (the fixture)
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fast = taskmap.compile(model, x, progress=False)
+        for _ in range(3):
+            got = _main(fast(x))
+        with torch.no_grad():
+            eager = _main(model(x))
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+    assert _rel_l2(got, want) < max(TF32_REL_L2, 2 * _rel_l2(eager, want)), (_rel_l2(got, want), _rel_l2(eager, want))
+    assert _rel_l2(got, want) > 1e-6                              # not f32 products
+    (entry,) = fast.entries.values()
+    names = [k.func.name for st in entry.compiled.steps for k in st.kernels]
+    assert "matmul_tc" in names and "matmul_simt" not in names, names
 
 
 def test_folded_constants_live_on_the_models_device():

@@ -16,8 +16,8 @@ from test_matmul_simt import SM80, operands, run, tc
     (tc(), (37, 29, 45)),                                   # misaligned rows: element-wise copies
     (tc(bm=64, bn=32, bk=64, wm=2, wn=1, stages=4), (33, 40, 64)),   # aligned: cp.async
     (tc(wm=1, wn=2, stages=2, split=2), (19, 24, 208)),     # split-K
-    (tc(bn=64, wm=1, wn=2, split=4), (21, 19, 200)),
-], ids=["unaligned", "aligned-4stage", "splitk2", "splitk4"])
+    (tc(bn=64, wm=1, wn=2, split=4), (21, 19, 200)),        # A aligned, a stored B's rows not
+], ids=["unaligned", "aligned-4stage", "splitk2", "splitk4-mixed"])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_tensor_cores_match_numpy(schedule, shape, trans_b):
     p = MatmulProblem(2, *shape, "float16", "float16", b_batched=False, trans_b=trans_b, bias=True)
@@ -38,7 +38,8 @@ def test_tensor_cores_f32_output():
     (tc(bk=16), (37, 29, 45)),                              # misaligned rows: element-wise copies
     (tc(bm=64, bn=64, bk=32, wm=2, wn=2, stages=2), (33, 40, 64)),   # aligned: cp.async of 4 floats
     (tc(bk=16, wm=1, wn=2, stages=4, split=3), (19, 24, 200)),       # split-K
-], ids=["unaligned", "aligned", "splitk3"])
+    (tc(bk=16, bn=64, wm=1, wn=2), (21, 49, 36)),           # A aligned, a stored B's rows (49) not
+], ids=["unaligned", "aligned", "splitk3", "mixed"])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_tf32_tensor_cores_round_the_operands(schedule, shape, trans_b):
     """f32 in and out on TF32 tensor cores: the result is the f64 product of the operands rounded

@@ -30,7 +30,7 @@ from ...errors import IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
                ops_tensor, ops_upsample)
-from . import aten
+from . import aten, precision
 from .aliasing import Aliases
 from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch
 
@@ -121,6 +121,7 @@ class Importer:
         self.fallback = fallback
         dev = next((str(x.device) for x in self.examples if isinstance(x, torch.Tensor)), "cpu")
         self.builder = GraphBuilder(dev if dev != "cuda" else "cuda:0", name)
+        self.tf32 = precision.current(dev)           # PyTorch's TF32 settings now
         self.env: dict[torch.fx.Node, Any] = {}
         self.consts: dict[int, tuple[Any, Tensor]] = {}
         self.unsupported: list[tuple[str, str, str]] = []
@@ -204,7 +205,7 @@ class Importer:
         reason = ""
         if handler is not None:
             cv = Converter(self.builder, f"{where(node)}: {target_name(node)}",
-                           str(node.target) if node.op == "call_module" else "", self.consts)
+                           str(node.target) if node.op == "call_module" else "", self.consts, self.tf32)
             try:
                 if node.op == "call_module":
                     result = handler(cv, target, *args, **kwargs)

@@ -227,6 +227,9 @@ class CompiledModule:
                          f"{cg.planned_bytes / 2**20 if cg else 0:.1f} MiB in {len(cg.buffer_sizes) if cg else 0} "
                          f"buffers, constants {const_mb:.1f} MiB, compiled in {e.compile_seconds:.1f} s, "
                          f"{e.calls} call(s)")
+            tf32 = sorted({op.kind.name.lower() for op in g.ops if getattr(op.attrs, "tf32", False)})
+            if tf32:
+                lines.append(f"    TF32 allowed (PyTorch's settings at compile time) for: {', '.join(tf32)}")
             if e.imported.unsupported:
                 lines.append("    run by PyTorch: " + ", ".join(sorted({u[0] for u in e.imported.unsupported})))
         return "\n".join(lines)

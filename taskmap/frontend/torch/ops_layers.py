@@ -188,7 +188,7 @@ def transformer_encoder_layer(cv: Converter, m: nn.TransformerEncoderLayer, src:
     prefix = cv.prefix
 
     def sub(name: str) -> Converter:
-        return Converter(cv.builder, cv.source, f"{prefix}.{name}", cv.cache)
+        return cv.sub(f"{prefix}.{name}")
 
     def sa(x: Tensor) -> Tensor:
         return multihead_attention(sub("self_attn"), m.self_attn, x, x, x, src_key_padding_mask, False, src_mask)[0]
@@ -213,10 +213,9 @@ def transformer_encoder(cv: Converter, m: nn.TransformerEncoder, src: Tensor, ma
                         src_key_padding_mask: Any = None, is_causal: Any = None) -> Tensor:
     x = src
     for k, layer in enumerate(m.layers):
-        x = transformer_encoder_layer(Converter(cv.builder, cv.source, f"{cv.prefix}.layers.{k}", cv.cache), layer,
-                                      x, mask, src_key_padding_mask)
+        x = transformer_encoder_layer(cv.sub(f"{cv.prefix}.layers.{k}"), layer, x, mask, src_key_padding_mask)
     if m.norm is not None:
-        x = layer_norm(Converter(cv.builder, cv.source, f"{cv.prefix}.norm", cv.cache), m.norm, x)
+        x = layer_norm(cv.sub(f"{cv.prefix}.norm"), m.norm, x)
     return x
 
 

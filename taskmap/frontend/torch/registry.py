@@ -17,16 +17,17 @@ reason; the importer then reports the op as unsupported (or, with fallback, runs
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ...errors import UnsupportedError
-from ...graph import (BinaryAttrs, BinaryFn, CastAttrs, GraphBuilder, OpKind, PermuteAttrs, ShapeAttrs, SliceAttrs,
-                      Tensor, UnaryAttrs, UnaryFn, WhereAttrs)
+from ...graph import (BinaryAttrs, BinaryFn, CastAttrs, GraphBuilder, MatmulAttrs, OpKind, PermuteAttrs, ShapeAttrs,
+                      SliceAttrs, Tensor, UnaryAttrs, UnaryFn, WhereAttrs)
 from ...ir.dtypes import ScalarType, scalar_type
+from .precision import Tf32
 
 Handler = Callable[..., Any]
 _FUNCTIONS: dict[Any, Handler] = {}
@@ -108,11 +109,20 @@ class Converter:
     source: str = ""
     prefix: str = ""                      # call_module: the module's path (names its parameters)
     cache: dict[int, tuple[Any, Tensor]] | None = None  # id(torch tensor) -> (it, its constant): shared weights
+    tf32: Tf32 = Tf32()                   # PyTorch's TF32 settings at capture (the ops' ``tf32`` attribute)
 
     # ------------------------------------------------------------------ basics
 
     def op(self, kind: OpKind, inputs: Sequence[Tensor], attrs: Any = None) -> Tensor:
+        if kind in (OpKind.MATMUL, OpKind.LINEAR) and attrs is None:
+            attrs = MatmulAttrs(self.tf32.matmul)
+        elif kind is OpKind.CONV2D:
+            attrs = replace(attrs, tf32=self.tf32.conv)
         return self.builder.op(kind, list(inputs), attrs, source=self.source)
+
+    def sub(self, prefix: str) -> "Converter":
+        """The same converter for the submodule at ``prefix`` (names its parameters)."""
+        return replace(self, prefix=prefix)
 
     def const(self, value: Any, dtype: ScalarType | None = None, name: str = "") -> Tensor:
         """A constant from a torch tensor, numpy array or Python number (torch tensors once each)."""
