@@ -12,6 +12,7 @@ from taskmap.graph import (
     BinaryFn,
     Conv2dAttrs,
     GraphBuilder,
+    MatmulAttrs,
     NormAttrs,
     OpKind,
     PermuteAttrs,
@@ -21,6 +22,7 @@ from taskmap.graph import (
 )
 from taskmap.graph.passes import (
     PASSES,
+    combine_linears,
     cse,
     dce,
     fold_batch_norm,
@@ -30,6 +32,7 @@ from taskmap.graph.passes import (
     widen_half,
 )
 from taskmap.ir.dtypes import f16, f32
+from taskmap.ops import emulate_gpu
 from taskmap.runtime.graph import CompiledGraph
 
 RNG = np.random.default_rng(0)
@@ -127,6 +130,37 @@ def test_batch_norm_folds_into_a_2d_linear():
     xa = rand(3, 5)
     ref = (xa @ w.data.T - stats[0].data) / np.sqrt(stats[1].data + 1e-3)
     np.testing.assert_allclose(run(g, xa)[0], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_parallel_linears_become_one_linear_and_slices():
+    """q / k / v projections of one input: one linear of the stacked weights, a slice per result
+    (the results keep their identity, one of them a graph output); a linear of another input,
+    without a bias, with other attributes or a non-constant weight stays as it is.  GPU graphs
+    only (run here in GPU emulation)."""
+    b = GraphBuilder(device="cuda:0")
+    x, other, wv = b.input((2, 7, 16), f32), b.input((2, 7, 16), f32), b.input((6, 16), f32)
+    ws = [b.constant(rand(n, 16)) for n in (8, 8, 4)]
+    bs = [b.constant(rand(n)) for n in (8, 8, 4)]
+    q, k, v = (b.op(OpKind.LINEAR, [x, w, bias]) for w, bias in zip(ws, bs))
+    s = b.op(OpKind.BINARY, [q, k], BinaryAttrs(BinaryFn.MUL))
+    lone = [b.op(OpKind.LINEAR, [other, ws[0], bs[0]]), b.op(OpKind.LINEAR, [x, ws[1]]),
+            b.op(OpKind.LINEAR, [x, ws[2], bs[2]], MatmulAttrs(tf32=True)), b.op(OpKind.LINEAR, [x, wv])]
+    g = b.build([s, v, *lone])
+    c = combine_linears(g)
+    linears = [op for op in c.ops if op.kind is OpKind.LINEAR]
+    assert len(linears) == 5 and linears[0].output.shape == (2, 7, 20)
+    assert [op.kind for op in c.ops[:4]] == [OpKind.LINEAR] + [OpKind.SLICE] * 3
+    assert [op.output for op in c.ops[1:4]] == [q, k, v] and c.outputs[1] is v
+    xa, oa, wva = rand(2, 7, 16), rand(2, 7, 16), rand(6, 16)
+    with emulate_gpu("sm_90"):
+        got, want = run(c, xa, oa, wva), run(g, xa, oa, wva)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+    assert combine_linears(c) is c                                   # nothing left to combine
+    cpu = GraphBuilder(device="cpu")
+    xc = cpu.input((3, 16), f32)
+    g = cpu.build([cpu.op(OpKind.LINEAR, [xc, cpu.constant(w.data)]) for w in ws])
+    assert combine_linears(g) is g                                   # CPU graphs: as they are
 
 
 def test_batch_norm_is_not_folded_when_the_conv_has_another_reader():

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from ..ir import Graph
 from ..printer import graph_str
+from .combine_linears import combine_linears
 from .cse import cse
 from .dce import dce
 from .fold_batch_norm import fold_batch_norm
@@ -33,6 +34,7 @@ PASSES: tuple[tuple[str, GraphPass], ...] = (
     ("simplify", simplify),
     ("fold_constants", fold_constants),
     ("fold_batch_norm", fold_batch_norm),
+    ("combine_linears", combine_linears),
     ("cse", cse),
     ("simplify_again", simplify),
     ("dce", dce),
@@ -54,5 +56,5 @@ def optimize(graph: Graph, passes: tuple[tuple[str, GraphPass], ...] = PASSES) -
     return graph
 
 
-__all__ = ["PASSES", "GraphPass", "cse", "dce", "debug_enabled", "fold_batch_norm", "fold_constants", "optimize",
+__all__ = ["PASSES", "GraphPass", "combine_linears", "cse", "dce", "debug_enabled", "fold_batch_norm", "fold_constants", "optimize",
            "simplify", "widen_half"]
