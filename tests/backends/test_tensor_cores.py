@@ -191,21 +191,23 @@ def test_mma_tf32_is_refused_before_sm_80_on_hip_and_on_half_operands():
     with pytest.raises(UnsupportedError, match=r"NVIDIA tensor-core instruction with no HIP equivalent"):
         mma_tf32_tile.build("hip", arch="gfx90a")
     with pytest.raises(TaskmapError, match=r"the A operand of mma_sync_m16n8k8_tf32\(\) must be f32"):
-        @taskmap.kernel
-        def half_operands(c: f32[16, 8]):
-            attrs.block_dim = 32
-            ra = register_tensor(f16, [4])
-            rb = register_tensor(f32, [2])
-            rc = register_tensor(f32, [4])
-            mma_sync_m16n8k8_tf32(rc, ra, rb)
+        _mma_tf32_call(f16, runtime_flag=False)
     with pytest.raises(TaskmapError, match=r"rounded of mma_sync_m16n8k8_tf32\(\) must be a compile-time bool"):
-        @taskmap.kernel
-        def runtime_flag(c: f32[16, 8]):
-            attrs.block_dim = 32
-            ra = register_tensor(f32, [4])
-            rb = register_tensor(f32, [2])
-            rc = register_tensor(f32, [4])
+        _mma_tf32_call(f32, runtime_flag=True)
+
+
+def _mma_tf32_call(a_type, runtime_flag):
+    @taskmap.kernel
+    def one_call(c: f32[16, 8]):
+        attrs.block_dim = 32
+        ra = register_tensor(a_type, [4])
+        rb = register_tensor(f32, [2])
+        rc = register_tensor(f32, [4])
+        if runtime_flag:
             mma_sync_m16n8k8_tf32(rc, ra, rb, rounded=threadIdx.x > 0)
+        else:
+            mma_sync_m16n8k8_tf32(rc, ra, rb)
+    return one_call
 
 
 @taskmap.kernel

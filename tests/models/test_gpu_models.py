@@ -52,6 +52,16 @@ def _main(out):
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out
 
 
+def _compiled_runs(model, x, calls=3):
+    """``taskmap.compile(model)`` and its main output after ``calls`` calls (capture, replays)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = taskmap.compile(model, x, progress=False)
+        for _ in range(calls):
+            got = _main(fast(x))
+    return fast, got
+
+
 def _rel_l2(got, want):
     got, want = got.double(), want.double()
     return float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
@@ -81,11 +91,7 @@ def test_model_f16(name, batch):
     half = _model(name).half()
     x = _inputs(name, batch, 1)
     xh = x.half() if x.is_floating_point() else x
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fast = taskmap.compile(half, xh, progress=False)
-        for _ in range(3):
-            got = _main(fast(xh))
+    _, got = _compiled_runs(half, xh)
     with torch.no_grad():
         want = _main(model(x))
         eager16 = _main(half(xh))
@@ -106,11 +112,7 @@ def test_model_tf32(name):
     try:
         torch.backends.cudnn.allow_tf32 = True
         torch.set_float32_matmul_precision("high")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fast = taskmap.compile(model, x, progress=False)
-        for _ in range(3):
-            got = _main(fast(x))
+        fast, got = _compiled_runs(model, x)
         with torch.no_grad():
             eager = _main(model(x))
     finally:
