@@ -20,12 +20,13 @@ With ``split > 1`` K is cut into ranges whose f32 partial results an epilogue ke
 TF32: the same tiles and pipeline on f32 data (16-byte chunks of 4 floats); fragments are read
 from shared memory element by element through ``mma_tf32_a_layout`` / ``mma_tf32_b_layout``
 (``ldmatrix`` moves 16-bit elements) and rounded to tf32 there, once for all the mma calls that
-read them (``round_tf32``, ``rounded=True``); the reads are conflict-free thanks to the row padding: 4 floats for A
-and an ``N x K`` B (lane ``(g, t)`` reads row ``g``, column ``t``: banks ``4g + t``), 8 floats
-for a ``K x N`` B (row ``t``, column ``g``: banks ``8t + g``).
+read them (``round_tf32``, ``rounded=True``).  The row padding keeps those reads free of bank
+conflicts: 4 floats for A and an ``N x K`` B (lane ``(g, t)`` reads row ``g``, column ``t``:
+banks ``4g + t``), 8 floats for a ``K x N`` B (row ``t``, column ``g``: banks ``8t + g``).
 
-Space: block tiles 32..128 x 32..128, BK 32 / 64 (TF32: 16 / 32), warp grids of 1..8 warps with warp tiles of at
-least 16 x 16, 2..4 stages, split-K; pruned by shared memory and registers per thread.
+Space: block tiles 32..128 x 32..128, BK 32 / 64 (TF32: 16 / 32), warp grids of 1..8 warps with
+warp tiles of at least 16 x 16, 2..4 stages, split-K; pruned by shared memory and registers per
+thread.
 """
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -231,7 +232,7 @@ class MatmulTcTemplate(KernelFamily):
     """f16 / bf16 matmul on NVIDIA tensor cores (sm_80 and later)."""
 
     name = "matmul_tc"
-    version = 1
+    version = 2             # 2: per-operand cp.async alignment; TF32
 
 
     def applies(self, problem: Any, target: Target) -> bool:

@@ -1,7 +1,8 @@
 """Test helpers for taskmap users and taskmap's own tests.
 
 ``assert_close``/``is_close`` compare numpy arrays or torch tensors with the per-dtype
-:data:`TOLERANCES` (``round_tf32``: the operands of a TF32 tensor-core reference); ``shapes``, ``dtypes`` and ``arrays`` are hypothesis strategies (install
+:data:`TOLERANCES` (``round_tf32``: the operands of a TF32 tensor-core
+reference); ``shapes``, ``dtypes`` and ``arrays`` are hypothesis strategies (install
 ``taskmap[test]`` for hypothesis).
 """
 

@@ -125,7 +125,7 @@ def test_one_mma_tf32(device):
     b[:, 0] = 1.0
     c = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
     out = run_on(device, mma_tf32_tile, a, b, c)[2]
-    want = c + tf32_reference(a).astype(np.float64) @ tf32_reference(b).astype(np.float64)     # tf32 products are exact in f32
+    want = c + tf32_reference(a).astype(np.float64) @ tf32_reference(b).astype(np.float64)   # exact in f32
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     assert abs(out[0, 0] - (c[0, 0] + 8.0)) < 1e-5 and abs(c[0, 0] + 8 * (1 + 2.0 ** -12) - out[0, 0]) > 1e-3
 

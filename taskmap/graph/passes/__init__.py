@@ -56,5 +56,5 @@ def optimize(graph: Graph, passes: tuple[tuple[str, GraphPass], ...] = PASSES) -
     return graph
 
 
-__all__ = ["PASSES", "GraphPass", "combine_linears", "cse", "dce", "debug_enabled", "fold_batch_norm", "fold_constants", "optimize",
-           "simplify", "widen_half"]
+__all__ = ["PASSES", "GraphPass", "combine_linears", "cse", "dce", "debug_enabled", "fold_batch_norm",
+           "fold_constants", "optimize", "simplify", "widen_half"]
