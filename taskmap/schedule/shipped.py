@@ -45,23 +45,33 @@ def file_name(device: str) -> str:
     return device.replace(":", "_").replace("/", "_") + ".json"
 
 
+def _key(record: dict) -> tuple[str, Any, str]:
+    """What a record answers: (template name, template version, problem repr)."""
+    return record["template"], record.get("template_version"), record["problem"]
+
+
+def _read(path: Path, device: str) -> dict[tuple[str, Any, str], dict]:
+    """The records of ``device`` in ``path`` by :func:`_key` (none: no file, another format or
+    device)."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    if data.get("format") != FORMAT or data.get("device") != device:
+        return {}
+    return {_key(r): r for r in data["records"]}
+
+
 def _entries(device: str, directory: Path) -> dict[tuple[str, Any, str], dict]:
     with _lock:
         hit = _loaded.get((directory, device))
         if hit is not None:
             return hit
         path = directory / file_name(device)
-        table: dict[tuple[str, Any, str], dict] = {}
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-                if data.get("format") == FORMAT and data.get("device") == device:
-                    for r in data["records"]:
-                        key = (r["template"], r.get("template_version"), r["problem"])
-                        if key not in table or MODES.index(r["mode"]) < MODES.index(table[key]["mode"]):
-                            table[key] = r
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                _log.warning("ignoring unreadable shipped tuning records %s: %s", path, exc)
+        try:
+            table = _read(path, device)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _log.warning("ignoring unreadable shipped tuning records %s: %s", path, exc)
+            table = {}
         _loaded[(directory, device)] = table
         return table
 
@@ -113,12 +123,11 @@ def export(directory: Path, root: Path | None = None, device: str | None = None)
     written = {}
     for dev, records in sorted(by_device.items()):
         path = directory / file_name(dev)
-        table = dict(_read_file(path, dev))
+        table = _read(path, dev)
         for r in records:
-            key = (r["template"], r.get("template_version"), r["problem"])
-            old = table.get(key)
+            old = table.get(_key(r))
             if old is None or MODES.index(r["mode"]) <= MODES.index(old["mode"]):
-                table[key] = {k: r[k] for k in ("template", "template_version", "problem", "target", "mode", "k",
+                table[_key(r)] = {k: r[k] for k in ("template", "template_version", "problem", "target", "mode", "k",
                                                  "best", "times", "created") if k in r}
         out = {"format": FORMAT, "device": dev, "exported": time.time(),
                "records": sorted(table.values(), key=lambda r: (r["template"], r["problem"]))}
@@ -126,15 +135,6 @@ def export(directory: Path, root: Path | None = None, device: str | None = None)
         written[str(path)] = len(table)
     clear()
     return written
-
-
-def _read_file(path: Path, device: str) -> Iterable[tuple[tuple[str, Any, str], dict]]:
-    if not path.is_file():
-        return []
-    data = json.loads(path.read_text())
-    if data.get("format") != FORMAT or data.get("device") != device:
-        return []
-    return [((r["template"], r.get("template_version"), r["problem"]), r) for r in data["records"]]
 
 
 __all__ = ["RECORDS_DIR", "best", "clear", "device_key", "export", "file_name", "schedule_to_json"]

@@ -45,13 +45,11 @@ def test_tf32_tensor_cores_round_the_operands(schedule, shape, trans_b):
     """f32 in and out on TF32 tensor cores: the result is the f64 product of the operands rounded
     to TF32 (up to f32 summation), and measurably not the f32 product of the operands."""
     p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32=True)
-    a, b, bias = operands(p, np.float32, seed=3)
-    c = np.zeros(p.c_shape, np.float32)
-    MATMUL_TC.instantiate(p, SM80, schedule)(*MATMUL_TC.arguments(p, [a, b, bias], [c], schedule))
+    c, full = run(MATMUL_TC, p, schedule, SM80)          # full: the f64 product of the f32 operands
+    a, b, bias = operands(p, np.float32)                   # the operands run() used
     bm = np.swapaxes(b, 1, 2) if trans_b else b
     want = round_tf32(a).astype(np.float64) @ round_tf32(bm).astype(np.float64) + bias
     assert_close(c, want, rtol=1e-5, atol=1e-6 * np.sqrt(shape[2]))
-    full = a.astype(np.float64) @ bm.astype(np.float64) + bias
     assert np.abs(c - full).max() > 20 * np.abs(c - want).max()      # TF32 products, not f32 ones
 
 
