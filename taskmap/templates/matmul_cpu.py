@@ -80,14 +80,19 @@ COPY_BANDWIDTH = 8e9
 #: ``benchmarks/model_vs_exhaustive.py matmul --threads 1``): per vector of a B row read in place
 #: (more streams for the prefetchers), and when the A micro-panel takes over half of L1.
 B_IN_PLACE, L1_SHARED = 0.04, 0.05
-#: B read in place is read at the caller's alignment, and numpy only aligns to 16 bytes: 3 bases in
-#: 4 are off a cache line, and then every vector of a B row spans two lines (packed panels are
-#: 64-byte aligned).  Expected slow-down of the step, times ``V / NR`` (one extra line per row of
-#: ``NR / V`` lines).  Measured on Zen 4, B at +16 bytes against 64-byte aligned, same schedule:
-#: 1.37 / 1.21 / 1.17 at NR = 32 / 48 / 64 (128x3072x768), 1.28 / 1.13 / 1.10 (128x768x768), ~1.06
-#: (512^3): ~0.55 x V / NR, times 3/4.  (The exhaustive records are a lottery between aligned and
-#: split points; the model takes the expectation.)
-B_MISALIGNED = 0.4
+#: B read in place, per row of ``NR / V`` vectors: one more line (its rows are apart, not one
+#: stream), times ``V / NR``.  ``B_ROW`` for every row (fitted on Zen 4 with bases 16 bytes off a
+#: line; on Intel Cascade Lake, with aligned bases and rows, NR = 32 in place still costs 1.1-1.3x
+#: NR = 48 / 64: 192x768x288, 96x56x56 1x1 convolutions).  ``B_MISALIGNED`` more for each row
+#: that starts off a cache line: every vector of it then spans two lines (packed panels are
+#: aligned).  Bases are taken as 64-byte aligned (a compiled graph's buffers, PyTorch's CPU
+#: tensors and the tuner's example arrays are), so that is the rows whose pitch is not a multiple
+#: of 64 bytes (:func:`rows_off_line`).  Measured with the same schedule, B's rows all off a line
+#: against all on one: Zen 4 ~0.55 (128x3072x768 at NR = 32 / 48 / 64: 1.37 / 1.21 / 1.17);
+#: Cascade Lake 0.5-1.5 (192x768 by 289 vs 288 columns: 1.73 / 1.46 / 1.39; 64x256 by 1225 vs
+#: 1232: 1.23 / 1.10 / 1.21).  The larger cost is taken: packing B costs little where in place
+#: would have won, and in place costs up to 1.7x where B should have been packed.
+B_ROW, B_MISALIGNED = 0.4, 1.2
 #: L1 associativity (8 ways of 4 KiB on Zen 4 and most x86 cores).  Rows of A read in place whose
 #: pitch is a multiple of 4 KiB all fall in one L1 set (a pitch of 2 KiB: two sets, ...); the rows
 #: beyond the ways evict each other before their line's 16 K steps are used.  Slow-down of the step
@@ -103,6 +108,12 @@ _ZERO = np.zeros(1, np.float32)
 
 def lanes_of(target: Target) -> int:
     return max(4, target.vector_bytes // 4)
+
+
+def rows_off_line(pitch: int, line: int = 64) -> float:
+    """The fraction of rows of ``pitch`` floats that start off a ``line``-byte cache line when the
+    first one starts on one (a pitch of 289 floats: 15 rows in 16; 288: none)."""
+    return 1.0 - np.gcd(4 * pitch, line) / line
 
 
 def vector_registers(target: Target) -> int:
@@ -125,7 +136,7 @@ class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 6  # keys the tuning cache: bump when the kernels or the space change
+    version = 7  # keys the tuning cache: bump when the kernels or the space change
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -214,7 +225,7 @@ class MatmulCpuTemplate(KernelFamily):
             sets = min(L1_BYTES // L1_WAYS // 64, 4096 // np.gcd(p.k * 4, 4096))   # L1 sets the MR rows fall in
             step *= 1.03 + A_ALIASED_ROW * max(0, -(-mr // sets) - L1_WAYS)
         if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags; and
-            step *= 1.0 + B_IN_PLACE * nr / V + B_MISALIGNED * V / nr   # mostly off a line (see B_MISALIGNED)
+            step *= 1.0 + B_IN_PLACE * nr / V + (B_ROW + B_MISALIGNED * rows_off_line(p.n)) * V / nr
         if mr * kc * 4 > L1_BYTES // 2:  # the A micro-panel and the B stream share L1
             step *= 1.0 + L1_SHARED
         tile = p.k * step + kb * (5 * fmas + 40)

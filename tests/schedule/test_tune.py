@@ -162,6 +162,8 @@ def test_example_inputs_are_random_non_zero_and_on_the_target(cpu):
     (x,), (y,) = inputs, outputs
     assert x.shape == (128, 512) and x.dtype == np.float32 and np.all(np.abs(x) >= 0.5)
     assert (x < 0).any() and (x > 0).any() and y.shape == (128,) and not y.any()
+    # cache-line aligned, as a compiled graph's buffers: numpy's own arrays often start 16 bytes off
+    assert x.ctypes.data % 64 == 0 and y.ctypes.data % 64 == 0 and x.flags.c_contiguous
     args = example_arguments(RowSumTemplate(), PROBLEM, cpu)
     build_kernel(RowSumTemplate().instantiate(PROBLEM, cpu, FAST), cpu)(*args)
     np.testing.assert_allclose(args[1], args[0].sum(axis=1), rtol=1e-4)

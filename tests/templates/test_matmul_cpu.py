@@ -29,6 +29,7 @@ from taskmap.templates.matmul_cpu import (
     SMALL_TILES,
     TILES,
     lanes_of,
+    rows_off_line,
 )
 from taskmap.templates.matmul_cpu_dot import DotConfig, build_dot_kernel
 from taskmap.templates.matmul_cpu_kernel import CpuConfig, build_kernel
@@ -181,11 +182,27 @@ def test_cost_model_follows_recorded_facts():
     for p in (MatmulProblem(1, 1024, 1024, 1024), MatmulProblem(1, 128, 768, 3072)):
         assert cost(p, mr=12, nr=32, pack_a=False) > 1.25 * cost(p, mr=12, nr=32)
         assert cost(p, mr=6, nr=64, pack_a=False) < 1.1 * cost(p, mr=6, nr=64)
-    # B in place at numpy's alignment (16 bytes: rows off a cache line) costs more the fewer vectors
-    # a row has: 128x3072x768 measured 1.30 / 1.06 (12x32, in place / packed) but 1.08 / 1.02 (6x64).
+    # B in place costs more the fewer vectors a row has: 128x3072x768 measured 1.30 / 1.06 (12x32,
+    # in place / packed) but 1.08 / 1.02 (6x64).
     p = MatmulProblem(1, 128, 768, 3072)
     assert (cost(p, mr=12, nr=32, pack_b=False) / cost(p, mr=12, nr=32)
             > cost(p, mr=6, nr=64, pack_b=False) / cost(p, mr=6, nr=64))
+
+
+def test_b_rows_off_a_cache_line_are_packed():
+    """B's rows start off a cache line when its pitch is not a multiple of 64 bytes, and every
+    vector of them then spans two lines.  Measured on a Cascade Lake (aligned bases, 6x64 tiles):
+    192x768 by 289 columns (Inception-V3's 768 -> 192 1x1 convolutions at 17x17) in place 0.63-0.77
+    ms, packed 0.48-0.53; by 288 columns in place 0.48, packed 0.49-0.70."""
+    assert rows_off_line(289) == 15 / 16 and rows_off_line(288) == 0 and rows_off_line(196) == 0.75
+    cascade = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
+                                  fma512_per_cycle=1.75)
+    off, on = (MatmulProblem(1, 192, n, 768, a_batched=False, const_a=True) for n in (289, 288))
+    tile = dict(mr=6, nr=64, kc=384, ncb=4, split="m", pack_a=True, cores=2)
+    assert (MATMUL_CPU.cost(off, cascade, Schedule.of(**tile, pack_b=False))
+            > MATMUL_CPU.cost(off, cascade, Schedule.of(**tile, pack_b=True)))
+    assert choose(MATMUL_CPU, off, cascade, mode="model")["pack_b"]
+    assert not choose(MATMUL_CPU, on, cascade, mode="model")["pack_b"]
 
 
 def test_b_rows_a_page_apart_are_read_in_place_for_short_k():
