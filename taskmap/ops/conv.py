@@ -50,7 +50,7 @@ from ..templates.conv_cpu import CONV_CPU
 from ..templates.conv_problem import ConvProblem, output_size
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, new_like, view
-from ..templates.matmul_simt import MATMUL_SIMT
+from ..templates.matmul_simt import MATMUL_SIMT, aligned16
 from ..templates.matmul_tc import MATMUL_TC
 from ._dispatch import (
     FLOATS,
@@ -247,6 +247,8 @@ class _Plan:
 
     def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
         p, mp = self.p, self.mp
+        if not self.cpu:                  # the GPU templates read 16-byte chunks
+            arrays = tuple(aligned16(x) for x in arrays)
         avail = gemm_views(p, self.names, arrays[0], arrays[1], out)
         c = view(out, (mp.batch, mp.m, mp.n))
         if p.bias:

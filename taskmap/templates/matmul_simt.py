@@ -6,8 +6,11 @@ repeating ``rm x rn`` times a ``lm x ln`` arrangement of its lanes (4 x 8 for 32
 for 64-lane wavefronts), each lane computing a ``tm x tn`` register tile; the paper's
 ``spatial(4, 2) * repeat(2, 2) * spatial(4, 8) * repeat(4, 4)`` is one point.  Tiles of A
 (``BM x BK``, stored k-major in shared memory) and B (``BK x BN``) are loaded cooperatively
-(``auto_map``); shared memory is double-buffered: the next tiles are fetched into registers while
-the current ones are multiplied.  Every global access is predicated: any m, n, k works.
+(``auto_map``) in 16-byte vectors (``copy16``) where an operand's rows start 16-byte aligned (k,
+or n for a K x N B, a multiple of 4; element by element otherwise, and at the edges); shared memory
+is double-buffered: the next tiles are fetched into registers while the current ones are
+multiplied (the k steps of a tile unrolled: NVRTC reads each step's ``tm`` + ``tn`` values as
+16-byte shared loads).  Every global access is predicated: any m, n, k works.
 With ``split > 1`` K is cut into ranges (see :mod:`.matmul_splitk`).
 
 Space: warps per block (1..8 in 2-D shapes), warp repeats (1x1, 1x2, 2x2), thread tiles (4x4, 8x4, 8x8),
@@ -20,8 +23,8 @@ from typing import Any, Sequence
 
 from ..lang.kernel import kernel
 from ..ir.mapping import auto_map, repeat, spatial
-from ..lang import (attrs, blockIdx, f32, register_tensor, shared_tensor, symbol, syncthreads,
-                          threadIdx)
+from ..lang import (attrs, blockIdx, copy16, f32, register_tensor, shared_tensor, symbol, syncthreads,
+                          threadIdx, unroll)
 
 from ..backends.base import Target, TargetKind
 from ..runtime.kernel import Kernel
@@ -34,6 +37,8 @@ WARP_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (2, 4))
 THREAD_TILES = ((4, 4), (8, 4), (8, 8))
 REPEATS = ((1, 1), (1, 2), (2, 2))
 BKS = (8, 16)
+#: Floats per global load (16 bytes) where an operand's rows start 16-byte aligned.
+VEC = 4
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,10 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
     BM, BN = block_map.task_shape
     BK, S = cfg.bk, cfg.split
     TRANS_B, BIAS, A_BATCHED, B_BATCHED = cfg.trans_b, cfg.bias and cfg.split == 1, cfg.a_batched, cfg.b_batched
-    load_a = auto_map((BM, BK), THREADS)                     # (row, k) of the A tile
-    load_b = auto_map((BN, BK), THREADS) if TRANS_B else auto_map((BK, BN), THREADS)
+    # Global loads in chunks of VEC floats along each operand's rows: (row, chunk) of the A tile,
+    # of B's N x K tile or K x N tile
+    load_a = auto_map((BM, BK // VEC), THREADS)
+    load_b = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN // VEC), THREADS)
     batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
     A_T = f32[batch if A_BATCHED else 1, m, k]
     B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
@@ -79,59 +86,69 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
         sa = shared_tensor(f32, [2, BK, BM])                 # A tiles, k-major
         sb = shared_tensor(f32, [2, BK, BN])
         acc = register_tensor(f32, [block_map.tasks_per_worker])
-        ra = register_tensor(f32, [load_a.tasks_per_worker])
-        rb = register_tensor(f32, [load_b.tasks_per_worker])
+        ra = register_tensor(f32, [load_a.tasks_per_worker * VEC])
+        rb = register_tensor(f32, [load_b.tasks_per_worker * VEC])
         bi = blockIdx.z // S
         ai = bi if A_BATCHED else 0
         bj = bi if B_BATCHED else 0
         row0 = blockIdx.y * BM
         col0 = blockIdx.x * BN
+        aligned_a = k % VEC == 0                             # rows start 16-byte aligned: vector loads
+        aligned_b = (k if TRANS_B else n) % VEC == 0
         kt = (k + BK - 1) // BK
         per = (kt + S - 1) // S
         t0 = blockIdx.z % S * per
         t1 = min(t0 + per, kt)
         for q, (i, j) in enumerate(block_map.on(threadIdx.x)):
             acc[q] = 0.0
-        if t0 < t1:
-            for q, (i, kk) in enumerate(load_a.on(threadIdx.x)):
-                gk = t0 * BK + kk
-                sa[0, kk, i] = a[ai, row0 + i, gk] if row0 + i < m and gk < k else 0.0
-            if TRANS_B:
-                for q, (j, kk) in enumerate(load_b.on(threadIdx.x)):
-                    gk = t0 * BK + kk
-                    sb[0, kk, j] = b[bj, col0 + j, gk] if col0 + j < n and gk < k else 0.0
-            else:
-                for q, (kk, j) in enumerate(load_b.on(threadIdx.x)):
-                    gk = t0 * BK + kk
-                    sb[0, kk, j] = b[bj, gk, col0 + j] if gk < k and col0 + j < n else 0.0
-            syncthreads()
-            for t in range(t0, t1):
-                buf = (t - t0) % 2
-                if t + 1 < t1:                               # prefetch the next tiles into registers
-                    for q, (i, kk) in enumerate(load_a.on(threadIdx.x)):
-                        gk = (t + 1) * BK + kk
-                        ra[q] = a[ai, row0 + i, gk] if row0 + i < m and gk < k else 0.0
-                    if TRANS_B:
-                        for q, (j, kk) in enumerate(load_b.on(threadIdx.x)):
-                            gk = (t + 1) * BK + kk
-                            rb[q] = b[bj, col0 + j, gk] if col0 + j < n and gk < k else 0.0
+        # Step t loads tile t into registers, multiplies tile t - 1 (staged in shared memory at
+        # step t - 1) meanwhile, then stages tile t in the other buffer.
+        for t in range(t0, max(t1 + 1, t0)):
+            if t < t1:
+                for q, (i, ch) in enumerate(load_a.on(threadIdx.x)):
+                    gr = row0 + i
+                    gk = t * BK + ch * VEC
+                    if aligned_a and gr < m and gk < k:
+                        copy16(ra[q * VEC], a[ai, gr, gk])
                     else:
-                        for q, (kk, j) in enumerate(load_b.on(threadIdx.x)):
-                            gk = (t + 1) * BK + kk
-                            rb[q] = b[bj, gk, col0 + j] if gk < k and col0 + j < n else 0.0
-                for kk in range(BK):                         # multiply the current tiles
+                        for e in unroll(VEC):
+                            ra[q * VEC + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                if TRANS_B:
+                    for q, (j, ch) in enumerate(load_b.on(threadIdx.x)):
+                        gn = col0 + j
+                        gk = t * BK + ch * VEC
+                        if aligned_b and gn < n and gk < k:
+                            copy16(rb[q * VEC], b[bj, gn, gk])
+                        else:
+                            for e in unroll(VEC):
+                                rb[q * VEC + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                else:
+                    for q, (kk, ch) in enumerate(load_b.on(threadIdx.x)):
+                        gk = t * BK + kk
+                        gc = col0 + ch * VEC
+                        if aligned_b and gk < k and gc < n:
+                            copy16(rb[q * VEC], b[bj, gk, gc])
+                        else:
+                            for e in unroll(VEC):
+                                rb[q * VEC + e] = b[bj, gk, gc + e] if gk < k and gc + e < n else 0.0
+            if t > t0:                                       # multiply tile t - 1
+                buf = (t - 1 - t0) % 2
+                for kk in unroll(BK):
                     for q, (i, j) in enumerate(block_map.on(threadIdx.x)):
                         acc[q] += sa[buf, kk, i] * sb[buf, kk, j]
-                if t + 1 < t1:                               # stage the prefetched tiles
-                    for q, (i, kk) in enumerate(load_a.on(threadIdx.x)):
-                        sa[1 - buf, kk, i] = ra[q]
-                    if TRANS_B:
-                        for q, (j, kk) in enumerate(load_b.on(threadIdx.x)):
-                            sb[1 - buf, kk, j] = rb[q]
-                    else:
-                        for q, (kk, j) in enumerate(load_b.on(threadIdx.x)):
-                            sb[1 - buf, kk, j] = rb[q]
-                syncthreads()
+            if t < t1:                                       # stage tile t
+                buf = (t - t0) % 2
+                for q, (i, ch) in enumerate(load_a.on(threadIdx.x)):
+                    for e in unroll(VEC):
+                        sa[buf, ch * VEC + e, i] = ra[q * VEC + e]
+                if TRANS_B:
+                    for q, (j, ch) in enumerate(load_b.on(threadIdx.x)):
+                        for e in unroll(VEC):
+                            sb[buf, ch * VEC + e, j] = rb[q * VEC + e]
+                else:
+                    for q, (kk, ch) in enumerate(load_b.on(threadIdx.x)):
+                        copy16(sb[buf, kk, ch * VEC], rb[q * VEC])
+            syncthreads()
         for q, (i, j) in enumerate(block_map.on(threadIdx.x)):
             if row0 + i < m and col0 + j < n:
                 if BIAS:
@@ -150,7 +167,7 @@ class MatmulSimtTemplate(KernelFamily):
     """f32 matmul on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "matmul_simt"
-    version = 1
+    version = 2  # keys the tuning cache: bump when the kernels or the space change
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -226,8 +243,10 @@ def chain(main: Kernel, split: int, out_dtype: str, bias: bool) -> KernelChain:
 
 def gpu_arguments(problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any], split: int | None) -> list[Any]:
     """The GPU templates' launch arguments: a, b, bias (or a dummy), c, and the split-K workspace
-    ``(batch * split, m, n)`` (f32) when ``split > 1`` (the largest when the split is unknown)."""
-    ops = operand_views(problem, inputs, outputs)
+    ``(batch * split, m, n)`` (f32) when ``split > 1`` (the largest when the split is unknown).
+    The templates read their operands in 16-byte chunks (``copy16``, ``cp_async``): an input
+    that starts off a 16-byte boundary is copied."""
+    ops = operand_views(problem, [aligned16(x) for x in inputs], outputs)
     c = outputs[0]
     if not problem.bias:
         ops.insert(2, new_like(c, (1,), problem.out_dtype))
@@ -236,6 +255,17 @@ def gpu_arguments(problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequen
     return ops
 
 
+def aligned16(x: Any) -> Any:
+    """``x``, or an aligned copy of a numpy array / torch tensor that starts off a 16-byte boundary
+    (other arrays are passed on: the launch reports a misaligned copy)."""
+    if hasattr(x, "clone") and x.data_ptr() % 16:
+        return x.clone()
+    if hasattr(x, "ctypes") and x.ctypes.data % 16:
+        return x.copy()
+    return x
+
+
 MATMUL_SIMT = MatmulSimtTemplate()
 
-__all__ = ["MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "build_kernel", "chain", "gpu_arguments", "lane_shape"]
+__all__ = ["MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "aligned16", "build_kernel", "chain", "gpu_arguments",
+           "lane_shape"]

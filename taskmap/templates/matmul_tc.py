@@ -309,20 +309,8 @@ class MatmulTcTemplate(KernelFamily):
 
     def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None) -> list[Any]:
-        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results.
-        Operands must start 16-byte aligned (``cp_async``): misaligned views are copied."""
-        inputs = [_aligned(x) for x in inputs]
+        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results."""
         return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
-
-
-def _aligned(x: Any) -> Any:
-    """``x``, or an aligned copy of a numpy array / torch tensor that starts off a 16-byte boundary
-    (other arrays are passed on: the launch reports a misaligned copy)."""
-    if hasattr(x, "clone") and x.data_ptr() % 16:
-        return x.clone()
-    if hasattr(x, "ctypes") and x.ctypes.data % 16:
-        return x.copy()
-    return x
 
 
 MATMUL_TC = MatmulTcTemplate()

@@ -62,6 +62,32 @@ def test_simt_matches_numpy(schedule, m, n, k, trans_b, bias):
     assert_close(c, ref, rtol=1e-5, atol=2e-6 * k + 1e-5)
 
 
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("m, n, k", [(40, 48, 64), (40, 48, 66), (33, 50, 64), (17, 45, 37)])
+def test_simt_vector_loads(m, n, k, trans_b):
+    """Rows that start 16-byte aligned (k, or n for a K x N B, a multiple of 4) are read as 4-float
+    vectors, the others (and the chunks past an edge) element by element: every mix, with
+    split-K, against numpy."""
+    for s in (simt(wm=2, wn=2, tm=8, tn=4, bk=16), simt(wn=2, rn=2, split=2)):
+        p = MatmulProblem(2, m, n, k, trans_b=trans_b, bias=True)
+        c, ref = run(MATMUL_SIMT, p, s, SM80)
+        assert_close(c, ref, rtol=1e-5, atol=2e-6 * k + 1e-5)
+
+
+def test_simt_copies_operands_off_a_16_byte_boundary():
+    """Views that start 4 bytes past an aligned address are copied before the vector loads."""
+    p = MatmulProblem(1, 24, 32, 40)
+    a, b, _ = operands(p, np.float32)
+    a_off = np.empty(a.size + 1, np.float32)[1:].reshape(a.shape)
+    b_off = np.empty(b.size + 1, np.float32)[1:].reshape(b.shape)
+    a_off[...], b_off[...] = a, b
+    assert a_off.ctypes.data % 16 and b_off.ctypes.data % 16
+    c = np.zeros(p.c_shape, np.float32)
+    s = simt(wn=2, tm=8)
+    MATMUL_SIMT.instantiate(p, SM80, s)(*MATMUL_SIMT.arguments(p, [a_off, b_off], [c], s))
+    assert_close(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
+
+
 def test_simt_batches_and_the_papers_mapping():
     p = MatmulProblem(3, 37, 29, 50, a_batched=False)
     c, ref = run(MATMUL_SIMT, p, simt(wn=2, rm=2), SM80)
@@ -112,6 +138,8 @@ def test_builds_with_nvrtc(arch):
         if tpl is MATMUL_TC:
             for op in ("mma.sync.aligned.m16n8k16", "ldmatrix", "cp.async"):
                 assert op in ptx
+        else:                     # 16-byte global loads of A and B, 16-byte shared reads
+            assert "ld.global.v4." in ptx and "ld.shared.v4.f32" in ptx
         assert len(built.compiled) == (2 if s["split"] > 1 else 1)
 
 
