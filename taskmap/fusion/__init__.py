@@ -30,7 +30,11 @@ Semantics:
   the definition's ``tensor_input`` leaves take its place (in the order they are first read,
   one parameter per input node, shared between prologues / epilogues that read the same node).
   Vector copies reading ``p`` (``copy16``, ``cp_async``) are expanded into element loads +
-  stores (``cp_async`` becomes synchronous: its zero-fill predicate ``src_bytes`` is kept).
+  stores (``cp_async`` becomes synchronous: its zero-fill predicate ``src_bytes`` is kept) —
+  except the elements of a ``cp_async`` whose definition only reads one element of a 4-byte
+  tensor where a guard holds and is zero elsewhere (img2col, a transpose, a slice): they stay
+  asynchronous copies of 4 bytes, zero-filled where the guard fails, so the anchor's copy
+  pipeline keeps running.
 * ``epilogues[p]``: a bijective compute definition that reads the anchor's output ``p`` through
   a ``tensor_input`` named ``p`` (same rank and dtype, bijective read).  Every
   ``Store(p, idx, v)`` becomes ``Store(out, inv(idx), g(v, other inputs at inv(idx)))`` where

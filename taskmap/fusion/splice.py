@@ -370,6 +370,8 @@ class Splicer(IRRewriter):
         call = ev.expr
         if isinstance(call, PrimCall) and call.op in (Prim.COPY16, Prim.CP_ASYNC):
             dst, src = call.args[0], call.args[1]
+            if call.op is Prim.CP_ASYNC and id(src.tensor) in self.fused and id(dst.tensor) not in self.fused:
+                return self._gather_async(call)
             if id(dst.tensor) in self.fused or id(src.tensor) in self.fused:
                 return self.visit(self._expand_copy(call))
         if isinstance(call, PrimCall) and call.op is Prim.TRANSPOSE:
@@ -388,6 +390,35 @@ class Splicer(IRRewriter):
         store = S.Store(dst.tensor, _offset(dst, b * ld_dst + a), E.Load(src.tensor, _offset(src, a * ld_src + b)))
         return S.For(a, E.const(0, i32), n, 1, S.For(b, E.const(0, i32), n, 1, store))
 
+    def _gather_async(self, call: PrimCall) -> S.Stmt:
+        """``cp_async`` from a prologue, element by element: an element whose prologue only reads
+        one element of a 4-byte tensor where a guard holds and is zero elsewhere (img2col, a
+        transpose, a slice) stays an asynchronous copy — of 4 bytes, zero-filled past the guard —
+        so the anchor's copy pipeline keeps running; any other element is computed and stored
+        (synchronously, as :meth:`_expand_copy`)."""
+        dst, src, _, src_bytes = call.args
+        t = dst.dtype
+        nbytes = int(call.args[2].value)
+        have = self.visit(src_bytes)
+        stmts: list[S.Stmt] = []
+        for e in range(nbytes // t.nbytes):
+            d_idx = tuple(self.visit(i) for i in dst.indices[:-1] + (dst.indices[-1] + e,))
+            s_idx = src.indices[:-1] + (src.indices[-1] + e,)
+            value = self.visit(E.Load(src.tensor, s_idx))
+            in_copy = E.compare(E.CmpOp.GT, have, e * t.nbytes)
+            gather = _guarded_load(value, t)
+            if gather is None:
+                stmts.append(S.Store(dst.tensor, d_idx, E.select(in_copy, value, E.const(0, t))))
+                continue
+            guard, load = gather
+            ok = in_copy if guard is None else E.logical_and(in_copy, guard)
+            safe = tuple(E.select(ok, i, E.const(0, i.dtype)) for i in load.indices)
+            stmts.append(S.Evaluate(PrimCall(Prim.CP_ASYNC, (E.Load(dst.tensor, d_idx), E.Load(load.tensor, safe),
+                                                             E.const(t.nbytes, i32),
+                                                             E.select(ok, E.const(t.nbytes, i32), E.const(0, i32))),
+                                             call.type)))
+        return S.seq(*stmts)
+
     @staticmethod
     def _expand_copy(call: PrimCall) -> S.Stmt:
         """A vector copy as element copies (``cp_async``: synchronous, zero-filling past
@@ -404,6 +435,19 @@ class Splicer(IRRewriter):
                 value = E.select(E.compare(E.CmpOp.GT, call.args[3], e * t.nbytes), value, E.const(0, t))
             stores.append(S.Store(dst.tensor, d_idx, value))
         return S.seq(*stores)
+
+
+def _guarded_load(value: E.Expr, t: Any) -> tuple[E.Expr | None, E.Load] | None:
+    """``(guard, load)`` when ``value`` is ``load`` where ``guard`` holds and zero elsewhere (guard
+    None: always), ``load`` reading a global tensor of ``t`` (4 bytes: what ``cp_async`` copies);
+    else None."""
+    guard = None
+    if isinstance(value, E.Select) and isinstance(value.b, E.Const) and value.b.value == 0:
+        guard, value = value.cond, value.a
+    if (isinstance(value, E.Load) and value.tensor.dtype is t and t.nbytes == 4
+            and value.tensor.type.scope is MemScope.GLOBAL):
+        return guard, value
+    return None
 
 
 def _row_major(t: TensorType) -> bool:

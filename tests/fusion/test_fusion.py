@@ -18,6 +18,8 @@ from taskmap.errors import FusionError
 from taskmap.fusion import can_fuse, fuse
 from taskmap.ir import expr as E
 from taskmap.ir.expr import Intrinsic
+from taskmap.ir.functor import collect
+from taskmap.ir.primitives import Prim, PrimCall
 from taskmap.lang import f32
 from taskmap.schedule.rule_based import schedule
 from taskmap.templates.base import Schedule
@@ -182,6 +184,36 @@ def test_tensor_core_template(aligned, m, n, k, epi):
     p = MatmulProblem(1, m, n, k, "float16", "float16")
     s = Schedule.of(bm=32, bn=32, bk=32, wm=2, wn=1, stages=3, split=1)
     check_fused(MATMUL_TC, p, s, "cast", epi, lambda c: {}, seed=m + n + k, dtype="float16", tol=2e-3)
+
+
+@pytest.mark.parametrize("kind", ["gather", "computed"])
+def test_cp_async_stays_asynchronous_for_a_gathering_prologue(kind):
+    """The TF32 tensor-core template copies A with 16-byte ``cp_async``.  A prologue that only
+    gathers (a zero-padded transpose, as img2col is) keeps the copies asynchronous, 4 bytes each,
+    zero-filled where its guard fails; one that computes is stored element by element.  Both
+    against numpy, with GPU semantics on the CPU."""
+    m, n, k = 37, 24, 40
+    p = MatmulProblem(1, m, n, k, tf32=True)
+    xt = tensor_input("xt", "float32", [1, k, m - 3])         # a's last 3 rows are padding
+    if kind == "gather":
+        a = compute("a", [1, m, k], lambda b, i, j: E.select(i < m - 3, xt[b, j, E.minimum(i, m - 4)], 0.0))
+    else:
+        a = compute("a", [1, m, k], lambda b, i, j: E.select(i < m - 3, xt[b, j, E.minimum(i, m - 4)], 0.0) * 2.0)
+    anchor = MATMUL_TC.instantiate(p, SM90, Schedule.of(bm=32, bn=32, bk=16, wm=2, wn=1, stages=3, split=1))
+    fused = fuse(anchor, prologues={"a": a}, sizes={"batch": 1, "m": m, "n": n, "k": k, "cz": 1})
+    assert fused.build("cuda", arch="sm_90").binary
+    copies = [c for f in fused.module.functions for c in collect(f.body, PrimCall) if c.op is Prim.CP_ASYNC]
+    four = [c for c in copies if c.args[2].value == 4]
+    assert all(c.args[1].tensor.name == "xt" for c in four) and bool(four) == (kind == "gather")
+    assert any(c.args[2].value == 16 for c in copies)          # B's copies are untouched
+    xv, bv = rand((1, k, m - 3), 1), rand((1, k, n), 2)
+    c = np.zeros((1, m, n), np.float32)
+    call_by_name(fused, xt=xv, b=bv, bias=np.zeros(1, np.float32), c=c)
+    a_ref = np.concatenate([np.swapaxes(xv, 1, 2), np.zeros((1, 3, k), np.float32)], axis=1)
+    if kind == "computed":
+        a_ref = 2 * a_ref
+    ref = taskmap.testing.round_tf32(a_ref).astype(np.float64) @ taskmap.testing.round_tf32(bv).astype(np.float64)
+    close(c, ref, k)
 
 
 def test_fused_gpu_kernels_build_for_cuda_and_hip():
