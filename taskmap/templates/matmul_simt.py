@@ -103,7 +103,7 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
             acc[q] = 0.0
         # Step t loads tile t into registers, multiplies tile t - 1 (staged in shared memory at
         # step t - 1) meanwhile, then stages tile t in the other buffer.
-        for t in range(t0, max(t1 + 1, t0)):
+        for t in range(t0, t1 + 1):
             if t < t1:
                 for q, (i, ch) in enumerate(load_a.on(threadIdx.x)):
                     gr = row0 + i
