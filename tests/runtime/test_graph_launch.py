@@ -140,6 +140,32 @@ def test_profile_times_every_step_and_leaves_results_intact():
     assert table.splitlines()[0].startswith(f"Sequential: {len(steps)} steps")
     assert all(s.name in table for s in steps)
     assert "matmul_cpu" in table          # the kernel column: the linears' template kernel
+    # the GFLOP/s column: a number on the linears' rows (their FLOPs: test_op_flops)
+    assert "GFLOP of convolutions, matmuls and attention" in table.splitlines()[0]
+    rates = [line.split()[2] for line in table.splitlines()[2:] if "matmul_cpu" in line]
+    assert rates and all(float(r) >= 0 for r in rates)
+
+
+def test_op_flops():
+    """What the profile divides by: 2 per multiply-add of convolutions (groups), matmuls, linears
+    and attention; nothing for other ops."""
+    from taskmap.graph import Conv2dAttrs, GraphBuilder
+    from taskmap.graph.flops import op_flops
+    b = GraphBuilder()
+    x = b.input((2, 8, 10, 10), f32)
+    w = b.constant(np.zeros((6, 4, 3, 3), np.float32))
+    conv = b.op(OpKind.CONV2D, [x, w], Conv2dAttrs(padding=(1, 1), groups=2))
+    a, m = b.input((5, 7), f32), b.input((7, 3), f32)
+    mm = b.op(OpKind.MATMUL, [a, m])
+    lin = b.op(OpKind.LINEAR, [a, b.constant(np.zeros((9, 7), np.float32))])
+    q, k, v = b.input((2, 4, 5, 8), f32), b.input((2, 4, 6, 8), f32), b.input((2, 4, 6, 3), f32)
+    att = b.op(OpKind.ATTENTION, [q, k, v])
+    relu = b.op(OpKind.UNARY, [mm], UnaryAttrs(UnaryFn.RELU))
+    g = b.build([conv, lin, att, relu])
+    flops = {op.kind: op_flops(op) for op in g.ops}
+    assert flops[OpKind.CONV2D] == 2 * (2 * 6 * 10 * 10) * (4 * 3 * 3)
+    assert flops[OpKind.MATMUL] == 2 * 5 * 3 * 7 and flops[OpKind.LINEAR] == 2 * 5 * 9 * 7
+    assert flops[OpKind.ATTENTION] == 2 * (2 * 4 * 5) * 6 * (8 + 3) and flops[OpKind.UNARY] == 0
 
 
 @pytest.mark.cuda

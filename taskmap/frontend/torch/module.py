@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
+from ...graph.flops import op_flops
 from ...runtime.graph import CompiledGraph
 from .capture import CAPTURES, Capture, capture, try_symbolic_trace
 from .signature import bind, constant_arguments, forward_signature
@@ -188,7 +189,8 @@ class CompiledModule:
         """Per-kernel times of one call's compiled graph (compiled first if needed), slowest
         first: a table of median milliseconds over ``rounds`` runs, share of the total, the
         step's kind, its kernel (the template's or rule-based kernel's name; ``runner`` for an
-        operator run another way) and its ops (``top`` rows; None: all)."""
+        operator run another way), the GFLOP/s of its convolutions, matmuls and attention, and
+        its ops (``top`` rows; None: all)."""
         arguments = self._bind(args, kwargs)
         entry = self._entry(arguments)
         cg = entry.ready(self.progress)
@@ -197,10 +199,15 @@ class CompiledModule:
         rows = cg.profile(*tensors, rounds=rounds)
         total = sum(r[2] for r in rows) or 1.0
         kernels = {s.name: "+".join(k.__name__ for k in s.kernels) or "runner" for s in cg.steps}
-        lines = [f"{self.name}: {len(rows)} steps, {total * 1e3:.3f} ms in all (median of {rounds} runs per step)",
-                 f"{'ms':>9} {'share':>6}  {'kind':<14} {'kernel':<18} step"]
+        ops = {op.name: op for op in cg.graph.ops}
+        flops = {s.name: sum(op_flops(ops[n]) for n in s.name.split("+") if n in ops) for s in cg.steps}
+        work = sum(flops[name] for name, _, _ in rows)
+        lines = [f"{self.name}: {len(rows)} steps, {total * 1e3:.3f} ms in all (median of {rounds} runs per step), "
+                 f"{work / 1e9:.2f} GFLOP of convolutions, matmuls and attention: {work / total / 1e9:.1f} GFLOP/s",
+                 f"{'ms':>9} {'share':>6} {'GFLOP/s':>8}  {'kind':<14} {'kernel':<18} step"]
         for name, kind, sec in rows[:top]:
-            lines.append(f"{sec * 1e3:9.3f} {sec / total:6.1%}  {kind:<14} {kernels[name]:<18} {name}")
+            rate = f"{flops[name] / sec / 1e9:8.1f}" if flops[name] and sec > 0 else f"{'':8}"
+            lines.append(f"{sec * 1e3:9.3f} {sec / total:6.1%} {rate}  {kind:<14} {kernels[name]:<18} {name}")
         return "\n".join(lines)
 
     def summary(self) -> str:
