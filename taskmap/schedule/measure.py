@@ -43,6 +43,7 @@ import numpy as np
 
 from ..backends.base import Target, TargetKind
 from ..errors import TaskmapError, UnsupportedError
+from ..runtime.args import cache_aligned
 from ..runtime.tensor import dtype_name, tensor
 from ..templates.base import ExampleArgs, Schedule
 
@@ -74,25 +75,11 @@ def random_host_array(shape: Sequence[int], dtype: str, rng: np.random.Generator
     return values.astype(np.float32 if dtype == "bfloat16" else dtype)
 
 
-#: Byte alignment of the CPU example arrays: what a compiled graph's buffers and PyTorch's CPU
-#: tensors start at (numpy's own arrays start 16 bytes off a cache line as often as not, and an
-#: operand read in place then runs slower than it would in a model).
-CPU_ALIGN = 64
-
-
-def aligned_copy(host: np.ndarray, align: int = CPU_ALIGN) -> np.ndarray:
-    """A C-contiguous copy of ``host`` that starts at a multiple of ``align`` bytes."""
-    buf = np.empty(host.nbytes + align, np.uint8)
-    start = -buf.ctypes.data % align
-    out = buf[start:start + host.nbytes].view(host.dtype).reshape(host.shape)
-    out[...] = host
-    return out
-
-
 def on_target(host: np.ndarray, dtype: str, target: Target) -> Any:
-    """``host`` as an argument for a kernel built for ``target`` (on the CPU, cache-line aligned)."""
+    """``host`` as an argument for a kernel built for ``target`` (on the CPU, cache-line aligned:
+    as a compiled graph's buffers, so that operands read in place are timed as they run there)."""
     if target.kind is TargetKind.CPU and dtype != "bfloat16":
-        return aligned_copy(host)
+        return cache_aligned(np.ascontiguousarray(host))
     return tensor(host, device=target.kind.value, dtype=dtype)
 
 
@@ -133,8 +120,11 @@ def example_arguments(template: Any, problem: Any, target: Target, seed: int = 0
     ``arguments`` takes ``schedule`` and ``target``: e.g. weights packed for its tile)."""
     inputs, outputs = example_inputs(template, problem, target, seed)
     if schedule is not None and "schedule" in inspect.signature(template.arguments).parameters:
-        return list(template.arguments(problem, inputs, outputs, schedule=schedule, target=target))
-    return list(template.arguments(problem, inputs, outputs))
+        args = template.arguments(problem, inputs, outputs, schedule=schedule, target=target)
+    else:
+        args = template.arguments(problem, inputs, outputs)
+    # constants the template packed (weight panels) start on a cache line, as a compiled graph's do
+    return [cache_aligned(a) if isinstance(a, np.ndarray) else a for a in args]
 
 
 # ---------------------------------------------------------------------------------------------

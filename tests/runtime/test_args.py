@@ -157,3 +157,22 @@ def test_kernels_run_on_taskmap_and_dlpack_host_arrays():
         twice(x, taskmap.from_dlpack(frozen))
     with pytest.raises(LaunchError, match=r"argument 'a': __cuda_array_interface__ has a mask"):
         twice(FakeCai(shape=(5,), mask=1, device=0), out)
+
+
+def test_cache_aligned():
+    """Arrays that start off a cache line are copied to one that starts on it (same values);
+    aligned ones and strided views are returned as they are."""
+    import torch
+    from taskmap.runtime.args import CACHE_LINE, cache_aligned
+    buf = np.arange(200, dtype=np.float32)
+    start = (-buf.ctypes.data % CACHE_LINE) // 4
+    on, off = buf[start:start + 64], buf[start + 1:start + 65]
+    assert cache_aligned(on) is on
+    fixed = cache_aligned(off.reshape(8, 8))
+    assert fixed.ctypes.data % CACHE_LINE == 0 and fixed.shape == (8, 8)
+    np.testing.assert_array_equal(fixed.reshape(-1), off)
+    strided = buf[start + 1::2]
+    assert cache_aligned(strided) is strided
+    t = torch.arange(100, dtype=torch.float32)[1:65]
+    ta = cache_aligned(t)
+    assert t.data_ptr() % CACHE_LINE and ta.data_ptr() % CACHE_LINE == 0 and torch.equal(ta, t)

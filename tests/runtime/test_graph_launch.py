@@ -146,6 +146,21 @@ def test_profile_times_every_step_and_leaves_results_intact():
     assert rates and all(float(r) >= 0 for r in rates)
 
 
+def test_cpu_constants_start_on_a_cache_line():
+    """A compiled graph's constants (packed weight panels are read as aligned vectors) start on a
+    cache line whatever the allocator of the arrays they came from."""
+    import taskmap
+    from taskmap.runtime.args import CACHE_LINE
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(32 * 7 * 7, 10)).eval()
+    x = torch.randn(1, 8, 7, 7)
+    cm = taskmap.compile(model, (x,), progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-5)
+    cg = next(iter(cm.entries.values())).compiled
+    assert cg.constants and all(data_ptr(v) % CACHE_LINE == 0 for v in cg.constants.values())
+
+
 def test_op_flops():
     """What the profile divides by: 2 per multiply-add of convolutions (groups), matmuls, linears
     and attention; nothing for other ops."""

@@ -165,6 +165,7 @@ def test_example_inputs_are_random_non_zero_and_on_the_target(cpu):
     # cache-line aligned, as a compiled graph's buffers: numpy's own arrays often start 16 bytes off
     assert x.ctypes.data % 64 == 0 and y.ctypes.data % 64 == 0 and x.flags.c_contiguous
     args = example_arguments(RowSumTemplate(), PROBLEM, cpu)
+    assert all(a.ctypes.data % 64 == 0 for a in args)
     build_kernel(RowSumTemplate().instantiate(PROBLEM, cpu, FAST), cpu)(*args)
     np.testing.assert_allclose(args[1], args[0].sum(axis=1), rtol=1e-4)
 
