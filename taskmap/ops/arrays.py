@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import LaunchError
 from ..runtime.args import array_info, is_torch_tensor
-from ..runtime.tensor import Tensor, empty
+from ..runtime.tensor import Tensor, empty, host_empty
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def empty_like_kind(kind: ArrayKind, shape: Sequence[int], dtype: str) -> Any:
         return empty(shape, dtype, device=kind.device)
     if dtype == "bfloat16":
         raise LaunchError("numpy has no bfloat16: pass torch tensors for bf16")
-    return np.empty(shape, dtype=dtype)
+    return host_empty(shape, dtype)      # on a cache line, as PyTorch's CPU tensors
 
 
 def dtype_of(a: Any) -> str:

@@ -37,7 +37,7 @@ from ..ir.functor import substitute
 from ..ir.simplify import simplify_expr
 from ..ir.types import TensorType
 from . import dlpack
-from .tensor import DLPACK_DEVICES, Tensor, consumer_stream, device_string, parse_device
+from .tensor import CACHE_LINE, DLPACK_DEVICES, Tensor, consumer_stream, device_string, host_empty, parse_device
 
 INT32_MAX = 2**31 - 1
 _CAI_VERSIONS = range(4)
@@ -133,21 +133,13 @@ def view(a: Any, shape: Sequence[int]) -> Any:
     raise TypeError(f"cannot view a {type(a).__name__} as {shape}")
 
 
-#: Byte alignment of the CPU arrays taskmap allocates for kernels: a cache line (what a compiled
-#: graph's buffers and PyTorch's CPU tensors start at).  numpy starts arrays 16 bytes off a line
-#: as often as not, and every vector load of a row that starts off a line spans two lines.
-CACHE_LINE = 64
-
-
 def cache_aligned(a: Any) -> Any:
     """``a`` (a C-contiguous numpy array or CPU torch tensor) if it starts on a cache line, else a
     copy that does (other arrays, strided views included, are returned as they are)."""
     if isinstance(a, np.ndarray):
         if a.ctypes.data % CACHE_LINE == 0 or not a.flags.c_contiguous:
             return a
-        buf = np.empty(a.nbytes + CACHE_LINE, np.uint8)
-        start = -buf.ctypes.data % CACHE_LINE
-        out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+        out = host_empty(a.shape, a.dtype)
         out[...] = a
         return out
     if is_torch_tensor(a) and a.device.type == "cpu" and a.data_ptr() % CACHE_LINE and a.is_contiguous():

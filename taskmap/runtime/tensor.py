@@ -274,6 +274,21 @@ def _host_array(data: Any, dtype: str) -> np.ndarray:
     return np.asarray(arr, dtype=np.dtype(dtype), order="C")
 
 
+#: Byte alignment of the CPU arrays taskmap allocates for kernels: a cache line (what PyTorch's CPU
+#: allocator gives too).  numpy starts arrays 16 bytes off a line as often as not, and every
+#: vector load of a row that starts off a line spans two lines.
+CACHE_LINE = 64
+
+
+def host_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous numpy array that starts on a cache line."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    buf = np.empty(nbytes + CACHE_LINE, np.uint8)
+    start = -buf.ctypes.data % CACHE_LINE
+    return buf[start:start + nbytes].view(dt).reshape(tuple(shape))
+
+
 def empty(shape: int | Sequence[int], dtype: Any = "float32", device: Any = "cuda") -> Tensor:
     """An uninitialised tensor of ``shape`` and ``dtype`` on ``device``."""
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
@@ -283,7 +298,7 @@ def empty(shape: int | Sequence[int], dtype: Any = "float32", device: Any = "cud
     kind, index = parse_device(device)
     nbytes = int(np.prod(shape, dtype=np.int64)) * storage_dtype(name).itemsize
     if kind == "cpu":
-        host = np.empty(max(nbytes, 1), np.uint8)
+        host = host_empty((max(nbytes, 1),), np.uint8)
         return Tensor(host, host.ctypes.data, shape, name, "cpu")
     owned = _Owned(_alloc(kind, index, nbytes))
     return Tensor(owned, owned.buffer.ptr, shape, name, device_string(kind, index))

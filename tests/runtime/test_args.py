@@ -176,3 +176,10 @@ def test_cache_aligned():
     t = torch.arange(100, dtype=torch.float32)[1:65]
     ta = cache_aligned(t)
     assert t.data_ptr() % CACHE_LINE and ta.data_ptr() % CACHE_LINE == 0 and torch.equal(ta, t)
+    # what taskmap allocates on the CPU starts on a line: numpy buffers, taskmap tensors
+    from taskmap.ops.arrays import ArrayKind, empty_like_kind
+    from taskmap.runtime.tensor import empty
+    for _ in range(8):
+        a = empty_like_kind(ArrayKind("numpy", "cpu"), (3, 5), "float32")
+        assert a.ctypes.data % CACHE_LINE == 0 and a.shape == (3, 5) and a.dtype == np.float32
+        assert empty((7,), "float32", "cpu").data_ptr() % CACHE_LINE == 0
