@@ -27,8 +27,9 @@ from ..version import __version__
 NAMESPACE = "tuning"
 SUFFIX = ".json"
 #: Bumped when records change meaning (2: samples time prepared launches, without the per-call
-#: argument checks that weighed on small kernels).
-FORMAT = 2
+#: argument checks that weighed on small kernels; 3: CPU candidates run on cache-line aligned
+#: arrays and packed constants, as in a compiled graph — numpy's were 16 bytes off most times).
+FORMAT = 3
 
 _log = logging.getLogger("taskmap.tune")
 _cache = DiskCache(NAMESPACE)
