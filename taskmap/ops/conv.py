@@ -42,7 +42,7 @@ import numpy as np
 from ..backends import Target, TargetKind
 from ..errors import OpError
 from ..fusion import fuse
-from ..runtime.args import data_ptr
+from ..runtime.args import aligned, data_ptr
 from ..runtime.kernel import HostLaunch, Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
@@ -50,7 +50,7 @@ from ..templates.conv_cpu import CONV_CPU
 from ..templates.conv_problem import ConvProblem, output_size
 from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, new_like, view
-from ..templates.matmul_simt import MATMUL_SIMT, aligned16
+from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
 from ._dispatch import (
     FLOATS,
@@ -248,7 +248,7 @@ class _Plan:
     def __call__(self, kind: ArrayKind, arrays: tuple[Any, ...], out: Any) -> None:
         p, mp = self.p, self.mp
         if not self.cpu:                  # the GPU templates read 16-byte chunks
-            arrays = tuple(aligned16(x) for x in arrays)
+            arrays = tuple(aligned(x, 16) for x in arrays)
         avail = gemm_views(p, self.names, arrays[0], arrays[1], out)
         c = view(out, (mp.batch, mp.m, mp.n))
         if p.bias:

@@ -133,17 +133,19 @@ def view(a: Any, shape: Sequence[int]) -> Any:
     raise TypeError(f"cannot view a {type(a).__name__} as {shape}")
 
 
-def cache_aligned(a: Any) -> Any:
-    """``a`` (a C-contiguous numpy array or CPU torch tensor) if it starts on a cache line, else a
-    copy that does (other arrays, strided views included, are returned as they are)."""
+def aligned(a: Any, nbytes: int = CACHE_LINE) -> Any:
+    """``a`` (a C-contiguous numpy array or torch tensor) if it starts at a multiple of ``nbytes``
+    bytes (at most a cache line), else a copy that does: on a cache line for numpy, a clone for
+    torch (PyTorch's allocators align CPU tensors to 64 bytes, GPU ones to 256).  Other arrays,
+    strided views included, are returned as they are."""
     if isinstance(a, np.ndarray):
-        if a.ctypes.data % CACHE_LINE == 0 or not a.flags.c_contiguous:
+        if a.ctypes.data % nbytes == 0 or not a.flags.c_contiguous:
             return a
         out = host_empty(a.shape, a.dtype)
         out[...] = a
         return out
-    if is_torch_tensor(a) and a.device.type == "cpu" and a.data_ptr() % CACHE_LINE and a.is_contiguous():
-        return a.clone(memory_format=sys.modules["torch"].contiguous_format)    # PyTorch's CPU allocator aligns
+    if is_torch_tensor(a) and a.data_ptr() % nbytes and a.is_contiguous():
+        return a.clone(memory_format=sys.modules["torch"].contiguous_format)
     return a
 
 

@@ -59,7 +59,7 @@ from ..ir.types import TensorType
 from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
-from .args import cache_aligned
+from .args import aligned
 from .args import data_ptr as _ptr
 from .args import view
 from .concat_inplace import elide_concats
@@ -174,7 +174,7 @@ class CompiledGraph:
         """A constant for the kernels: on the CPU starting on a cache line (packed weight panels are
         read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not)."""
         if self.kind.device == "cpu":
-            data = cache_aligned(data)
+            data = aligned(data)
         if self.kind.library == "numpy":
             return data
         torch = sys.modules["torch"]

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..backends.base import Target, TargetKind
 from ..errors import TaskmapError, UnsupportedError
-from ..runtime.args import cache_aligned
+from ..runtime.args import aligned
 from ..runtime.tensor import dtype_name, tensor
 from ..templates.base import ExampleArgs, Schedule
 
@@ -79,7 +79,7 @@ def on_target(host: np.ndarray, dtype: str, target: Target) -> Any:
     """``host`` as an argument for a kernel built for ``target`` (on the CPU, cache-line aligned:
     as a compiled graph's buffers, so that operands read in place are timed as they run there)."""
     if target.kind is TargetKind.CPU and dtype != "bfloat16":
-        return cache_aligned(np.ascontiguousarray(host))
+        return aligned(np.ascontiguousarray(host))
     return tensor(host, device=target.kind.value, dtype=dtype)
 
 
@@ -124,7 +124,7 @@ def example_arguments(template: Any, problem: Any, target: Target, seed: int = 0
     else:
         args = template.arguments(problem, inputs, outputs)
     # constants the template packed (weight panels) start on a cache line, as a compiled graph's do
-    return [cache_aligned(a) if isinstance(a, np.ndarray) else a for a in args]
+    return [aligned(a) if isinstance(a, np.ndarray) else a for a in args]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ..lang import (attrs, blockIdx, copy16, f32, register_tensor, shared_tensor
                           threadIdx, unroll)
 
 from ..backends.base import Target, TargetKind
+from ..runtime.args import aligned
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
 from .base import KernelFamily, Schedule
@@ -246,7 +247,7 @@ def gpu_arguments(problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequen
     ``(batch * split, m, n)`` (f32) when ``split > 1`` (the largest when the split is unknown).
     The templates read their operands in 16-byte chunks (``copy16``, ``cp_async``): an input
     that starts off a 16-byte boundary is copied."""
-    ops = operand_views(problem, [aligned16(x) for x in inputs], outputs)
+    ops = operand_views(problem, [aligned(x, 16) for x in inputs], outputs)
     c = outputs[0]
     if not problem.bias:
         ops.insert(2, new_like(c, (1,), problem.out_dtype))
@@ -255,17 +256,6 @@ def gpu_arguments(problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequen
     return ops
 
 
-def aligned16(x: Any) -> Any:
-    """``x``, or an aligned copy of a numpy array / torch tensor that starts off a 16-byte boundary
-    (other arrays are passed on: the launch reports a misaligned copy)."""
-    if hasattr(x, "clone") and x.data_ptr() % 16:
-        return x.clone()
-    if hasattr(x, "ctypes") and x.ctypes.data % 16:
-        return x.copy()
-    return x
-
-
 MATMUL_SIMT = MatmulSimtTemplate()
 
-__all__ = ["MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "aligned16", "build_kernel", "chain", "gpu_arguments",
-           "lane_shape"]
+__all__ = ["MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "build_kernel", "chain", "gpu_arguments", "lane_shape"]

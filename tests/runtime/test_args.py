@@ -159,22 +159,22 @@ def test_kernels_run_on_taskmap_and_dlpack_host_arrays():
         twice(FakeCai(shape=(5,), mask=1, device=0), out)
 
 
-def test_cache_aligned():
+def test_aligned():
     """Arrays that start off a cache line are copied to one that starts on it (same values);
     aligned ones and strided views are returned as they are."""
     import torch
-    from taskmap.runtime.args import CACHE_LINE, cache_aligned
+    from taskmap.runtime.args import CACHE_LINE, aligned
     buf = np.arange(200, dtype=np.float32)
     start = (-buf.ctypes.data % CACHE_LINE) // 4
     on, off = buf[start:start + 64], buf[start + 1:start + 65]
-    assert cache_aligned(on) is on
-    fixed = cache_aligned(off.reshape(8, 8))
+    assert aligned(on) is on
+    fixed = aligned(off.reshape(8, 8))
     assert fixed.ctypes.data % CACHE_LINE == 0 and fixed.shape == (8, 8)
     np.testing.assert_array_equal(fixed.reshape(-1), off)
     strided = buf[start + 1::2]
-    assert cache_aligned(strided) is strided
+    assert aligned(strided) is strided
     t = torch.arange(100, dtype=torch.float32)[1:65]
-    ta = cache_aligned(t)
+    ta = aligned(t)
     assert t.data_ptr() % CACHE_LINE and ta.data_ptr() % CACHE_LINE == 0 and torch.equal(ta, t)
     # what taskmap allocates on the CPU starts on a line: numpy buffers, taskmap tensors
     from taskmap.ops.arrays import ArrayKind, empty_like_kind
