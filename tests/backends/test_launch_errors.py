@@ -12,9 +12,7 @@ import pytest
 import taskmap
 from taskmap.backends import host_cpu_target
 from taskmap.backends.cpu import build_c
-from taskmap.backends.cpu.build import CFLAGS, compiler, system_headers
-from taskmap.backends.cpu.runtime_c import RUNTIME_C, SYSTEM_HEADER
-from taskmap.runtime.cache import compiler_version
+from taskmap.backends.cpu.runtime_c import RUNTIME_C
 from taskmap.errors import BuildError, LaunchError, TaskmapError, UnsupportedError
 from taskmap import spatial
 from taskmap.lang import attrs, bf16, blockIdx, f32, i32, i64, parallel, shared_tensor, threadIdx, u8, vectorize
@@ -258,10 +256,8 @@ def test_build_error_from_invalid_c():
     assert not os.path.exists(cmd[out])
 
 
-def test_system_headers_are_precompiled_and_the_log_has_the_source_lines(tmp_path, monkeypatch):
-    """The build includes the system headers as ``tm_sys.h``, precompiled by gcc once per cache
-    folder (and used: ``-H`` marks it ``!``); a compiler error's line numbers are still those of
-    the saved, self-contained source."""
+def test_the_log_has_the_source_lines(tmp_path, monkeypatch):
+    """A compiler error's line numbers are those of the saved, self-contained source."""
     monkeypatch.setenv("TASKMAP_CACHE_DIR", str(tmp_path))
     source = RUNTIME_C + "\nint broken_" + uuid.uuid4().hex + "(void) { return no_such_name; }\n"
     with pytest.raises(BuildError) as info:
@@ -270,16 +266,6 @@ def test_system_headers_are_precompiled_and_the_log_has_the_source_lines(tmp_pat
     assert re.search(rf"kernel\.c:{line}:\d+: error: .no_such_name. undeclared", info.value.log), info.value.log
     with open(info.value.source_path) as f:
         assert f.read() == source
-    folder = system_headers(compiler())
-    assert (folder / "tm_sys.h").read_text() == SYSTEM_HEADER
-    if "gcc" not in compiler_version((compiler(), "--version")).lower():
-        return
-    assert (folder / "tm_sys.h.gch").is_file()
-    probe = tmp_path / "probe.c"
-    probe.write_text('#include "tm_sys.h"\nint f(int x) { return x + 1; }\n')
-    proc = subprocess.run([compiler(), *CFLAGS, "-H", "-I", str(folder), str(probe), "-o", str(tmp_path / "p.so")],
-                          capture_output=True, text=True, check=True)
-    assert f"! {folder / 'tm_sys.h.gch'}" in proc.stderr
 
 
 FAKE_CC = """#!/bin/sh

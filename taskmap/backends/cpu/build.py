@@ -6,16 +6,12 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ...errors import BuildError
 from ...runtime.cache import DiskCache, cache_key, compiler_version
 from ..base import Binary, Target
-from .runtime_c import SYSTEM_HEADER
 
 #: The C compiler (override with the environment variable ``TASKMAP_CC``).
 CC_DEFAULT = "gcc"
@@ -36,68 +32,23 @@ CFLAGS = ("-O3", "-fno-unswitch-loops", "-march=native", "-mprefer-vector-width=
 _cache = DiskCache("cpu")
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
-_pch_lock = threading.Lock()
-_pch_tried: set[Path] = set()
 
 
 def compiler() -> str:
     return os.environ.get("TASKMAP_CC", CC_DEFAULT)
 
 
-def system_headers(cc: str) -> Path:
-    """The folder holding ``tm_sys.h`` (:data:`.runtime_c.SYSTEM_HEADER`, which every generated
-    source begins with: the build includes it instead) and, with gcc, ``tm_sys.h.gch``: the header precompiled once per
-    compiler and flags, so a kernel's build skips parsing the system headers (~0.2 s of its
-    ~0.3-0.8 s).  Made once per cache folder; another compiler reads the plain header."""
-    version = compiler_version((cc, "--version"))
-    folder = _cache.path_for(cache_key("cpu-pch", SYSTEM_HEADER, CFLAGS, version), "-headers")
-    header, pch = folder / "tm_sys.h", folder / "tm_sys.h.gch"
-    precompile = "gcc" in version.lower()
-    if header.is_file() and (pch.is_file() or not precompile or folder in _pch_tried):
-        return folder
-    with _pch_lock:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not header.is_file():
-            _replace(header, lambda tmp: tmp.write_text(SYSTEM_HEADER))
-        if not pch.is_file() and precompile and folder not in _pch_tried:
-            _pch_tried.add(folder)           # once per process: if it fails, gcc reads the plain header
-            flags = [f for f in CFLAGS if f != "-shared"]
-            _replace(pch, lambda tmp: subprocess.run([cc, *flags, "-x", "c-header", str(header), "-o", str(tmp)],
-                                                     capture_output=True, check=False))
-    return folder
-
-
-def _replace(path: Path, write: Callable[[Path], Any]) -> None:
-    """Make ``path`` by ``write(temporary path)`` and an atomic rename (nothing when it fails:
-    other processes may be building the same file)."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        if Path(tmp).stat().st_size:
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def build_c(source: str, target: Target, entry: str) -> Binary:
-    """Compile ``source`` (cached by source, the system header, flags, compiler version and target)."""
+    """Compile ``source`` (cached by source, flags, compiler version and target)."""
     cc = compiler()
-    key = cache_key("cpu-c", source, SYSTEM_HEADER, CFLAGS, compiler_version((cc, "--version")), target)
+    key = cache_key("cpu-c", source, CFLAGS, compiler_version((cc, "--version")), target)
     so = _cache.get(key, ".so")
     src = _cache.path_for(key, ".c")
     if so is None:
         work = _cache.build_dir(key)
         c_file, out = work / "kernel.c", work / "kernel.so"
-        if source.startswith(SYSTEM_HEADER):     # the saved source stays self-contained
-            lines = SYSTEM_HEADER.count("\n")       # (#line: the log's line numbers are the source's)
-            c_file.write_text(f'#include "tm_sys.h"\n#line {lines + 1}\n' + source[len(SYSTEM_HEADER):])
-            cmd = [cc, *CFLAGS, "-I", str(system_headers(cc)), str(c_file), "-o", str(out), "-lm"]
-        else:
-            c_file.write_text(source)
-            cmd = [cc, *CFLAGS, str(c_file), "-o", str(out), "-lm"]
+        c_file.write_text(source)
+        cmd = [cc, *CFLAGS, str(c_file), "-o", str(out), "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
             src = _cache.put_bytes(key, ".c", source.encode())

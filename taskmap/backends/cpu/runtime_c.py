@@ -20,9 +20,9 @@ partial-warp ``mma``) are recorded in the launch's status (``tm_fault``) and rep
 from ..clike_runtime import HELPERS
 from .warp_c import WARP_PRIMS_C, WARP_TYPES_C
 
-#: The system headers every generated source includes first (``build.py`` compiles the source
-#: with them as ``tm_sys.h``, precompiled by gcc once per cache folder: parsing ``immintrin.h``
-#: and friends took ~0.2 s a kernel).
+#: The system headers every generated source includes first.  No ``<immintrin.h>``: parsing it
+#: took ~0.25 s a kernel (or a precompiled header, ~1 s to make); the vector code that is not
+#: gcc's own vectorization (the block transposes) uses gcc's vector extensions instead.
 SYSTEM_HEADER = r"""#include <stdint.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -33,9 +33,6 @@ SYSTEM_HEADER = r"""#include <stdint.h>
 #include <sys/mman.h>
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-#if defined(__AVX__)
-#include <immintrin.h>
 #endif
 """
 

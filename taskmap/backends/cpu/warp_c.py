@@ -241,53 +241,82 @@ static inline void tm_copy16(void *dst, const void *src) {
   memcpy(dst, src, 16);
 }
 /* ---- block transposes: dst[b * ldd + a] = src[a * lds + b] for a, b < n --------------------- */
+/* In registers, with gcc's vector extensions (no <immintrin.h>, whose parsing cost ~0.25 s a
+   kernel): each shuffle is one unpack / lane-shuffle instruction. */
+typedef float tm_f32x16 __attribute__((vector_size(64)));
+typedef int32_t tm_i32x16 __attribute__((vector_size(64)));
+typedef float tm_f32x8 __attribute__((vector_size(32)));
+typedef float tm_f32x16u __attribute__((vector_size(64), may_alias, aligned(4)));   /* unaligned rows */
+typedef float tm_f32x8u __attribute__((vector_size(32), may_alias, aligned(4)));
+typedef int32_t tm_i32x8 __attribute__((vector_size(32)));
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void tm_transpose16_f32(float *dst, const float *src, long ldd,
                                                                      long lds) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  const tm_i32x16 lo1 = {0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29},        /* unpack ps */
+                  hi1 = {2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31},
+                  lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},        /* unpack pd */
+                  hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                  lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},        /* 128-bit lanes */
+                  hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  tm_f32x16 r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = *(const tm_f32x16u *)(src + i * lds);
+#pragma GCC unroll 8
   for (int i = 0; i < 16; i += 2) {     /* 2x2 blocks of elements */
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    t[i] = __builtin_shuffle(r[i], r[i + 1], lo1);
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi1);
   }
+#pragma GCC unroll 4
   for (int i = 0; i < 16; i += 4) {     /* 4x4 blocks in each 128-bit lane */
-    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i] = __builtin_shuffle(t[i], t[i + 2], lo2);
+    r[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2);
+    r[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
+    r[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
   }
+#pragma GCC unroll 2
   for (int h = 0; h < 16; h += 8)       /* 128-bit lanes: pairs of row quads */
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
-      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
-      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+      t[h + i] = __builtin_shuffle(r[h + i], r[h + i + 4], lo4);
+      t[h + i + 4] = __builtin_shuffle(r[h + i], r[h + i + 4], hi4);
     }
+#pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    r[i] = __builtin_shuffle(t[i], t[i + 8], lo4);
+    r[i + 8] = __builtin_shuffle(t[i], t[i + 8], hi4);
   }
-  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) *(tm_f32x16u *)(dst + i * ldd) = r[i];
 }
 #endif
 #if defined(__AVX__)
 static inline __attribute__((always_inline)) void tm_transpose8_f32(float *dst, const float *src, long ldd,
                                                                     long lds) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  const tm_i32x8 lo1 = {0, 8, 1, 9, 4, 12, 5, 13}, hi1 = {2, 10, 3, 11, 6, 14, 7, 15},     /* unpack ps */
+                 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15},     /* shuffle ps */
+                 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};     /* 128-bit lanes */
+  tm_f32x8 r[8], t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = *(const tm_f32x8u *)(src + i * lds);
+#pragma GCC unroll 4
   for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    t[i] = __builtin_shuffle(r[i], r[i + 1], lo1);
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi1);
   }
+#pragma GCC unroll 2
   for (int i = 0; i < 8; i += 4) {
-    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    r[i] = __builtin_shuffle(t[i], t[i + 2], lo2);
+    r[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2);
+    r[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
+    r[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
   }
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
-    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
-    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    t[i] = __builtin_shuffle(r[i], r[i + 4], lo4);
+    t[i + 4] = __builtin_shuffle(r[i], r[i + 4], hi4);
   }
-  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, t[i]);
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) *(tm_f32x8u *)(dst + i * ldd) = t[i];
 }
 #endif
 /* n is a constant: one branch is left */
