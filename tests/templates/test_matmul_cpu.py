@@ -233,6 +233,33 @@ def test_micro_kernel_assembly():
     assert "gather" not in hot and "scatter" not in hot and "{%k" not in hot
 
 
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+@pytest.mark.parametrize("pack_b", [True, False])
+def test_edge_tiles_fused_with_split_k(pack_b):
+    """Edge tiles on both sides (100 = 8 x 12 + 4 rows, 49 columns: a single partial panel) with
+    K in three blocks: the partial sums go to ``cw`` and come back, the last block's stores carry
+    a bias + ReLU epilogue; sizes fixed as the graph compiler fixes them.  The edge path copies
+    rows through a tile buffer: plain vector moves, no scatter stores or gather loads."""
+    p = MatmulProblem(1, 100, 49, 200)
+    schedule = sched(mr=12, nr=64, kc=70, ncb=2, pack_b=pack_b, cores=1)
+    cs = p.c_shape
+    c_in, eb = tensor_input("c", "float32", list(cs)), tensor_input("eb", "float32", [cs[1]])
+    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + eb[i], 0.0))
+    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
+    fused = fuse(MATMUL_CPU.instantiate(p, CPU, schedule), {}, {"c": y}, sizes)
+    a, b, _ = operands(p)
+    wa, wb = MATMUL_CPU.workspace_sizes(p, schedule, CPU)
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
+              "y": np.full(cs, np.nan, np.float32), "cw": np.full(cs, np.nan, np.float32),
+              "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
+    fused(*(arrays[q.name] for q in fused.func.params))
+    expect = np.maximum(reference(p, a, b, None) + arrays["eb"][None, :, None], 0.0)
+    assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
+    asm = subprocess.run(["gcc", *ASM_FLAGS, "-S", fused.build("cpu").source_path, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "vscatter" not in asm and "vgather" not in asm
+
+
 # ----------------------------------------------------------------------------- small M (GEMV-like)
 
 
