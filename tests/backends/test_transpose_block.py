@@ -1,8 +1,8 @@
 """``transpose_block(dst[..], src[..], n, ld_dst, ld_src)``: an n x n f32 block transposed between
 two strided views (for a, b < n: ``dst[b * ld_dst + a] = src[a * ld_src + b]``, flat offsets
-from the references).  In CPU kernels (in-register AVX-512 / AVX transposes for n = 16 / 8, the
-scalar loop otherwise — each compiled here on its own with the vector extensions switched off),
-in GPU kernels run with GPU semantics, built for CUDA and HIP; the DSL's argument errors; fusion
+from the references).  In CPU kernels (in-register AVX-512 / AVX transposes for n = 16 / 8,
+written with gcc's vector extensions; the scalar loop otherwise — each compiled here on its own
+with AVX-512, AVX2 and neither), in GPU kernels run with GPU semantics, built for CUDA and HIP; the DSL's argument errors; fusion
 expanding it into element copies when a definition is spliced into its operands."""
 from __future__ import annotations
 
