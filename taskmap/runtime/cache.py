@@ -104,8 +104,7 @@ def _encode(obj: object, out) -> None:
     elif isinstance(obj, (set, frozenset)):
         _encode_unordered(b"U", list(obj), out)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        blob(b"C", f"{type(obj).__module__}.{type(obj).__qualname__}".encode())
-        _encode({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, out)
+        _encode_dataclass(obj, out)
     else:
         text = repr(obj)
         if " at 0x" in text:  # default object repr: the address would make keys random
@@ -114,6 +113,35 @@ def _encode(obj: object, out) -> None:
                 "pass its relevant fields, or make it a dataclass"
             )
         blob(b"R", f"{type(obj).__module__}.{type(obj).__qualname__}:{text}".encode())
+
+
+#: Encodings of frozen, hashable dataclass instances, by value (hashable: no list, dict or array
+#: inside, so the value cannot change).  A compiled graph's kernel keys each name the target,
+#: whose features and sizes were nine in ten of their encoding calls.
+_FROZEN: dict[object, bytes] = {}
+
+
+def _encode_dataclass(obj: object, out) -> None:
+    """Type name + fields; for a frozen instance, encoded once per value (see ``_FROZEN``)."""
+    memo = type(obj).__dataclass_params__.frozen        # type: ignore[attr-defined]
+    if memo:
+        try:
+            hit = _FROZEN.get(obj)
+        except TypeError:                                  # an unhashable field
+            hit, memo = None, False
+        if hit is not None:
+            out(hit)
+            return
+    chunks: list[bytes] = []
+    name = f"{type(obj).__module__}.{type(obj).__qualname__}".encode()
+    chunks.append(b"C" + struct.pack("<Q", len(name)) + name)
+    _encode({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, chunks.append)
+    data = b"".join(chunks)
+    if memo:
+        if len(_FROZEN) >= 4096:
+            _FROZEN.clear()
+        _FROZEN[obj] = data
+    out(data)
 
 
 def _encode_unordered(tag: bytes, items: list, out) -> None:

@@ -108,6 +108,42 @@ def test_key_numpy_values():
     assert cache_key(big) != cache_key(other)
 
 
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    items: list
+    name: str = "x"
+
+
+@dataclasses.dataclass
+class Mutable:
+    arch: str
+
+
+def test_key_frozen_dataclasses_are_encoded_once_by_value(monkeypatch):
+    """A frozen, hashable instance's encoding is kept (the target in every kernel key); the key
+    is the same as encoding it afresh, equal values share it, and other values do not."""
+    monkeypatch.setattr(cache_mod, "_FROZEN", {})
+    first = cache_key(Options("sm_90", ("-a",)))
+    assert len(cache_mod._FROZEN) == 1
+    assert cache_key(Options("sm_90", ("-a",))) == first               # an equal value: kept bytes
+    cache_mod._FROZEN.clear()
+    assert cache_key(Options("sm_90", ("-a",))) == first               # afresh: the same key
+    assert cache_key(Options("sm_90", ("-b",))) != first
+    assert cache_key(Options("sm_90", ("-a",)), "x") != cache_key(Options("sm_90", ("-a",)))
+
+
+def test_key_unhashable_and_mutable_dataclasses_are_encoded_each_time(monkeypatch):
+    """A frozen instance with a list inside (unhashable: its contents can change) and a mutable
+    dataclass are encoded on every call: the key follows their current contents."""
+    monkeypatch.setattr(cache_mod, "_FROZEN", {})
+    held, mut = Holder([1, 2]), Mutable("sm_90")
+    before = cache_key(held), cache_key(mut)
+    held.items.append(3)
+    mut.arch = "sm_80"
+    assert cache_key(held) != before[0] and cache_key(mut) != before[1]
+    assert not cache_mod._FROZEN
+
+
 def test_key_rejects_objects_with_address_repr():
     with pytest.raises(TypeError, match="deterministically"):
         cache_key(object())
