@@ -69,9 +69,14 @@ def cache_key(*parts: object) -> str:
     return h.hexdigest()[:32]
 
 
+def _blob(out, tag: bytes, data: bytes) -> None:
+    """One tagged, length-prefixed item of a key's encoding."""
+    out(tag + struct.pack("<Q", len(data)) + data)
+
+
 def _encode(obj: object, out) -> None:
     def blob(tag: bytes, data: bytes) -> None:
-        out(tag + struct.pack("<Q", len(data)) + data)
+        _blob(out, tag, data)
 
     if obj is None:
         out(b"N")
@@ -133,8 +138,7 @@ def _encode_dataclass(obj: object, out) -> None:
             out(hit)
             return
     chunks: list[bytes] = []
-    name = f"{type(obj).__module__}.{type(obj).__qualname__}".encode()
-    chunks.append(b"C" + struct.pack("<Q", len(name)) + name)
+    _blob(chunks.append, b"C", f"{type(obj).__module__}.{type(obj).__qualname__}".encode())
     _encode({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, chunks.append)
     data = b"".join(chunks)
     if memo:
