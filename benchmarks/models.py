@@ -214,6 +214,9 @@ def main() -> None:
     unknown = set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; choose from {MODELS}")
+    cols = ["taskmap", *PEERS]
+    headers = (["model", "batch"] + [f"{c} ms" for c in cols] + [f"{c}/taskmap" for c in cols[1:]]
+               + ["compile cold s", "compile cached s", "kernel launches/steps"])
     rows = []
     for m in args.models:
         for b in args.batch:
@@ -224,13 +227,11 @@ def main() -> None:
                 if not args.keep_going:
                     raise
                 traceback.print_exc()
-                rows.append([m, str(b), "FAILED"] + ["-"] * 8)
+                rows.append([m, str(b), "FAILED"] + ["-"] * (len(headers) - 3))
     print(f"\n{machine_description()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"device {args.device}{' (matmuls on TF32)' if args.tf32 else ''}, {datetime.date.today()}; "
           f"median of {args.rounds} rounds")
-    cols = ["taskmap", *PEERS]
-    print_table(["model", "batch"] + [f"{c} ms" for c in cols] + [f"{c}/taskmap" for c in cols[1:]]
-                + ["compile cold s", "compile cached s", "kernel launches/steps"], rows)
+    print_table(headers, rows)
 
 
 if __name__ == "__main__":

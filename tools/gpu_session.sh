@@ -16,13 +16,24 @@
 #
 # The machine's image has torch (CUDA 13), cuda-bindings 13 and NVRTC 13 (taskmap finds their
 # headers under nvidia/cu13), hypothesis, pytest-xdist, networkx, tqdm and transformers, and no
-# internet: taskmap runs from the working tree (PYTHONPATH), nothing is installed.  Logs land in
-# $OUT (they come back); each stage is time-boxed so that later stages still run.
+# internet: taskmap runs from the working tree (PYTHONPATH); only its entry points are installed.
+# Logs land in $OUT (they come back); each stage is time-boxed so that later stages still run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/taskmap-gpu}"
 mkdir -p "$OUT"
+# taskmap's entry points as an install would declare them (torch.compile(backend="taskmap") finds
+# the backend through one), from pyproject.toml, in a dist-info folder on the path
+python3 - <<'PY'
+import pathlib, tomllib
+project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+info = pathlib.Path("/tmp/taskmap-entry-points/taskmap-0.dist-info")
+info.mkdir(parents=True, exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: taskmap\nVersion: {project.get('version', '0')}\n")
+(info / "entry_points.txt").write_text("".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in points.items())
+                                               for group, points in project["entry-points"].items()))
+PY
+export PYTHONPATH="$PWD:/tmp/taskmap-entry-points${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WANT=" ${*:-cuda_tests models profile} "     # matmul_gpu ops_f32 ops_f16: on request
 stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the command line, if any)
     local name=$1 limit=$2; shift 2
@@ -43,7 +54,7 @@ stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet
 stage models_tf32 ${TF32_SECONDS:-200} python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch 1 8 --peers eager torch.compile --no-compile-times
 stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmarks/models.py ${TUNED_MODELS:-resnet50 bert} \
-    --device cuda --rounds 2 --seconds 0.5 --keep-going --peers torch.compile --no-compile-times
+    --device cuda --rounds 2 --seconds 0.5 --keep-going --batch ${TUNED_BATCH:-1 8} --peers torch.compile --no-compile-times
 [[ "$WANT" == *" models_tuned "* ]] && python3 -m taskmap records export "$OUT/records"   # to ship: taskmap/schedule/records
 stage gpu_exhaustive ${EXHAUSTIVE_SECONDS:-240} python3 benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda \
     --only ${EXHAUSTIVE_ONLY:-128x768x768 512x4608x49 1x2048x1000}

@@ -117,12 +117,13 @@ def example_arguments(template: Any, problem: Any, target: Target, seed: int = 0
                       schedule: Schedule | None = None) -> list[Any]:
     """The launch arguments of ``template``'s kernels for ``problem``, on random inputs — of
     ``schedule``'s kernel when the template's arguments depend on the schedule (its
-    ``arguments`` takes ``schedule`` and ``target``: e.g. weights packed for its tile)."""
+    ``arguments`` takes ``schedule``, and ``target`` if it takes one: e.g. weights packed for
+    its tile)."""
     inputs, outputs = example_inputs(template, problem, target, seed)
-    if schedule is not None and "schedule" in inspect.signature(template.arguments).parameters:
-        args = template.arguments(problem, inputs, outputs, schedule=schedule, target=target)
-    else:
-        args = template.arguments(problem, inputs, outputs)
+    takes = inspect.signature(template.arguments).parameters
+    extra = {} if schedule is None or "schedule" not in takes else \
+        {"schedule": schedule, **({"target": target} if "target" in takes else {})}
+    args = template.arguments(problem, inputs, outputs, **extra)
     # constants the template packed (weight panels) start on a cache line, as a compiled graph's do
     return [aligned(a) if isinstance(a, np.ndarray) else a for a in args]
 

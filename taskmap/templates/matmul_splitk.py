@@ -11,7 +11,7 @@ partial results, adds the bias, converts to the output dtype and writes C.
 arguments, each kernel taking its own subset; ``chain.build(target, arch)`` builds both.
 """
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..lang.kernel import kernel
 from ..ir.mapping import repeat, spatial
@@ -90,6 +90,16 @@ class CompiledChain:
     def __call__(self, *args: Any) -> None:
         for k, pick in zip(self.compiled, self.picks):
             k(*(args[i] for i in pick))
+
+    def prepare(self, *args: Any) -> Callable[[], None]:
+        """Each kernel's launch checked and packed once (``CompiledKernel.prepare``); calling the
+        result launches them in order."""
+        launches = [k.prepare(*(args[i] for i in pick)) for k, pick in zip(self.compiled, self.picks)]
+
+        def launch() -> None:
+            for one in launches:
+                one()
+        return launch
 
     @property
     def source(self) -> str:

@@ -20,7 +20,8 @@ from taskmap.backends import cuda_available, cuda_target, current_cuda_target, h
 from taskmap.errors import TaskmapError, UnsupportedError
 from taskmap.runtime.tensor import Tensor
 from taskmap.schedule import tune
-from taskmap.schedule.measure import Measurement, MeasureSettings, default_example_inputs, example_arguments
+from taskmap.schedule.measure import (Measurement, MeasureSettings, default_example_inputs, example_arguments,
+                                      measure_candidates)
 from taskmap.schedule.worker import build_kernel
 
 pytestmark = pytest.mark.usefixtures("cache_root")   # a session compile cache, an empty tuning cache
@@ -170,6 +171,27 @@ def test_example_inputs_are_random_non_zero_and_on_the_target(cpu):
     np.testing.assert_allclose(args[1], args[0].sum(axis=1), rtol=1e-4)
 
 
+def test_example_arguments_pass_the_schedule_and_target_only_where_taken(cpu):
+    # The GPU matmul templates' ``arguments`` take a schedule (the split-K workspace) but no
+    # target; the CPU ones take both.  Each gets what it takes (a GPU tuning run once failed here).
+    seen = []
+
+    class ScheduleOnly(RowSumTemplate):
+        def arguments(self, problem, inputs, outputs, schedule=None):
+            seen.append(schedule)
+            return super().arguments(problem, inputs, outputs)
+
+    class Both(RowSumTemplate):
+        def arguments(self, problem, inputs, outputs, schedule=None, target=None):
+            seen.append((schedule, target))
+            return super().arguments(problem, inputs, outputs)
+
+    example_arguments(ScheduleOnly(), PROBLEM, cpu, schedule=FAST)
+    example_arguments(Both(), PROBLEM, cpu, schedule=FAST)
+    example_arguments(Both(), PROBLEM, cpu)
+    assert seen == [FAST, (FAST, cpu), (None, None)]
+
+
 def test_example_inputs_from_spec_objects_ints_and_bf16(cpu):
     class Spec:
         def __init__(self, shape, dtype):
@@ -296,6 +318,23 @@ def test_measuring_on_the_gpu():
     result = tune.tune(ScaleTemplate(), ScaleProblem(1 << 22), target, "exhaustive", progress=False, settings=QUICK)
     assert set(result.record.times) == {s for s in ScaleTemplate().space(None, target)}
     assert all(0 < t < 1e-2 for t in result.record.times.values())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tf32", [False, True], ids=["simt", "tf32"])
+def test_tuning_the_gpu_matmul_templates_with_split_k(tf32):
+    # Long K over few output tiles: the spaces hold split-K chains (two kernels, a workspace).
+    from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.matmul_simt import MATMUL_SIMT
+    from taskmap.templates.matmul_tc import MATMUL_TC
+    target = current_cuda_target()
+    template = MATMUL_TC if tf32 else MATMUL_SIMT
+    problem = MatmulProblem(1, 128, 256, 4096, trans_b=True, bias=True, tf32=tf32)
+    space = template.space(problem, target)
+    picks = [next(s for s in space if s["split"] == 1), next(s for s in space if s["split"] > 1)]
+    measured = measure_candidates(template, problem, target, picks, QUICK)
+    assert [m.schedule for m in measured] == picks
+    assert all(m.ok and 0 < m.time < 1e-2 for m in measured), measured
 
 
 def test_a_template_the_worker_cannot_import_is_reported(cpu, monkeypatch):

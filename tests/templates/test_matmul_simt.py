@@ -13,7 +13,7 @@ from taskmap.schedule.tune import choose
 from taskmap.templates.base import Schedule
 from taskmap.templates.matmul_problem import MatmulProblem
 from taskmap.templates.matmul_simt import MATMUL_SIMT
-from taskmap.templates.matmul_splitk import KernelChain
+from taskmap.templates.matmul_splitk import CompiledChain, KernelChain
 from taskmap.templates.matmul_tc import MATMUL_TC
 from taskmap.testing import assert_close
 
@@ -123,6 +123,25 @@ def test_spaces_costs_and_split_k():
     assert not MATMUL_SIMT.space(MatmulProblem(1, 8, 8, 8, "float16", "float16"), SM80)
     for s in MATMUL_TC.space(MatmulProblem(1, 2048, 2048, 2048, "float16", "float16"), SM80):
         assert (s["bm"] // s["wm"]) % 16 == 0 and (s["bn"] // s["wn"]) % 16 == 0
+
+
+def test_a_compiled_chain_prepares_each_kernel_once_and_launches_them_in_order():
+    # What the tuner's worker times on a GPU: the prepared launches of a split-K chain.
+    log = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def prepare(self, *args):
+            log.append(("prepare", self.name, args))
+            return lambda: log.append(("launch", self.name))
+
+    launch = CompiledChain([Fake("main"), Fake("reduce")], [(0, 1, 2, 4), (4, 2, 3)]).prepare("a", "b", "bias", "c", "w")
+    launch()
+    launch()
+    assert log == [("prepare", "main", ("a", "b", "bias", "w")), ("prepare", "reduce", ("w", "bias", "c"))] + \
+        [("launch", "main"), ("launch", "reduce")] * 2
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
