@@ -305,20 +305,33 @@ class CompiledGraph:
     def profile(self, *inputs: Any, rounds: int = 10) -> list[tuple[str, str, float]]:
         """Run ``rounds`` times (after one warm-up run) and return, per step, its name, its
         kind and its median seconds — slowest first.  CPU steps are timed by the wall clock
-        around each launch; on a GPU every step is followed by a device synchronisation."""
-        sync = (lambda: sys.modules["torch"].cuda.synchronize()) if self.kind.device.startswith("cuda") else None
+        around each launch; GPU steps by CUDA events on the stream around each step's launches
+        (device time, without the host's synchronisation: a step of several launches includes
+        the gaps between them when the host is slower than the device)."""
+        gpu = self.kind.device.startswith("cuda")
         self._run(inputs, None)
         times: list[list[float]] = [[] for _ in self.steps]
+        events: list[tuple[int, Any, Any]] = []
 
         def timed(i: int, step: Step, values: list[Any]) -> None:
+            if gpu:
+                start, end = (sys.modules["torch"].cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                step.run(values)
+                end.record()
+                events.append((i, start, end))
+                return
             t0 = time.perf_counter()
             step.run(values)
-            if sync is not None:
-                sync()
             times[i].append(time.perf_counter() - t0)
 
         for _ in range(max(1, rounds)):
             self._run(inputs, timed)
+            if gpu:
+                sys.modules["torch"].cuda.synchronize()
+                for i, start, end in events:
+                    times[i].append(start.elapsed_time(end) / 1e3)
+                events.clear()
         rows = [(s.name, s.kind.name.lower(), float(np.median(t))) for s, t in zip(self.steps, times)]
         return sorted(rows, key=lambda r: -r[2])
 

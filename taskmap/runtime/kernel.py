@@ -149,10 +149,12 @@ class PreparedLaunch:
         self.kernel, self.values, self.grid, self.block = kernel, values, grid, block
         self.kind, self.device, self._keep = kind, device, keep   # _keep: the arrays stay alive
 
-    def __call__(self) -> None:
+    def __call__(self, stream: Any = None) -> None:
+        """Launch on ``stream`` (a driver stream handle or a torch stream; None: PyTorch's
+        current stream when torch is loaded, else the legacy default stream)."""
         k = self.kernel
         status = k._launcher(self.values, self.grid, self.block, k.smem_bytes,
-                             _current_stream(self.kind, self.device), self.device)
+                             _current_stream(self.kind, self.device) if stream is None else stream, self.device)
         if status:
             raise status_error(k.func.name, status)
 

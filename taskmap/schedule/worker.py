@@ -63,7 +63,10 @@ def build_candidate(template: Any, problem: Any, target: Target, schedule: Sched
 
 def measure_candidate(template: Any, problem: Any, target: Target, schedule: Schedule,
                       settings: MeasureSettings, first: Callable[[float], None]) -> float:
-    """Median seconds per run of ``schedule`` after warm-up; calls ``first`` after the first run."""
+    """Median seconds per run of ``schedule`` after warm-up; calls ``first`` after the first run.
+    On an NVIDIA GPU a sample is the device time of a CUDA graph of back-to-back launches (a
+    compiled graph's replay: no host launch overhead, which is what a host-timed loop of small
+    kernels measures); elsewhere the wall clock around a loop of launches."""
     compiled = build_candidate(template, problem, target, schedule)
     if compiled.launcher is None:
         raise NoDevice(f"cannot measure on {target.name}: no such device is present")
@@ -81,9 +84,15 @@ def measure_candidate(template: Any, problem: Any, target: Target, schedule: Sch
     first(timed(1))
     for _ in range(max(settings.warmup - 1, 0)):
         compiled(*args)
-    one = timed(1)
+    if target.kind is TargetKind.CUDA:      # device time, launches replayed as a CUDA graph
+        def batch(number: int, repeat: int) -> list[float]:
+            return cuda_driver.graph_seconds(launch, number, repeat)
+    else:
+        def batch(number: int, repeat: int) -> list[float]:
+            return [timed(number) for _ in range(repeat)]
+    one = min(batch(1, 3))
     number = max(1, min(settings.max_batch, math.ceil(settings.min_sample_time / max(one, 1e-9))))
-    return statistics.median(timed(number) for _ in range(max(settings.repeat, 1)))
+    return statistics.median(batch(number, max(settings.repeat, 1)))
 
 
 def _describe(exc: BaseException) -> str:

@@ -91,14 +91,14 @@ class CompiledChain:
         for k, pick in zip(self.compiled, self.picks):
             k(*(args[i] for i in pick))
 
-    def prepare(self, *args: Any) -> Callable[[], None]:
+    def prepare(self, *args: Any) -> Callable[..., None]:
         """Each kernel's launch checked and packed once (``CompiledKernel.prepare``); calling the
-        result launches them in order."""
+        result (with an optional stream, as a prepared launch) launches them in order."""
         launches = [k.prepare(*(args[i] for i in pick)) for k, pick in zip(self.compiled, self.picks)]
 
-        def launch() -> None:
+        def launch(stream: Any = None) -> None:
             for one in launches:
-                one()
+                one(stream)
         return launch
 
     @property

@@ -190,3 +190,25 @@ def test_save_and_load_on_gpu(tmp_path):
     got = loaded(x)
     assert got.device == want.device
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_profile_on_gpu_times_steps_by_events():
+    # Device time per step, from CUDA events: every step is timed, all positive, and together
+    # they take about what one run takes on the device (no synchronisation per step added).
+    model = _small()
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    fast = taskmap.compile(model, x, progress=False)
+    compiled = fast.entries[next(iter(fast.entries))].compiled
+    with torch.no_grad():
+        rows = compiled.profile(x, rounds=5)
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+        for _ in range(2):
+            compiled(x)                       # the second call captures the CUDA graph
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        compiled(x)                           # a replay
+        end.record()
+        torch.cuda.synchronize()
+    assert sorted(r[0] for r in rows) == sorted(s.name for s in compiled.steps)
+    assert all(0 < r[2] < 1e-2 for r in rows)
+    assert sum(r[2] for r in rows) < 2 * start.elapsed_time(end) / 1e3 + 1e-4

@@ -156,13 +156,14 @@ def test_a_compiled_chain_prepares_each_kernel_once_and_launches_them_in_order()
 
         def prepare(self, *args):
             log.append(("prepare", self.name, args))
-            return lambda: log.append(("launch", self.name))
+            return lambda stream=None: log.append(("launch", self.name, stream))
 
     launch = CompiledChain([Fake("main"), Fake("reduce")], [(0, 1, 2, 4), (4, 2, 3)]).prepare("a", "b", "bias", "c", "w")
     launch()
-    launch()
-    assert log == [("prepare", "main", ("a", "b", "bias", "w")), ("prepare", "reduce", ("w", "bias", "c"))] + \
-        [("launch", "main"), ("launch", "reduce")] * 2
+    launch("stream")
+    assert log == [("prepare", "main", ("a", "b", "bias", "w")), ("prepare", "reduce", ("w", "bias", "c")),
+                   ("launch", "main", None), ("launch", "reduce", None),
+                   ("launch", "main", "stream"), ("launch", "reduce", "stream")]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
