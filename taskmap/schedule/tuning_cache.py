@@ -28,8 +28,10 @@ NAMESPACE = "tuning"
 SUFFIX = ".json"
 #: Bumped when records change meaning (2: samples time prepared launches, without the per-call
 #: argument checks that weighed on small kernels; 3: CPU candidates run on cache-line aligned
-#: arrays and packed constants, as in a compiled graph — numpy's were 16 bytes off most times).
-FORMAT = 3
+#: arrays and packed constants, as in a compiled graph — numpy's were 16 bytes off most times;
+#: 4: GPU samples are device time, a CUDA graph of back-to-back launches, as a compiled graph
+#: replays them — a host-timed loop measured the launches of kernels shorter than ~30 us).
+FORMAT = 4
 
 _log = logging.getLogger("taskmap.tune")
 _cache = DiskCache(NAMESPACE)
