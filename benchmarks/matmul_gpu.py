@@ -4,7 +4,7 @@ NVIDIA GPU; then the matmul templates on the schedules their cost models choose 
 cuBLAS f32, and the tensor-core template on TF32 (f32 data, ``MatmulProblem.tf32``) against cuBLAS
 with TF32 allowed.  Times are CUDA-event medians after warm-up, measured on PyTorch's current
 stream, on which taskmap launches; the example's time includes its Python launch path (argument
-checks), the templates' a prepared launch.
+checks); the templates and cuBLAS beside them are timed as CUDA graph replays (device time).
 
     python benchmarks/matmul_gpu.py [sizes...]          # default: 512 1024 2039 2048 4096
 
@@ -93,11 +93,49 @@ def main(sizes: list[int]) -> int:
     print(f"\nthe templates (model-chosen schedules) vs cuBLAS, {name}")
     print_table(["n", "math", "schedule", "taskmap ms", "TFLOP/s", "cuBLAS ms", "cuBLAS TFLOP/s",
                  "taskmap/cuBLAS time", "rel L2 err"], template_rows(sizes, gen))
+    print(f"\nSIMT f32 linears (B = N x K weight, bias): shared tiles padded vs not, {name}; min of 3 alternating "
+          "rounds of CUDA graph replays")
+    print_table(["m x n x k", "schedule", "padded ms", "unpadded ms", "unpadded/padded", "padded TFLOP/s",
+                 "cuBLAS ms", "cuBLAS TFLOP/s", "padded/cuBLAS"], padding_rows())
     return 0
 
 
+def graph_median_ms(fn: Callable[[], object], number: int = 20, repeat: int = 10) -> float:
+    """Median milliseconds per ``fn()`` from ``number`` calls captured into one CUDA graph
+    (``torch.cuda.graph``; taskmap launches on the capture stream, PyTorch's current one) and
+    replayed between events: device time, without the host's launch path."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(number):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / number)
+    return statistics.median(times)
+
+
+def prepared(template: object, p: object, target: object, s: object, args: list, build: Callable[[], object] | None = None):
+    """The template's kernels for schedule ``s`` built for ``target`` (or ``build()``'s), prepared
+    on ``args``: one call launches them."""
+    from taskmap.schedule.worker import build_kernel
+
+    kernel = build() if build is not None else template.instantiate(p, target, s)
+    return build_kernel(kernel, target).prepare(*args)
+
+
 def template_rows(sizes: list[int], gen: object) -> list[list[str]]:
-    """SIMT f32 and TF32 tensor cores, each against cuBLAS in the same math."""
+    """SIMT f32 and TF32 tensor cores, each against cuBLAS in the same math (both timed as CUDA
+    graph replays)."""
     import torch
 
     from taskmap.backends.cuda.target import current_cuda_target
@@ -119,19 +157,68 @@ def template_rows(sizes: list[int], gen: object) -> list[list[str]]:
             s = tune.choose(template, p, target, mode="model")
             c = torch.empty(1, n, n, device="cuda")
             args = template.arguments(p, [a[None], b[None]], [c], s)
-            run = template.instantiate(p, target, s)
-            run(*args)
+            launch = prepared(template, p, target, s, args)
             torch.backends.cuda.matmul.allow_tf32 = tf32
             ref = torch.empty(n, n, device="cuda")
-            repeat = 20 if n <= 2048 else 10
-            t_tm = cuda_median_ms(lambda run=run, args=args: run(*args), repeat=repeat)
-            t_cb = cuda_median_ms(lambda a=a, b=b, ref=ref: torch.matmul(a, b, out=ref), repeat=repeat)
+            t_tm = graph_median_ms(launch)
+            t_cb = graph_median_ms(lambda a=a, b=b, ref=ref: torch.matmul(a, b, out=ref))
             torch.backends.cuda.matmul.allow_tf32 = False
             err = float(torch.linalg.vector_norm(c[0].double() - exact) / torch.linalg.vector_norm(exact))
             flop = 2.0 * n**3
             rows.append([f"{n}", math, ",".join(f"{k}={v}" for k, v in s.as_dict().items()), f"{t_tm:.3f}",
                          f"{flop / t_tm / 1e9:.2f}", f"{t_cb:.3f}", f"{flop / t_cb / 1e9:.2f}", f"{t_tm / t_cb:.2f}",
                          f"{err:.1e}"])
+    return rows
+
+
+#: Linear shapes (m, n, k; B is the N x K weight) for the SIMT A/B: BERT / GPT-2 at batch 8
+#: (1024 tokens), ViT-B/16 at batch 8 (1576), and squares.
+AB_SHAPES = [(1024, 3072, 768), (1024, 768, 3072), (1024, 2304, 768), (1024, 768, 768), (1576, 768, 768),
+             (1576, 3072, 768), (2048, 2048, 2048), (4096, 4096, 4096)]
+
+
+def padding_rows(rounds: int = 3) -> list[list[str]]:
+    """The SIMT template's padded shared tiles (``matmul_simt.PAD``) against unpadded ones, same
+    schedule (the model's), in alternating rounds of CUDA graph replays; cuBLAS beside them."""
+    import torch
+
+    from taskmap.backends.cuda.target import current_cuda_target
+    from taskmap.schedule import tune
+    from taskmap.templates import matmul_simt
+    from taskmap.templates.matmul_problem import MatmulProblem
+
+    target = current_cuda_target(0)
+    template = matmul_simt.MATMUL_SIMT
+    rows = []
+    for m, n, k in AB_SHAPES:
+        p = MatmulProblem(1, m, n, k, trans_b=True, bias=True)
+        s = tune.choose(template, p, target, mode="model")
+        cfg = template.config(p, target, s)
+        a, w, bias = torch.randn(1, m, k, device="cuda"), torch.randn(1, n, k, device="cuda"), torch.randn(n, device="cuda")
+        c = torch.empty(1, m, n, device="cuda")
+        args = template.arguments(p, [a, w, bias], [c], s)
+        launches = {}
+        for pad in (matmul_simt.PAD, 0):
+            saved, matmul_simt.PAD = matmul_simt.PAD, pad
+            try:
+                build = lambda: matmul_simt.chain(matmul_simt.build_kernel(cfg), cfg.split, "float32", cfg.bias)  # noqa: E731
+                launches[pad] = prepared(template, p, target, s, args, build)
+            finally:
+                matmul_simt.PAD = saved
+            launches[pad]()
+            torch.testing.assert_close(c[0], torch.nn.functional.linear(a[0], w[0], bias), rtol=1e-4, atol=1e-3)
+        ref = torch.empty(m, n, device="cuda")
+        times: dict[object, list[float]] = {key: [] for key in (*launches, "cublas")}
+        runs = {**launches, "cublas": lambda: torch.addmm(bias, a[0], w[0].t(), out=ref)}
+        for _ in range(rounds):
+            for key, fn in runs.items():
+                times[key].append(graph_median_ms(fn))
+        t = {key: min(v) for key, v in times.items()}
+        flop = 2.0 * m * n * k
+        rows.append([f"{m}x{n}x{k}", ",".join(f"{x}={y}" for x, y in s.as_dict().items()),
+                     f"{t[matmul_simt.PAD]:.3f}", f"{t[0]:.3f}", f"{t[0] / t[matmul_simt.PAD]:.2f}",
+                     f"{flop / t[matmul_simt.PAD] / 1e9:.1f}", f"{t['cublas']:.3f}", f"{flop / t['cublas'] / 1e9:.1f}",
+                     f"{t[matmul_simt.PAD] / t['cublas']:.2f}"])
     return rows
 
 

@@ -46,7 +46,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$OUT/gpu.txt"
 stage cuda_tests ${TEST_SECONDS:-150} python3 -m pytest -m cuda -q -p no:cacheprovider --no-header -rfE --tb=short -n 8 \
     --timeout 120 --junitxml="$OUT/cuda_tests.xml" ${TESTS:-tests/}
-stage matmul_gpu 90 python3 benchmarks/matmul_gpu.py
+stage matmul_gpu ${MATMUL_SECONDS:-150} python3 benchmarks/matmul_gpu.py
 stage ops_f32 100 python3 benchmarks/ops_table.py --device cuda --no-compile --rounds 2 --only matmul,linear,conv,softmax,layernorm,attention
 stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 --no-compile --rounds 2 --only matmul,linear,attention
 stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet50 bert gpt2 mobilenet_v2 inception_v3 vit} \

@@ -41,6 +41,11 @@ REPEATS = ((1, 1), (1, 2), (2, 2))
 BKS = (8, 16)
 #: Floats per global load (16 bytes) where an operand's rows start 16-byte aligned.
 VEC = 4
+#: Floats of padding after each k-row of the transposed shared tiles (A, and an N x K B): a
+#: warp stores a tile's 4-float chunks of 8 (BK 16) or 16 rows (BK 8) at once, each chunk as 4
+#: k-rows of one column; unpadded, the rows' columns share banks (4-way conflicts at BK 16), with
+#: 4 floats they spread over 2 (BK 16) or all 32 banks (BK 8).  Reads stay 16-byte vectors.
+PAD = 4
 #: A k-tile's fixed cost (its barrier, the loads of the next tile) in k steps of FMAs (cost model).
 K_TILE_OVERHEAD = 1.5
 
@@ -87,8 +92,8 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
     def matmul_simt(a: A_T, b: B_T, bias: BIAS_T, c: f32[cz, m, n]):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS
-        sa = shared_tensor(f32, [2, BK, BM])                 # A tiles, k-major
-        sb = shared_tensor(f32, [2, BK, BN])
+        sa = shared_tensor(f32, [2, BK, BM + PAD])           # A tiles, k-major (rows padded)
+        sb = shared_tensor(f32, [2, BK, BN + (PAD if TRANS_B else 0)])
         acc = register_tensor(f32, [block_map.tasks_per_worker])
         ra = register_tensor(f32, [load_a.tasks_per_worker * VEC])
         rb = register_tensor(f32, [load_b.tasks_per_worker * VEC])
@@ -167,6 +172,11 @@ def lane_shape(target: Target) -> tuple[int, int]:
     return (8, 8) if target.warp_size == 64 else (4, 8)
 
 
+def shared_bytes(bm: int, bn: int, bk: int, trans_b: bool) -> int:
+    """Shared memory of a block: two k-tiles of A and B (see :data:`PAD`)."""
+    return 2 * bk * (bm + PAD + bn + (PAD if trans_b else 0)) * 4
+
+
 def bank_conflicts(lanes: int, per_lane: int) -> int:
     """Shared-memory passes of one 16-byte fragment read (``ld.shared.v4``) where ``lanes`` lanes
     each read ``per_lane`` consecutive floats, over the ideal: 32 banks of 4 bytes serve eight
@@ -180,7 +190,7 @@ class MatmulSimtTemplate(KernelFamily):
     """f32 matmul on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "matmul_simt"
-    version = 2  # keys the tuning cache: bump when the kernels or the space change (not the cost)
+    version = 3  # keys the tuning cache: bump when the kernels or the space change (not the cost)
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -203,7 +213,7 @@ class MatmulSimtTemplate(KernelFamily):
                     if tm * tn * rm * rn > 64:                       # accumulators per thread
                         continue
                     for bk in BKS:
-                        if 2 * (bm + bn) * bk * 4 > target.max_shared_memory:
+                        if shared_bytes(bm, bn, bk, p.trans_b) > target.max_shared_memory:
                             continue
                         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
                         for split in splits_for(target, tiles, p.k, bk):
@@ -233,7 +243,7 @@ class MatmulSimtTemplate(KernelFamily):
         w = Workload(flops=p.flops, global_bytes=global_bytes,
                      cache_bytes=4 * p.flops / 2 * (1 / bm + 1 / bn) * 2, work_items=tiles, threads_per_item=threads,
                      registers_per_thread=min(255, per_thread + 2 * s["bk"] + 32),
-                     shared_per_item=2 * (bm + bn) * s["bk"] * 4, inner_bytes=4 * s["bk"], compute_efficiency=eff)
+                     shared_per_item=shared_bytes(bm, bn, s["bk"], p.trans_b), inner_bytes=4 * s["bk"], compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> SimtConfig:
