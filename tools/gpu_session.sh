@@ -12,7 +12,9 @@
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
-# defaults fit one 15-minute lease with room for one more call.
+# defaults fit one 15-minute lease with room for one more call.  Session 17 (H200): tests 58 s,
+# models 276 s, the profile of three models 35 s, matmul_gpu 7 s (before its A/B table), tuning
+# BERT + ResNet-50 at batch 1 ~120 s, BERT at batch 8 ~70 s; one call's overhead ~30 s.
 #
 # The machine's image has torch (CUDA 13), cuda-bindings 13 and NVRTC 13 (taskmap finds their
 # headers under nvidia/cu13), hypothesis, pytest-xdist, networkx, tqdm and transformers, and no
@@ -58,4 +60,5 @@ stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmark
 [[ "$WANT" == *" models_tuned "* ]] && python3 -m taskmap records export "$OUT/records"   # to ship: taskmap/schedule/records
 stage gpu_exhaustive ${EXHAUSTIVE_SECONDS:-240} python3 benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda \
     --only ${EXHAUSTIVE_ONLY:-128x768x768 512x4608x49 1x2048x1000}
-stage profile ${PROFILE_SECONDS:-90} python3 benchmarks/profile_model.py --device cuda --top 25 ${PROFILE_MODELS:-resnet50 bert}
+stage profile ${PROFILE_SECONDS:-90} python3 benchmarks/profile_model.py --device cuda --top 25 --batch ${PROFILE_BATCH:-8} \
+    ${PROFILE_MODELS:-bert vit}
