@@ -104,6 +104,8 @@ MMA_FRAGMENT = {0: 4, 1: 8, 2: 4}
 #: The same for mma_sync_m16n8k8_tf32 (C f32, A and B f32 rounded to tf32).
 MMA_TF32_FRAGMENT = {0: 4, 1: 4, 2: 2}
 B16_TYPES = (f16, bf16, i16, u16)
+#: 32-bit elements ``ldmatrix`` moves untransposed (one per lane and matrix: the tf32 fragments).
+B32_TYPES = (f32, i32, u32)
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -282,11 +284,13 @@ def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) ->
             return 0, f"ldmatrix() loads into a register tensor; '{dst.tensor.name}' is {_scope(dst).value}"
         if _scope(src) is not MemScope.SHARED:
             return 1, f"ldmatrix() reads a shared tensor; '{src.tensor.name}' is {_scope(src).value}"
-        if dst.dtype not in B16_TYPES or src.dtype is not dst.dtype:
-            return 0, f"ldmatrix() moves 16-bit elements between tensors of one type, got {dst.dtype!r} and " \
-                      f"{src.dtype!r}"
+        if dst.dtype not in B16_TYPES + B32_TYPES or src.dtype is not dst.dtype:
+            return 0, f"ldmatrix() moves 16-bit (or, untransposed, 32-bit) elements between tensors of one type, " \
+                      f"got {dst.dtype!r} and {src.dtype!r}"
         if _int_const(num) not in LDMATRIX_NUMS or _int_const(trans) not in (0, 1):
             return 2, "ldmatrix() loads 1, 2 or 4 matrices, transposed or not"
+        if dst.dtype in B32_TYPES and _int_const(trans):
+            return 3, f"ldmatrix(trans=True) transposes 16-bit elements; {dst.dtype!r} ones would be split"
         return None
     return None
 
@@ -297,8 +301,9 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return MMA_FRAGMENT[index]
     if op is Prim.MMA_M16N8K8_TF32:
         return MMA_TF32_FRAGMENT[index]
-    if op is Prim.LDMATRIX:
-        return 2 * int(args[2].value) if index == 0 else 8  # type: ignore[attr-defined]
+    if op is Prim.LDMATRIX:    # per matrix: a 32-bit register of each lane; a 16-byte row
+        width = args[index].dtype.nbytes
+        return 4 * int(args[2].value) // width if index == 0 else 16 // width  # type: ignore[attr-defined]
     if op is Prim.COPY16:
         return 16 // args[index].dtype.nbytes
     if op is Prim.CP_ASYNC:

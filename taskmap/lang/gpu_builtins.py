@@ -345,7 +345,9 @@ def _ldmatrix(num: int) -> Builtin:
 
     regs = {1: "2", 2: "4", 4: "8"}[num]
     return Builtin(name, impl, f"``{name}(regs, smem[row, col], trans=False)``: {num} 8x8 matrices of 16-bit "
-                               f"elements from shared memory into {regs} register elements per lane.")
+                               f"elements from shared memory into {regs} register elements per lane; or, "
+                               f"untransposed, {num} 8x4 matrices of 32-bit elements (f32, i32, u32: a tf32 "
+                               f"fragment) into {num} per lane (lane l: row l // 4, column l % 4 of each).")
 
 
 mma_sync_m16n8k16 = Builtin("mma_sync_m16n8k16", _mma_of(Prim.MMA_M16N8K16),

@@ -14,7 +14,8 @@ rounded to tf32: 4 elements of A per lane — row ``groupID + 8 * (i % 2)``, col
 ``threadID_in_group + 4 * (i // 2)`` — 2 of B — row ``threadID_in_group + 4 * i``, column
 ``groupID`` — and C as above (``mma_tf32_a_layout``, ``mma_tf32_b_layout``, ``mma_c_layout``).
 Each call rounds its operands; a kernel whose fragments feed several calls rounds them once, as
-it loads them, with :func:`round_tf32`, and passes ``rounded=True``.
+it loads them, with :func:`round_tf32` (or the cheaper :func:`tf32_operand`), and passes
+``rounded=True``.
 
 Each layout below is that table written as a task mapping whose workers are lanes and whose
 tasks, in order, are the fragment's elements: ``mma_a_layout.worker2task(lane)[i]`` is the
@@ -31,7 +32,10 @@ memory row whose address it passes to ``ldmatrix_x4/x2/x1``: one task per lane, 
 ``for i, k in ldmatrix_x4_rows.on(lane_id()): ldmatrix_x4(a_regs, smem_a[i, k])`` loads the
 A fragment of a 16x16 tile (row-major in shared memory).  With ``trans=True`` the same rows of a
 16x16 (K x N) tile of B stored row-major give the B fragments of two adjacent 8-column tiles
-(the 8 registers: 4 for columns 0-7, then 4 for columns 8-15).
+(the 8 registers: 4 for columns 0-7, then 4 for columns 8-15).  On 32-bit elements an 8x8 b16
+matrix is 8 rows of 4 floats and lane ``l`` receives row ``l // 4``, column ``l % 4`` — the
+tf32 fragments' ``(groupID, threadID_in_group)``: ``ldmatrix_x4_rows_b32`` loads the tf32 A
+fragment of a 16x8 tile of f32 (row-major).
 """
 from __future__ import annotations
 
@@ -67,6 +71,17 @@ def round_tf32(x: f32) -> f32:
     return bitcast(select((u & 0x7F800000) != 0x7F800000, (u + 0x1000) & 0xFFFFE000, u), f32)
 
 
+@func
+def tf32_operand(x: f32) -> f32:
+    """``x`` as an operand of ``mma_sync_m16n8k8_tf32(..., rounded=True)``: half a tf32 ulp added to
+    its magnitude when it is finite, so that the tensor cores, which read the top 19 bits, take
+    ``x`` rounded as ``cvt.rna.tf32.f32`` rounds it (ties away from zero; inf and NaN as they
+    are).  Two instructions where the rounding alone takes three; the 13 low bits are left as
+    they fall, so the result is not ``x`` in tf32 as an f32 value (that is :func:`round_tf32`)."""
+    u = bitcast(x, u32)
+    return bitcast(select(abs(x) <= 3.4028234663852886e38, u + 0x1000, u), f32)
+
+
 def _x4_row(lane, k):  # lanes 0-15 address rows 0-15 at column 0, lanes 16-31 at column 8
     return lane % 16, lane // 16 * 8
 
@@ -79,8 +94,15 @@ def _x1_row(lane, k):  # lanes 0-7 address the rows; the others repeat them (unu
     return lane % 8, 0
 
 
+def _x4_row_b32(lane, k):  # as _x4_row, 16-byte rows of 4 32-bit elements: the column half at 4
+    return lane % 16, lane // 16 * 4
+
+
 #: ``ldmatrix_x4``: a 16x16 tile as four 8x8 matrices (rows 0-7/8-15 x columns 0-7/8-15).
 ldmatrix_x4_rows: TaskMapping = custom_mapping((16, 16), WARP_LANES, 1, _x4_row)
+#: ``ldmatrix_x4`` of 32-bit elements: a 16x8 tile (f32, row-major) as four 8x4 matrices (rows
+#: 0-7/8-15 x columns 0-3/4-7), in the order of the tf32 A fragment's registers.
+ldmatrix_x4_rows_b32: TaskMapping = custom_mapping((16, 8), WARP_LANES, 1, _x4_row_b32)
 #: ``ldmatrix_x2``: a 16x8 tile as two 8x8 matrices (rows 0-7, 8-15).
 ldmatrix_x2_rows: TaskMapping = custom_mapping((16, 8), WARP_LANES, 1, _x2_row)
 #: ``ldmatrix_x1``: one 8x8 matrix.
@@ -106,5 +128,6 @@ def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
 
 
 __all__ = ["MMA_K", "MMA_M", "MMA_N", "MMA_TF32_K", "ldmatrix_x1_rows", "ldmatrix_x2_rows", "ldmatrix_x4_rows",
+           "ldmatrix_x4_rows_b32",
            "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_tf32_a_layout", "mma_tf32_b_layout", "ptx_fragment",
-           "round_tf32"]
+           "round_tf32", "tf32_operand"]

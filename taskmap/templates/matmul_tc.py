@@ -17,12 +17,15 @@ multiple of 8) its tiles are copied element by element instead (same pipeline, s
 With ``split > 1`` K is cut into ranges whose f32 partial results an epilogue kernel sums
 (:mod:`.matmul_splitk`).
 
-TF32: the same tiles and pipeline on f32 data (16-byte chunks of 4 floats); fragments are read
-from shared memory element by element through ``mma_tf32_a_layout`` / ``mma_tf32_b_layout``
-(``ldmatrix`` moves 16-bit elements) and rounded to tf32 there, once for all the mma calls that
-read them (``round_tf32``, ``rounded=True``).  The row padding keeps those reads free of bank
-conflicts: 4 floats for A and an ``N x K`` B (lane ``(g, t)`` reads row ``g``, column ``t``:
-banks ``4g + t``), 8 floats for a ``K x N`` B (row ``t``, column ``g``: banks ``8t + g``).
+TF32: the same tiles and pipeline on f32 data (16-byte chunks of 4 floats).  ``ldmatrix`` of
+32-bit elements gives lane ``(g, t)`` row ``g``, column ``t`` of each 8x4 matrix — the tf32
+fragments of A (``ldmatrix_x4_rows_b32``) and of an ``N x K`` B (:data:`B_NK_ROWS_B32`, two column
+tiles per load); a ``K x N`` B's fragments (row ``t``, column ``g``) are read element by element
+(``mma_tf32_b_layout``: a transposing ``ldmatrix`` would split the 32-bit words).  Fragments are
+rounded to tf32 once for all the mma calls that read them (``tf32_operand``, ``rounded=True``).
+The row padding keeps the reads free of bank conflicts: 4 floats for A and an ``N x K`` B (the 8
+rows of a matrix start 20 or 36 words apart: distinct 4-bank groups), 8 floats for a ``K x N`` B
+(row ``t``, column ``g``: banks ``8t + g``).
 
 Space: block tiles 32..128 x 32..128, BK 32 / 64 (TF32: 16 / 32), warp grids of 1..8 warps with
 warp tiles of at least 16 x 16, 2..4 stages, split-K; pruned by shared memory and registers per
@@ -34,8 +37,8 @@ from typing import Any, Sequence
 from ..lang.kernel import kernel
 from ..ir.mapping import auto_map, custom_mapping
 from ..lang import (MMA_K, MMA_M, MMA_N, MMA_TF32_K, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait,
-                    f32, lane_id, ldmatrix_x4, ldmatrix_x4_rows, mma_c_layout, mma_sync_m16n8k8_tf32,
-                    mma_sync_m16n8k16, mma_tf32_a_layout, mma_tf32_b_layout, register_tensor, round_tf32,
+                    f32, lane_id, ldmatrix_x4, ldmatrix_x4_rows, ldmatrix_x4_rows_b32, mma_c_layout,
+                    mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, mma_tf32_b_layout, register_tensor, tf32_operand,
                     shared_tensor, symbol, syncthreads, threadIdx, unroll, warp_id)
 
 from ..backends.base import Target, TargetKind
@@ -50,6 +53,10 @@ from .matmul_splitk import ceil_div, splits_for
 #: ``ldmatrix_x4`` row addresses for B stored N x K: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
 #: (n 8-15, k 0-7), (n 8-15, k 8-15) -> the fragments of two 8-column mma tiles, in order.
 B_NK_ROWS = custom_mapping((16, 16), 32, 1, lambda lane, q: (lane // 16 * 8 + lane % 8, lane // 8 % 2 * 8))
+#: The same for the tf32 fragments of a B stored N x K in f32 (``ldmatrix_x4`` of 32-bit elements):
+#: matrices (n 0-7, k 0-3), (n 0-7, k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7) -> b0, b1 of two
+#: 8-column mma tiles, in order.
+B_NK_ROWS_B32 = custom_mapping((16, 8), 32, 1, lambda lane, q: (lane // 16 * 8 + lane % 8, lane // 8 % 2 * 4))
 BLOCK_TILES = (32, 64, 128)
 BKS = (32, 64)
 TF32_BKS = (16, 32)            # floats: the same bytes per row as f16's 32 / 64
@@ -187,14 +194,21 @@ def build_kernel(cfg: TcConfig) -> Kernel:
                 if TF32:
                     for kk in unroll(BK // MMA_TF32_K):
                         for mi in unroll(MI):
-                            for q, (i, j) in enumerate(mma_tf32_a_layout.on(lane_id())):
-                                af[mi, q] = round_tf32(sa[st, wy * WM + mi * MMA_M + i, kk * MMA_TF32_K + j])
-                        for ni in unroll(NI):
-                            for q, (i, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
-                                if TRANS_B:
-                                    bf[ni, q] = round_tf32(sb[st, wx * WN + ni * MMA_N + j, kk * MMA_TF32_K + i])
-                                else:
-                                    bf[ni, q] = round_tf32(sb[st, kk * MMA_TF32_K + i, wx * WN + ni * MMA_N + j])
+                            for i, j in ldmatrix_x4_rows_b32.on(lane_id()):
+                                ldmatrix_x4(af[mi, 0], sa[st, wy * WM + mi * MMA_M + i, kk * MMA_TF32_K + j])
+                            for q in unroll(FA):
+                                af[mi, q] = tf32_operand(af[mi, q])
+                        if TRANS_B:                   # one x4 load: the fragments of 2 column tiles
+                            for nj in unroll(NI // 2):
+                                for i, j in B_NK_ROWS_B32.on(lane_id()):
+                                    ldmatrix_x4(bf[nj * 2, 0], sb[st, wx * WN + nj * 2 * MMA_N + i, kk * MMA_TF32_K + j])
+                            for ni in unroll(NI):
+                                for q in unroll(FB):
+                                    bf[ni, q] = tf32_operand(bf[ni, q])
+                        else:                         # K x N: ldmatrix would split the 32-bit words
+                            for ni in unroll(NI):
+                                for q, (i, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
+                                    bf[ni, q] = tf32_operand(sb[st, kk * MMA_TF32_K + i, wx * WN + ni * MMA_N + j])
                         for mi in unroll(MI):
                             for ni in unroll(NI):
                                 mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af[mi, 0], bf[ni, 0], rounded=True)
@@ -232,7 +246,7 @@ class MatmulTcTemplate(KernelFamily):
     """f16 / bf16 matmul on NVIDIA tensor cores (sm_80 and later)."""
 
     name = "matmul_tc"
-    version = 2             # 2: per-operand cp.async alignment; TF32
+    version = 3             # 2: per-operand cp.async alignment; TF32.  3: tf32 fragments by ldmatrix
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -282,8 +296,8 @@ class MatmulTcTemplate(KernelFamily):
         eff = min(1.0, intensity) * min(1.0, 0.6 + 0.15 * s["stages"]) * (p.batch * p.m * p.n * p.k) / padded
         for aligned in (p.k % cfg.vec == 0, (p.k if p.trans_b else p.n) % cfg.vec == 0):
             eff *= 1.0 if aligned else 0.6       # element-wise copies of that operand
-        if cfg.tf32:            # half the f16 rate; fragments read element-wise (no ldmatrix)
-            eff *= 0.5 * 0.8
+        if cfg.tf32:            # half the f16 rate; a K x N B's fragments read element-wise
+            eff *= 0.5 * (1.0 if p.trans_b else 0.85)
         out_b = 2 if p.out_dtype != "float32" else 4
         global_bytes = size * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
         global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)

@@ -15,11 +15,12 @@ from prim_checks import DEVICES, built_for_cuda, run_on
 
 import taskmap
 from taskmap.errors import TaskmapError, UnsupportedError
+from taskmap.templates.matmul_tc import B_NK_ROWS_B32
 from taskmap.testing import round_tf32 as tf32_reference
 from taskmap.lang import (attrs, bf16, f16, f32, lane_id, ldmatrix_x1, ldmatrix_x1_rows, ldmatrix_x2,
-                          ldmatrix_x2_rows, ldmatrix_x4, ldmatrix_x4_rows, mma_a_layout, mma_b_layout, mma_c_layout,
+                          ldmatrix_x2_rows, ldmatrix_x4, ldmatrix_x4_rows, ldmatrix_x4_rows_b32, mma_a_layout, mma_b_layout, mma_c_layout,
                           mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, mma_tf32_a_layout, mma_tf32_b_layout,
-                          register_tensor, round_tf32, shared_tensor, syncthreads, threadIdx)
+                          register_tensor, round_tf32, shared_tensor, syncthreads, tf32_operand, threadIdx)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FEW = settings(max_examples=8, deadline=None)
@@ -130,29 +131,54 @@ def test_one_mma_tf32(device):
     assert abs(out[0, 0] - (c[0, 0] + 8.0)) < 1e-5 and abs(c[0, 0] + 8 * (1 + 2.0 ** -12) - out[0, 0]) > 1e-3
 
 
-@taskmap.kernel
-def mma_tf32_rounded_tiles(a: f32[16, 8], b: f32[8, 16], c: f32[16, 16]):
-    """Two mma calls sharing one A fragment, rounded once as it is loaded (``rounded=True``)."""
-    attrs.block_dim = 32
-    ra = register_tensor(f32, [4])
-    rb = register_tensor(f32, [2, 2])
-    rc = register_tensor(f32, [2, 4])
-    for q, (i, k) in enumerate(mma_tf32_a_layout.on(lane_id())):
-        ra[q] = round_tf32(a[i, k])
-    for t in range(2):
-        for q, (k, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
-            rb[t, q] = round_tf32(b[k, t * 8 + j])
-        for q in range(4):
-            rc[t, q] = 0.0
-        mma_sync_m16n8k8_tf32(rc[t, 0], ra, rb[t, 0], rounded=True)
-        for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
-            c[i, t * 8 + j] = rc[t, q]
+def rounded_tiles(rounding):
+    @taskmap.kernel
+    def mma_tf32_rounded_tiles(a: f32[16, 8], b: f32[8, 16], c: f32[16, 16]):
+        """Two mma calls sharing one A fragment, rounded once as it is loaded (``rounded=True``)."""
+        attrs.block_dim = 32
+        ra = register_tensor(f32, [4])
+        rb = register_tensor(f32, [2, 2])
+        rc = register_tensor(f32, [2, 4])
+        for q, (i, k) in enumerate(mma_tf32_a_layout.on(lane_id())):
+            ra[q] = rounding(a[i, k])
+        for t in range(2):
+            for q, (k, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
+                rb[t, q] = rounding(b[k, t * 8 + j])
+            for q in range(4):
+                rc[t, q] = 0.0
+            mma_sync_m16n8k8_tf32(rc[t, 0], ra, rb[t, 0], rounded=True)
+            for q, (i, j) in enumerate(mma_c_layout.on(lane_id())):
+                c[i, t * 8 + j] = rc[t, q]
+    return mma_tf32_rounded_tiles
+
+
+#: rounded once by round_tf32 (tf32 values as f32), or by tf32_operand (half an ulp added: the
+#: tensor cores drop the low bits)
+ROUNDED_TILES = {"round_tf32": rounded_tiles(round_tf32), "tf32_operand": rounded_tiles(tf32_operand)}
+mma_tf32_rounded_tiles = ROUNDED_TILES["round_tf32"]
 
 
 @taskmap.kernel
 def round_tf32_each(x: f32[64], y: f32[64]):
     attrs.block_dim = 64
     y[threadIdx.x] = round_tf32(x[threadIdx.x])
+
+
+@taskmap.kernel
+def tf32_operand_each(x: f32[64], y: f32[64]):
+    attrs.block_dim = 64
+    y[threadIdx.x] = tf32_operand(x[threadIdx.x])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tf32_operand_is_cvt_rna_in_the_bits_the_tensor_cores_read(device):
+    x = RNG.uniform(-4, 4, 64).astype(np.float32)
+    u = x.view(np.uint32)
+    u[:8] = (u[:8] & np.uint32(0xFFFFE000)) | np.uint32(0x1000)        # exact ties: away from zero
+    x[8:13] = [np.inf, -np.inf, np.nan, 0.0, np.finfo(np.float32).max]
+    y = run_on(device, tf32_operand_each, x, np.zeros(64, np.float32))[1]
+    top = y.view(np.uint32) & np.uint32(0xFFFFE000)
+    np.testing.assert_array_equal(top, tf32_reference(x).view(np.uint32) & np.uint32(0xFFFFE000))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -168,11 +194,14 @@ def test_round_tf32_is_cvt_rna(device):
     assert np.all(np.abs(y[:8]) > np.abs(x[:8])) and np.isinf(y[12])
 
 
+@pytest.mark.parametrize("rounding", sorted(ROUNDED_TILES))
 @pytest.mark.parametrize("device", DEVICES)
-def test_mma_tf32_with_operands_rounded_once(device):
+def test_mma_tf32_with_operands_rounded_once(device, rounding):
     a = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
     b = RNG.uniform(-1, 1, (8, 16)).astype(np.float32)
-    out = run_on(device, mma_tf32_rounded_tiles, a, b, np.zeros((16, 16), np.float32))[2]
+    u = a.view(np.uint32)
+    u[:2] = (u[:2] & np.uint32(0xFFFFE000)) | np.uint32(0x1000)        # exact ties: away from zero
+    out = run_on(device, ROUNDED_TILES[rounding], a, b, np.zeros((16, 16), np.float32))[2]
     want = tf32_reference(a).astype(np.float64) @ tf32_reference(b).astype(np.float64)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     assert np.abs(out - a.astype(np.float64) @ b.astype(np.float64)).max() > 1e-5      # not the f32 products
@@ -279,6 +308,51 @@ def test_ldmatrix_forms_match_the_fragment_layouts(device):
     for form in range(6):
         width = 8 if form < 2 else 4 if form < 4 else 2
         assert np.array_equal(out[form, :, :width], want[form, :, :width]), form
+
+
+@taskmap.kernel
+def ldmatrix_b32(tile: f32[16, 8], out: f32[2, 32, 4]):
+    """ldmatrix_x4 on 32-bit elements: a 16x8 f32 tile read as the tf32 A fragment, and as the
+    tf32 B fragments of two 8-column tiles of a B stored N x K (rows n, columns k)."""
+    attrs.block_dim = 32
+    s = shared_tensor(f32, [16, 8])
+    regs = register_tensor(f32, [4])
+    for e in range(4):
+        s[threadIdx.x // 2, threadIdx.x % 2 * 4 + e] = tile[threadIdx.x // 2, threadIdx.x % 2 * 4 + e]
+    syncthreads()
+    for i, k in ldmatrix_x4_rows_b32.on(lane_id()):
+        ldmatrix_x4(regs, s[i, k])
+    for q in range(4):
+        out[0, threadIdx.x, q] = regs[q]
+    for n, k in B_NK_ROWS_B32.on(lane_id()):
+        ldmatrix_x4(regs, s[n, k])
+    for q in range(4):
+        out[1, threadIdx.x, q] = regs[q]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ldmatrix_of_32_bit_elements_gives_the_tf32_fragments(device):
+    tile = RNG.standard_normal((16, 8)).astype(np.float32)
+    out = run_on(device, ldmatrix_b32, tile, np.zeros((2, 32, 4), np.float32))[1]
+    for lane in range(32):
+        assert list(out[0, lane]) == [tile[i, k] for i, k in mma_tf32_a_layout.worker2task(lane)], lane
+        b = mma_tf32_b_layout.worker2task(lane)        # (k, n) of each register
+        assert list(out[1, lane]) == [tile[n, k] for k, n in b] + [tile[n + 8, k] for k, n in b], lane
+    ptx = built_for_cuda(ldmatrix_b32, "sm_80").artifact.extra.ptx
+    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == 2
+
+
+def test_ldmatrix_refuses_to_transpose_32_bit_elements():
+    with pytest.raises(TaskmapError, match=r"ldmatrix\(trans=True\) transposes 16-bit elements"):
+        @taskmap.kernel
+        def bad(out: f32[32, 4]):
+            attrs.block_dim = 32
+            s = shared_tensor(f32, [16, 8])
+            regs = register_tensor(f32, [4])
+            for i, k in ldmatrix_x4_rows_b32.on(lane_id()):
+                ldmatrix_x4(regs, s[i, k], trans=True)
+            for q in range(4):
+                out[threadIdx.x, q] = regs[q]
 
 
 def test_ldmatrix_builds():
