@@ -1,6 +1,6 @@
 """Per-kernel times of a compiled model (``CompiledModule.profile``), slowest first: where a
 model's time goes, kernel by kernel (on a GPU the device time between CUDA events around each
-step: a step of several launches includes the gaps between them).
+step, the round queued behind a spin kernel so that the host's launches do not show).
 
     python benchmarks/profile_model.py resnet50                  # on the CPU
     python benchmarks/profile_model.py bert --device cuda --batch 8 --top 30
