@@ -114,15 +114,26 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
         # step t - 1) meanwhile, then stages tile t in the other buffer.
         for t in range(t0, t1 + 1):
             if t < t1:
-                for q, (i, ch) in enumerate(load_a.on(threadIdx.x)):
-                    gr = row0 + i
-                    gk = t * BK + ch * VEC
-                    if aligned_a and gr < m and gk < k:
-                        copy16(ra[q * VEC], a[ai, gr, gk])
-                    else:
-                        for e in unroll(VEC):
-                            ra[q * VEC + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
-                if TRANS_B:
+                inside_k = (t + 1) * BK <= k                 # the whole k-tile is inside K
+                if aligned_a and inside_k and row0 + BM <= m:    # interior: no checks per chunk
+                    for q, (i, ch) in enumerate(load_a.on(threadIdx.x)):
+                        copy16(ra[q * VEC], a[ai, row0 + i, t * BK + ch * VEC])
+                else:
+                    for q, (i, ch) in enumerate(load_a.on(threadIdx.x)):
+                        gr = row0 + i
+                        gk = t * BK + ch * VEC
+                        if aligned_a and gr < m and gk < k:
+                            copy16(ra[q * VEC], a[ai, gr, gk])
+                        else:
+                            for e in unroll(VEC):
+                                ra[q * VEC + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                if aligned_b and inside_k and col0 + BN <= n:
+                    for q, (r, ch) in enumerate(load_b.on(threadIdx.x)):
+                        if TRANS_B:
+                            copy16(rb[q * VEC], b[bj, col0 + r, t * BK + ch * VEC])
+                        else:
+                            copy16(rb[q * VEC], b[bj, t * BK + r, col0 + ch * VEC])
+                elif TRANS_B:
                     for q, (j, ch) in enumerate(load_b.on(threadIdx.x)):
                         gn = col0 + j
                         gk = t * BK + ch * VEC

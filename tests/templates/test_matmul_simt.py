@@ -66,11 +66,12 @@ def test_simt_matches_numpy(schedule, m, n, k, trans_b, bias):
 
 
 @pytest.mark.parametrize("trans_b", [False, True])
-@pytest.mark.parametrize("m, n, k", [(40, 48, 64), (40, 48, 66), (33, 50, 64), (17, 45, 37)])
+@pytest.mark.parametrize("m, n, k", [(40, 48, 64), (40, 48, 66), (33, 50, 64), (17, 45, 37), (130, 140, 70)])
 def test_simt_vector_loads(m, n, k, trans_b):
     """Rows that start 16-byte aligned (k, or n for a K x N B, a multiple of 4) are read as 4-float
     vectors, the others (and the chunks past an edge) element by element: every mix, with
-    split-K, against numpy."""
+    split-K, against numpy.  130 x 140: blocks inside M and N (their full k-tiles loaded without
+    checks) beside edge blocks."""
     for s in (simt(wm=2, wn=2, tm=8, tn=4, bk=16), simt(wn=2, rn=2, split=2)):
         p = MatmulProblem(2, m, n, k, trans_b=trans_b, bias=True)
         c, ref = run(MATMUL_SIMT, p, s, SM80)
