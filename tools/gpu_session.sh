@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Everything a lent NVIDIA GPU machine should run, in one device call (see /work/.library/device):
 #
-#   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, models, profile
-#   run(command="bash tools/gpu_session.sh cuda_tests matmul_gpu ops_f32")     # stages by name
-#   (on request: matmul_gpu — the example and the templates, SIMT f32 and TF32, against cuBLAS —,
-#   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
-#   TF32 for every side — and gpu_exhaustive — the GPU matmul cost model against exhaustive tuning)
+#   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, matmul_gpu, models, profile
+#   run(command="bash tools/gpu_session.sh cuda_tests ops_f32")     # stages by name
+#   (matmul_gpu: the example and the templates, SIMT f32 and TF32, against cuBLAS, and the SIMT
+#   padding A/B; on request: ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —,
+#   models_tf32 — matmuls on TF32 for every side — and gpu_exhaustive — the GPU matmul cost model
+#   against exhaustive tuning)
 #   models_tuned also exports the measured choices to $OUT/records/<device>.json: commit them under
 #   taskmap/schedule/records/ and every later compile on that kind of GPU uses them.
 #   MODELS="resnet50 bert" TESTS="tests/backends" bash tools/gpu_session.sh cuda_tests models
@@ -36,7 +37,7 @@ info.mkdir(parents=True, exist_ok=True)
                                                for group, points in project["entry-points"].items()))
 PY
 export PYTHONPATH="$PWD:/tmp/taskmap-entry-points${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-WANT=" ${*:-cuda_tests models profile} "     # matmul_gpu ops_f32 ops_f16: on request
+WANT=" ${*:-cuda_tests matmul_gpu models profile} "     # the others on request
 stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the command line, if any)
     local name=$1 limit=$2; shift 2
     [[ "$WANT" == *" $name "* ]] || return 0
