@@ -39,7 +39,7 @@ class AttentionGpuTemplate(KernelFamily):
     """f32 scaled-dot-product attention on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "attention_gpu_simt"
-    version = 1
+    version = 2             # 2: 16-byte shared reads of Q, K and the probabilities
 
 
     def applies(self, problem: Any, target: Target) -> bool:

@@ -46,6 +46,7 @@ from ..lang import (
     bitcast,
     blockIdx,
     bool_,
+    copy16,
     exp,
     f32,
     func,
@@ -59,6 +60,7 @@ from ..lang import (
     syncwarp,
     threadIdx,
     u32,
+    unroll,
 )
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
@@ -317,13 +319,24 @@ class GpuAttnConfig:
         """Output columns per lane."""
         return -(-self.ev // self.lanes)
 
+    @property
+    def vec(self) -> bool:
+        """Shared rows read as 16-byte vectors (a head size that is a multiple of 4)."""
+        return self.e % 4 == 0
+
+    @property
+    def k_pad(self) -> int:
+        """Floats after each K row in shared memory: 1 for scalar reads (lane n, row n: bank n),
+        4 for 16-byte ones (rows 68 words apart: 8 lanes cover the 32 banks)."""
+        return 4 if self.vec else 1
+
     def shared_bytes(self) -> int:
-        return 4 * (self.bm * self.e + self.bn * (self.e + 1) + self.bn * self.ev + self.bm * self.bn)
+        return 4 * (self.bm * self.e + self.bn * (self.e + self.k_pad) + self.bn * self.ev + self.bm * self.bn)
 
 
 def build_gpu(cfg: GpuAttnConfig) -> Kernel:
     NW, RW, KPL, WS, E, EV = cfg.nw, cfg.rw, cfg.kpl, cfg.lanes, cfg.e, cfg.ev
-    BM, BN, CV = cfg.bm, cfg.bn, cfg.cv
+    BM, BN, CV, VEC, KPAD = cfg.bm, cfg.bn, cfg.cv, cfg.vec, cfg.k_pad
     THREADS = NW * WS
     CAUSAL, MASK, MROWS, BOOL = cfg.causal, cfg.mask != MaskKind.NONE, cfg.mask_rows, cfg.mask == MaskKind.BOOL
     load_q = auto_map((BM, E), THREADS)
@@ -338,11 +351,13 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
         attrs.grid_dim = ((L + BM - 1) // BM, bh)
         attrs.block_dim = THREADS
         sq = shared_tensor(f32, [BM, E])
-        sk = shared_tensor(f32, [BN, E + 1])          # padded rows: lane n reads row n, no bank conflicts
+        sk = shared_tensor(f32, [BN, E + KPAD])       # padded rows: lane n reads row n, no bank conflicts
         sv = shared_tensor(f32, [BN, EV])
         sp = shared_tensor(f32, [BM, BN])             # a warp's probabilities, read back by its lanes
         acc = register_tensor(f32, [RW, CV])
         sc = register_tensor(f32, [RW, KPL])
+        qf = register_tensor(f32, [RW * 4])           # 4 columns of the warp's query rows (or 4 probabilities)
+        kf = register_tensor(f32, [4])                # 4 columns of a lane's key row
         mrow = register_tensor(f32, [RW])
         lrow = register_tensor(f32, [RW])
         b = blockIdx.y
@@ -372,11 +387,21 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
             for rr in range(RW):
                 for c in range(KPL):
                     sc[rr, c] = 0.0
-            for e in range(E):
-                for c in range(KPL):
-                    kv = sk[c * WS + lane, e]
-                    for rr in range(RW):
-                        sc[rr, c] += sq[w * RW + rr, e] * kv
+            if VEC:                                   # 16-byte reads: RW + KPL loads per 4 RW KPL FMAs
+                for e4 in range(E // 4):
+                    for rr in unroll(RW):
+                        copy16(qf[rr * 4], sq[w * RW + rr, e4 * 4])      # the same for the warp's lanes
+                    for c in unroll(KPL):
+                        copy16(kf[0], sk[c * WS + lane, e4 * 4])
+                        for t in unroll(4):
+                            for rr in unroll(RW):
+                                sc[rr, c] += qf[rr * 4 + t] * kf[t]
+            else:
+                for e in range(E):
+                    for c in range(KPL):
+                        kv = sk[c * WS + lane, e]
+                        for rr in range(RW):
+                            sc[rr, c] += sq[w * RW + rr, e] * kv
             for rr in range(RW):
                 i = r0 + w * RW + rr
                 mx = mrow[rr]
@@ -415,7 +440,16 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
                 for c in range(CV):
                     acc[rr, c] = acc[rr, c] * alpha
             syncwarp()
-            for n in range(min(BN, S - n0)):
+            nn = min(BN, S - n0)
+            for n4 in range(nn // 4):                 # the warp's probabilities, 4 keys per 16-byte read
+                for rr in unroll(RW):
+                    copy16(qf[rr * 4], sp[w * RW + rr, n4 * 4])
+                for t in unroll(4):
+                    for c in unroll(CV):
+                        vv = sv[n4 * 4 + t, min(c * WS + lane, EV - 1)]
+                        for rr in unroll(RW):
+                            acc[rr, c] += qf[rr * 4 + t] * vv
+            for n in range(nn // 4 * 4, nn):
                 for c in range(CV):
                     vv = sv[n, min(c * WS + lane, EV - 1)]
                     for rr in range(RW):
