@@ -82,8 +82,8 @@ def tf32_operand(x: f32) -> f32:
     return bitcast(select(abs(x) <= 3.4028234663852886e38, u + 0x1000, u), f32)
 
 
-def _x4_row(lane, k):  # lanes 0-15 address rows 0-15 at column 0, lanes 16-31 at column 8
-    return lane % 16, lane // 16 * 8
+def _x4_row(lane, k, half=8):  # lanes 0-15 address rows 0-15 at column 0, lanes 16-31 at column half
+    return lane % 16, lane // 16 * half
 
 
 def _x2_row(lane, k):  # lanes 0-15 address the rows; lanes 16-31 repeat them (their addresses are unused)
@@ -94,15 +94,11 @@ def _x1_row(lane, k):  # lanes 0-7 address the rows; the others repeat them (unu
     return lane % 8, 0
 
 
-def _x4_row_b32(lane, k):  # as _x4_row, 16-byte rows of 4 32-bit elements: the column half at 4
-    return lane % 16, lane // 16 * 4
-
-
 #: ``ldmatrix_x4``: a 16x16 tile as four 8x8 matrices (rows 0-7/8-15 x columns 0-7/8-15).
 ldmatrix_x4_rows: TaskMapping = custom_mapping((16, 16), WARP_LANES, 1, _x4_row)
 #: ``ldmatrix_x4`` of 32-bit elements: a 16x8 tile (f32, row-major) as four 8x4 matrices (rows
 #: 0-7/8-15 x columns 0-3/4-7), in the order of the tf32 A fragment's registers.
-ldmatrix_x4_rows_b32: TaskMapping = custom_mapping((16, 8), WARP_LANES, 1, _x4_row_b32)
+ldmatrix_x4_rows_b32: TaskMapping = custom_mapping((16, 8), WARP_LANES, 1, lambda lane, k: _x4_row(lane, k, 4))
 #: ``ldmatrix_x2``: a 16x8 tile as two 8x8 matrices (rows 0-7, 8-15).
 ldmatrix_x2_rows: TaskMapping = custom_mapping((16, 8), WARP_LANES, 1, _x2_row)
 #: ``ldmatrix_x1``: one 8x8 matrix.

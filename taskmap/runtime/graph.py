@@ -313,7 +313,8 @@ class CompiledGraph:
         device time.  So that the events time the kernels and not the host launching them, each
         round is queued behind a spin kernel (``torch.cuda._sleep``) that lasts about twice as
         long as the host takes to queue a round."""
-        gpu = self.kind.device.startswith("cuda")
+        torch = sys.modules["torch"] if self.kind.device.startswith("cuda") else None
+        gpu = torch is not None
         self._run(inputs, None)
         t0 = time.perf_counter()
         if gpu:
@@ -324,7 +325,7 @@ class CompiledGraph:
 
         def timed(i: int, step: Step, values: list[Any]) -> None:
             if gpu:
-                start, end = (sys.modules["torch"].cuda.Event(enable_timing=True) for _ in range(2))
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                 start.record()
                 step.run(values)
                 end.record()
@@ -336,13 +337,12 @@ class CompiledGraph:
 
         for _ in range(max(1, rounds)):
             if gpu:
-                torch = sys.modules["torch"]
                 torch.cuda.synchronize()
                 if hasattr(torch.cuda, "_sleep"):
                     torch.cuda._sleep(int(min(queue_s, 0.25) * 2 * SPIN_CYCLES_PER_SECOND))
             self._run(inputs, timed)
             if gpu:
-                sys.modules["torch"].cuda.synchronize()
+                torch.cuda.synchronize()
                 for i, start, end in events:
                     times[i].append(start.elapsed_time(end) / 1e3)
                 events.clear()

@@ -50,13 +50,16 @@ from .matmul_problem import MatmulProblem
 from .matmul_simt import chain, gpu_arguments
 from .matmul_splitk import ceil_div, splits_for
 
-#: ``ldmatrix_x4`` row addresses for B stored N x K: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
-#: (n 8-15, k 0-7), (n 8-15, k 8-15) -> the fragments of two 8-column mma tiles, in order.
-B_NK_ROWS = custom_mapping((16, 16), 32, 1, lambda lane, q: (lane // 16 * 8 + lane % 8, lane // 8 % 2 * 8))
-#: The same for the tf32 fragments of a B stored N x K in f32 (``ldmatrix_x4`` of 32-bit elements):
-#: matrices (n 0-7, k 0-3), (n 0-7, k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7) -> b0, b1 of two
-#: 8-column mma tiles, in order.
-B_NK_ROWS_B32 = custom_mapping((16, 8), 32, 1, lambda lane, q: (lane // 16 * 8 + lane % 8, lane // 8 % 2 * 4))
+def _b_nk_rows(half: int) -> Any:
+    """``ldmatrix_x4`` row addresses for B stored N x K, ``half`` elements to a 16-byte row:
+    matrices (n 0-7, k first half), (n 0-7, k second half), (n 8-15, first), (n 8-15, second)."""
+    return custom_mapping((16, 2 * half), 32, 1, lambda lane, q: (lane // 16 * 8 + lane % 8, lane // 8 % 2 * half))
+
+
+#: f16 / bf16: the fragments of two 8-column mma tiles, in order.
+B_NK_ROWS = _b_nk_rows(8)
+#: f32 (``ldmatrix_x4`` of 32-bit elements): b0, b1 of two 8-column tf32 mma tiles, in order.
+B_NK_ROWS_B32 = _b_nk_rows(4)
 BLOCK_TILES = (32, 64, 128)
 BKS = (32, 64)
 TF32_BKS = (16, 32)            # floats: the same bytes per row as f16's 32 / 64
@@ -201,7 +204,8 @@ def build_kernel(cfg: TcConfig) -> Kernel:
                         if TRANS_B:                   # one x4 load: the fragments of 2 column tiles
                             for nj in unroll(NI // 2):
                                 for i, j in B_NK_ROWS_B32.on(lane_id()):
-                                    ldmatrix_x4(bf[nj * 2, 0], sb[st, wx * WN + nj * 2 * MMA_N + i, kk * MMA_TF32_K + j])
+                                    ldmatrix_x4(bf[nj * 2, 0],
+                                                sb[st, wx * WN + nj * 2 * MMA_N + i, kk * MMA_TF32_K + j])
                             for ni in unroll(NI):
                                 for q in unroll(FB):
                                     bf[ni, q] = tf32_operand(bf[ni, q])
