@@ -43,6 +43,19 @@ class GpuDialect:
     prelude: str
     prims: GpuPrims  # warp primitives, atomics, copies, tensor cores
 
+    def launch_bounds(self, threads: int | None, min_blocks: int, warp_size: int) -> str:
+        """``__launch_bounds__`` of a kernel of ``threads`` per block (when constant) that asks for
+        ``min_blocks`` resident blocks per multiprocessor: CUDA's second argument; HIP's is the
+        minimum waves per SIMD (four SIMDs per compute unit)."""
+        if not threads:
+            return ""
+        if min_blocks <= 0:
+            return f"__launch_bounds__({threads}) "
+        if self.name == "hip":
+            waves = -(-threads // warp_size)
+            return f"__launch_bounds__({threads}, {-(-min_blocks * waves // 4)}) "
+        return f"__launch_bounds__({threads}, {min_blocks}) "
+
 
 CUDA = GpuDialect("cuda", "#include <cuda_fp16.h>\n" + _INT_TYPEDEFS, CudaPrims())
 # hipRTC pre-includes hip_runtime.h, which has __half and the 32/64-bit integer typedefs only.
@@ -156,7 +169,8 @@ class GpuCodegen:
         params += [f"int32_t {g.names.size(sv.name)}" for sv in f.size_vars]
         g.stmt(f.body, 1)
         threads = f.launch.block_size() if f.launch is not None else None
-        bounds = f"__launch_bounds__({threads}) " if threads else ""
+        bounds = self.dialect.launch_bounds(threads, f.launch.min_blocks if f.launch is not None else 0,
+                                            self.target.warp_size)
         smem = ["  extern __shared__ __align__(16) unsigned char tm_smem[];"] if self.smem_bytes else []
         return "\n".join([f'extern "C" __global__ void {bounds}{f.name}({", ".join(params)}) {{',
                           *smem, *g.lines, "}"])

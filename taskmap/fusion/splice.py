@@ -241,7 +241,8 @@ class _Specializer(IRRewriter):
         launch = f.launch
         if launch is not None:
             launch = LaunchConfig(tuple(self.visit(d) for d in launch.grid_dim),
-                                  tuple(self.visit(d) for d in launch.block_dim), self.visit(launch.dynamic_smem))
+                                  tuple(self.visit(d) for d in launch.block_dim), self.visit(launch.dynamic_smem),
+                                  launch.min_blocks)
         return _with_sizes(replace(f, params=params, body=body, launch=launch))
 
 

@@ -23,6 +23,9 @@ class LaunchConfig:
     grid_dim: tuple[Expr, Expr, Expr] = (const(1), const(1), const(1))
     block_dim: tuple[Expr, Expr, Expr] = (const(1), const(1), const(1))
     dynamic_smem: Expr = const(0)
+    #: Blocks that should fit on one multiprocessor at once (``attrs.min_blocks``; 0: no request):
+    #: the compiler keeps registers per thread within that occupancy (``__launch_bounds__``).
+    min_blocks: int = 0
 
     def block_size(self) -> int | None:
         """Threads per block when the block dimensions are constants."""

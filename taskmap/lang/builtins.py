@@ -77,10 +77,14 @@ class Builtin:
 
 
 class _Attrs:
-    """``attrs.grid_dim = ...`` / ``attrs.block_dim = ...`` set a GPU kernel's launch dimensions."""
+    """``attrs.grid_dim = ...`` / ``attrs.block_dim = ...`` set a GPU kernel's launch dimensions;
+    ``attrs.min_blocks = n`` (a compile-time int; 0, the default, asks nothing) asks the GPU
+    compiler to fit ``n`` blocks on one multiprocessor at once, by keeping the registers per thread
+    low enough (CUDA's ``__launch_bounds__(threads, n)``; HIP's minimum waves per SIMD of that
+    occupancy).  CPU builds ignore it."""
 
     __slots__ = ()
-    NAMES = ("grid_dim", "block_dim")
+    NAMES = ("grid_dim", "block_dim", "min_blocks")
 
     def __getattr__(self, name: str) -> Any:
         raise TypeError(f"attrs.{name} can only be used inside a @taskmap.kernel function")

@@ -19,7 +19,7 @@ from ..ir.func import FuncKind, Function, LaunchConfig, Module
 from ..ir.functor import collect
 from ..ir.primitives import PrimCall
 from ..ir.types import MemScope, TensorType
-from .builtins import DeviceFunction, _Attrs, is_tensor
+from .builtins import DeviceFunction, _Attrs, const_int, is_tensor
 from .scope import BindKind, Scope, scan_assignments
 from .source import KernelSource
 from .stmts import StmtVisitor
@@ -98,6 +98,7 @@ class Transpiler(StmtVisitor):
         self.new_hoist = False
         self.first_dtype = {}
         self.launch: dict[str, tuple[Expr, Expr, Expr]] = {}
+        self.min_blocks = 0
         self.gpu_use = None
         self.callees = []
         for p in self.params:
@@ -114,11 +115,19 @@ class Transpiler(StmtVisitor):
     def set_kernel_attr(self, node: ast.Attribute, value: Any, vnode: ast.AST) -> None:
         attr = node.attr
         if attr not in _Attrs.NAMES:
-            raise self.error(node, f"unknown kernel attribute attrs.{attr} (known: grid_dim, block_dim)")
+            raise self.error(node, f"unknown kernel attribute attrs.{attr} (known: {', '.join(_Attrs.NAMES)})")
         if self.is_device:
             raise self.error(node, f"attrs.{attr} can only be set in kernels, not in device functions")
         if not self.scope.top_level:
             raise self.error(node, f"attrs.{attr} can only be set at the top level of the kernel body")
+        if attr == "min_blocks":
+            n = const_int(value)
+            if n is None or n < 0:
+                raise self.error(vnode, f"attrs.min_blocks must be a compile-time int >= 0 (0: no request), got "
+                                        f"{self.value_str(value)}")
+            self.min_blocks = n
+            self.mark_gpu(node, "attrs.min_blocks")
+            return
         vals = list(value) if isinstance(value, (tuple, list)) else [value]
         if not 1 <= len(vals) <= 3:
             raise self.error(vnode, f"attrs.{attr} takes 1 to 3 dimensions, got {len(vals)}")
@@ -182,7 +191,8 @@ class Transpiler(StmtVisitor):
                 why = f" (it uses {self.gpu_use[1]})" if self.gpu_use and "attrs" not in self.gpu_use[1] else ""
                 raise self.error(self.tree, f"GPU kernel '{name}' must set attrs.block_dim{why}")
             one = (E.const(1), E.const(1), E.const(1))
-            launch = LaunchConfig(grid_dim=self.launch.get("grid_dim", one), block_dim=self.launch["block_dim"])
+            launch = LaunchConfig(grid_dim=self.launch.get("grid_dim", one), block_dim=self.launch["block_dim"],
+                                  min_blocks=self.min_blocks)
         return Function(name, kind, self.params, body, self.ret, launch, self.size_vars(body, launch))
 
     def size_vars(self, body: S.Stmt, launch: LaunchConfig | None) -> tuple[SizeVar, ...]:

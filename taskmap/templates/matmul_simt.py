@@ -10,7 +10,11 @@ for 64-lane wavefronts), each lane computing a ``tm x tn`` register tile; the pa
 or n for a K x N B, a multiple of 4; element by element otherwise, and at the edges); shared memory
 is double-buffered: the next tiles are fetched into registers while the current ones are
 multiplied (the k steps of a tile unrolled: NVRTC reads each step's ``tm`` + ``tn`` values as
-16-byte shared loads).  Every global access is predicated: any m, n, k works.
+16-byte shared loads).  So are a lane's fragments: each k step reads the next step's from shared
+memory before its FMAs (sm_90 SASS: each ``LDS.128`` 18-73 instructions ahead of its first use,
+where ptxas had placed a third of them within 8), the first step's before the tile's global loads;
+blocks of 256 threads ask for two resident blocks (``attrs.min_blocks``), which the second buffer
+would otherwise cost them.  Every global access is predicated: any m, n, k works.
 With ``split > 1`` K is cut into ranges (see :mod:`.matmul_splitk`).
 
 Space: warps per block (1..8 in 2-D shapes), warp repeats (1x1, 1x2, 2x2), thread tiles (4x4, 8x4, 8x8),
@@ -66,6 +70,7 @@ class SimtConfig:
     b_batched: bool
     trans_b: bool
     bias: bool
+    min_blocks: int = 0      # blocks per multiprocessor the register allocation must allow (0: any)
 
     @property
     def mapping(self) -> Any:
@@ -78,6 +83,14 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
     THREADS = block_map.num_workers
     BM, BN = block_map.task_shape
     BK, S = cfg.bk, cfg.split
+    RN, TM, TN = cfg.rn, cfg.tm, cfg.tn
+    # A lane's fragments of one k step: its rows of the A tile and columns of the B tile; the
+    # block mapping's task q (ordinal over its repeats rm, rn, tm, tn) multiplies row
+    # q // (rn tm tn) * tm + q // tn % tm of its A fragment by column q // (tm tn) % rn * tn + q % tn
+    # of its B fragment
+    frag_a = spatial(cfg.wm, cfg.wn) * repeat(cfg.rm, 1) * spatial(cfg.lm, cfg.ln) * repeat(TM, 1)
+    frag_b = spatial(cfg.wm, cfg.wn) * repeat(1, RN) * spatial(cfg.lm, cfg.ln) * repeat(1, TN)
+    FA, FB = frag_a.tasks_per_worker, frag_b.tasks_per_worker
     TRANS_B, BIAS, A_BATCHED, B_BATCHED = cfg.trans_b, cfg.bias and cfg.split == 1, cfg.a_batched, cfg.b_batched
     # Global loads in chunks of VEC floats along each operand's rows: (row, chunk) of the A tile,
     # of B's N x K tile or K x N tile
@@ -92,11 +105,14 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
     def matmul_simt(a: A_T, b: B_T, bias: BIAS_T, c: f32[cz, m, n]):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS
+        attrs.min_blocks = cfg.min_blocks
         sa = shared_tensor(f32, [2, BK, BM + PAD])           # A tiles, k-major (rows padded)
         sb = shared_tensor(f32, [2, BK, BN + (PAD if TRANS_B else 0)])
         acc = register_tensor(f32, [block_map.tasks_per_worker])
         ra = register_tensor(f32, [load_a.tasks_per_worker * VEC])
         rb = register_tensor(f32, [load_b.tasks_per_worker * VEC])
+        fa = register_tensor(f32, [2 * FA])                 # fragments of two k steps
+        fb = register_tensor(f32, [2 * FB])
         bi = blockIdx.z // S
         ai = bi if A_BATCHED else 0
         bj = bi if B_BATCHED else 0
@@ -113,6 +129,11 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
         # Step t loads tile t into registers, multiplies tile t - 1 (staged in shared memory at
         # step t - 1) meanwhile, then stages tile t in the other buffer.
         for t in range(t0, t1 + 1):
+            if t > t0:                                       # the first fragments of tile t - 1
+                for qa, (i, ja) in enumerate(frag_a.on(threadIdx.x)):
+                    fa[qa] = sa[(t - 1 - t0) % 2, 0, i]
+                for qb, (ib, j) in enumerate(frag_b.on(threadIdx.x)):
+                    fb[qb] = sb[(t - 1 - t0) % 2, 0, j]
             if t < t1:
                 inside_k = (t + 1) * BK <= k                 # the whole k-tile is inside K
                 if aligned_a and inside_k and row0 + BM <= m:    # interior: no checks per chunk
@@ -154,8 +175,16 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
             if t > t0:                                       # multiply tile t - 1
                 buf = (t - 1 - t0) % 2
                 for kk in unroll(BK):
+                    if kk + 1 < BK:                          # the next k step's fragments
+                        nxt = (kk + 1) % 2
+                        for qa, (i, ja) in enumerate(frag_a.on(threadIdx.x)):
+                            fa[nxt * FA + qa] = sa[buf, kk + 1, i]
+                        for qb, (ib, j) in enumerate(frag_b.on(threadIdx.x)):
+                            fb[nxt * FB + qb] = sb[buf, kk + 1, j]
+                    cur = kk % 2
                     for q, (i, j) in enumerate(block_map.on(threadIdx.x)):
-                        acc[q] += sa[buf, kk, i] * sb[buf, kk, j]
+                        acc[q] += fa[cur * FA + q // (RN * TM * TN) * TM + q // TN % TM] * \
+                            fb[cur * FB + q // (TM * TN) % RN * TN + q % TN]
             if t < t1:                                       # stage tile t
                 buf = (t - t0) % 2
                 for q, (i, ch) in enumerate(load_a.on(threadIdx.x)):
@@ -177,6 +206,23 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
                     c[blockIdx.z, row0 + i, col0 + j] = acc[q]
 
     return matmul_simt
+
+
+def registers(tm: int, tn: int, rm: int, rn: int, threads: int, bm: int, bn: int, bk: int) -> int:
+    """Registers per thread, as ptxas allocates them (within a few, sm_90): the accumulators, two k
+    steps' fragments, the next k-tile staged for shared memory, ~22 for addresses and indices."""
+    staged = ceil_div(bm * bk // VEC, threads) * VEC + ceil_div(bn * bk // VEC, threads) * VEC
+    return tm * tn * rm * rn + 2 * (tm * rm + tn * rn) + staged + 22
+
+
+def min_blocks(target: Target, threads: int) -> int:
+    """Blocks of ``threads`` to keep resident per multiprocessor: blocks of 256 threads or more
+    (at most two resident) keep the count that 128 registers per thread allow, rather than lose
+    one to the fragments' second buffer (ptxas: 130 registers for the 128 x 128 tile otherwise,
+    one block of 8 warps); smaller blocks take what they need."""
+    if threads < 256 or not target.registers_per_core:
+        return 0
+    return target.registers_per_core // (threads * 128)
 
 
 def lane_shape(target: Target) -> tuple[int, int]:
@@ -201,7 +247,7 @@ class MatmulSimtTemplate(KernelFamily):
     """f32 matmul on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "matmul_simt"
-    version = 3  # keys the tuning cache: bump when the kernels or the space change (not the cost)
+    version = 4  # keys the tuning cache: bump when the kernels or the space change (not the cost)
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -241,6 +287,10 @@ class MatmulSimtTemplate(KernelFamily):
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
         padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, s["bk"]) * s["bk"]
         per_thread = s["tm"] * s["tn"] * s["rm"] * s["rn"]
+        regs = registers(s["tm"], s["tn"], s["rm"], s["rn"], threads, bm, bn, s["bk"])
+        blocks = min_blocks(target, threads)
+        if blocks:
+            regs = min(regs, target.registers_per_core // (threads * blocks))
         fma_per_load = per_thread / (s["tm"] * s["rm"] + s["tn"] * s["rn"])
         conflicts = max(bank_conflicts(lm, s["tm"]), bank_conflicts(ln, s["tn"]))
         eff = min(1.0, fma_per_load / 4.0) * 0.85 * (p.batch * p.m * p.n * p.k) / padded
@@ -253,7 +303,7 @@ class MatmulSimtTemplate(KernelFamily):
         global_bytes += 4 * p.batch * p.m * p.n * (3 * split if split > 1 else 1)
         w = Workload(flops=p.flops, global_bytes=global_bytes,
                      cache_bytes=4 * p.flops / 2 * (1 / bm + 1 / bn) * 2, work_items=tiles, threads_per_item=threads,
-                     registers_per_thread=min(255, per_thread + 2 * s["bk"] + 32),
+                     registers_per_thread=min(255, regs),
                      shared_per_item=shared_bytes(bm, bn, s["bk"], p.trans_b), inner_bytes=4 * s["bk"], compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
@@ -261,7 +311,8 @@ class MatmulSimtTemplate(KernelFamily):
         s = schedule.as_dict()
         lm, ln = lane_shape(target)
         return SimtConfig(s["wm"], s["wn"], s["rm"], s["rn"], lm, ln, s["tm"], s["tn"], s["bk"], s["split"],
-                          problem.a_batched, problem.b_batched, problem.trans_b, problem.bias)
+                          problem.a_batched, problem.b_batched, problem.trans_b, problem.bias,
+                          min_blocks(target, s["wm"] * s["wn"] * lm * ln))
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)

@@ -247,6 +247,16 @@ def dynamic_launch(a: f32[32], n: i32):
     attrs.block_dim = n  # E:dyn_launch
 
 
+def negative_min_blocks(a: f32[32]):
+    attrs.block_dim = 32
+    attrs.min_blocks = -1  # E:min_blocks
+
+
+def dynamic_min_blocks(a: f32[32], n: i32):
+    attrs.block_dim = 32
+    attrs.min_blocks = n  # E:dyn_min_blocks
+
+
 def missing_annotation(a, b: f32[4]):  # E:no_ann
     pass
 
@@ -273,6 +283,8 @@ def test_kernel_errors():
     expect_error(nested_attrs, "nested_attrs", "attrs", "can only be set at the top level of the kernel body")
     expect_error(unknown_attr, "unknown_attr", "attrs", "unknown kernel attribute attrs.shared_mem")
     expect_error(dynamic_launch, "dyn_launch", "n  #", "can only use compile-time values and symbolic sizes")
+    expect_error(negative_min_blocks, "min_blocks", "-1", "attrs.min_blocks must be a compile-time int >= 0")
+    expect_error(dynamic_min_blocks, "dyn_min_blocks", "n  #", "attrs.min_blocks must be a compile-time int >= 0")
     expect_error(missing_annotation, "no_ann", "a, b", "parameter 'a' needs a type annotation")
     expect_error(bad_annotation, "bad_ann", "int", "invalid annotation for parameter 'a'")
     expect_error(kernel_returns, "ret_ann", "f32:", "a kernel cannot return a value")
