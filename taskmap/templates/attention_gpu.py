@@ -8,7 +8,11 @@ keys for each of its warp's rows (one shared load of K feeds ``RW`` FMAs), rows 
 shuffle butterflies (online softmax: running max and sum in registers), the probabilities go
 through the warp's rows of shared memory, and the lane accumulates output columns
 ``d = c x lanes + lane`` (one shared load of V feeds ``RW`` FMAs).  All global accesses are
-predicated, so any L, S and head size works; causal tiles above the diagonal are skipped.
+predicated, so any L, S and head size works; causal tiles above the diagonal are skipped.  With
+head sizes that are multiples of 4, K and V tiles are loaded in 16-byte chunks, and — when that
+takes at most ``MAX_PREFETCH`` registers per thread — the next tile's while this one is multiplied
+(sm_90 SASS, 64-wide heads, 4 warps of 2 rows, 32 keys a tile: 8 ``LDG.128`` + 8 ``STS.128`` a tile
+where there were 32 ``LDG`` + 32 ``STS``).
 
 Space: warps per block (1, 2, 4, 8), rows per warp (1, 2, 4, 8), keys per lane (1, 2, 4);
 pruned by threads per block, shared memory per block, and registers per thread (accumulators
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backends.base import Target, TargetKind
+from ..runtime.args import aligned
 from ..runtime.kernel import Kernel
 from ..schedule.builder import MIN_WARP
 from ..schedule.cost_model import Workload, estimate_time
@@ -39,7 +44,8 @@ class AttentionGpuTemplate(KernelFamily):
     """f32 scaled-dot-product attention on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "attention_gpu_simt"
-    version = 2             # 2: 16-byte shared reads of Q, K and the probabilities
+    version = 3             # 2: 16-byte shared reads of Q, K and the probabilities; 3: K / V tiles
+                            # loaded in 16-byte chunks, the next one during the products
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -82,7 +88,7 @@ class AttentionGpuTemplate(KernelFamily):
         shared = 4.0 * p.bh * tiles * (cfg.bm * cfg.bn * 2 + cfg.bn * (p.e + p.ev) * cfg.nw)
         w = Workload(flops=p.flops + 40.0 * p.bh * tiles * cfg.bm * cfg.bn, global_bytes=global_bytes,
                      cache_bytes=shared, work_items=items, threads_per_item=cfg.nw * LANES,
-                     registers_per_thread=min(255, cfg.rw * (cfg.cv + cfg.kpl) + 40),
+                     registers_per_thread=min(255, cfg.rw * (cfg.cv + cfg.kpl) + 40 + cfg.staged * cfg.prefetch),
                      shared_per_item=cfg.shared_bytes(), inner_bytes=4 * min(p.e, p.ev), compute_efficiency=eff)
         return estimate_time(target, w) + 3e-6
 
@@ -96,8 +102,11 @@ class AttentionGpuTemplate(KernelFamily):
 
     def arguments(self, problem: AttentionProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None) -> list[Any]:
-        """q, k, v, mask (or a dummy), o, then the scalars scale, kd, km, md, mm."""
-        return operand_views(problem, inputs, outputs) + scalars(problem)
+        """q, k, v, mask (or a dummy), o, then the scalars scale, kd, km, md, mm.  The kernel reads
+        K and V in 16-byte chunks (a head size that is a multiple of 4): an input that starts off a
+        16-byte boundary is copied."""
+        return operand_views(problem, [aligned(x, 16) for x in inputs[:3]] + list(inputs[3:]), outputs) + \
+            scalars(problem)
 
 
 ATTENTION_GPU = AttentionGpuTemplate()

@@ -294,6 +294,10 @@ def build_cpu(cfg: CpuAttnConfig) -> Kernel:
     return attention_cpu
 
 
+#: Registers per thread the GPU kernel may spend on the next K / V tile (more: loaded when used).
+MAX_PREFETCH = 32
+
+
 @dataclass(frozen=True)
 class GpuAttnConfig:
     nw: int            # warps per block
@@ -325,6 +329,22 @@ class GpuAttnConfig:
         return self.e % 4 == 0
 
     @property
+    def vec_kv(self) -> bool:
+        """K and V tiles loaded in 16-byte chunks (both head sizes multiples of 4)."""
+        return self.vec and self.ev % 4 == 0
+
+    @property
+    def staged(self) -> int:
+        """Floats of a K and a V tile per thread."""
+        return -(-self.bn * self.e // (self.nw * self.lanes)) + -(-self.bn * self.ev // (self.nw * self.lanes))
+
+    @property
+    def prefetch(self) -> bool:
+        """The next K / V tile loaded into registers while this one is multiplied: when that
+        takes at most :data:`MAX_PREFETCH` registers per thread."""
+        return self.vec_kv and self.staged <= MAX_PREFETCH
+
+    @property
     def k_pad(self) -> int:
         """Floats after each K row in shared memory: 1 for scalar reads (lane n, row n: bank n),
         4 for 16-byte ones (rows 68 words apart: 8 lanes cover the 32 banks)."""
@@ -342,6 +362,11 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
     load_q = auto_map((BM, E), THREADS)
     load_k = auto_map((BN, E), THREADS)
     load_v = auto_map((BN, EV), THREADS)
+    GV = cfg.vec_kv                 # K and V tiles in 16-byte chunks
+    load_k4 = auto_map((BN, E // 4 if GV else 1), THREADS)
+    load_v4 = auto_map((BN, EV // 4 if GV else 1), THREADS)
+    RK, RV = load_k4.tasks_per_worker * 4, load_v4.tasks_per_worker * 4
+    PRE = cfg.prefetch              # ... the next tile's in flight (registers) while this one is used
     bh, bk, mb, ml, L, S = (symbol(x) for x in ("bh", "bk", "mb", "ml", "L", "S"))
     MASK_T = mask_type(cfg.mask)[mb, ml, S] if MASK else f32[mb, ml, symbol("ms")]
 
@@ -360,6 +385,8 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
         kf = register_tensor(f32, [4])                # 4 columns of a lane's key row
         mrow = register_tensor(f32, [RW])
         lrow = register_tensor(f32, [RW])
+        rk = register_tensor(f32, [RK])               # the next K / V tile, on its way to shared memory
+        rv = register_tensor(f32, [RV])
         b = blockIdx.y
         r0 = blockIdx.x * BM
         w = threadIdx.x // WS
@@ -376,14 +403,61 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
         ntiles = (S + BN - 1) // BN
         if CAUSAL:
             ntiles = min(ntiles, (r0 + BM - 1) // BN + 1)
+        if PRE:                                       # tile 0 into registers
+            for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
+                if n < S:
+                    copy16(rk[qk * 4], k[kb, n, e4 * 4])
+                else:
+                    for t in unroll(4):
+                        rk[qk * 4 + t] = 0.0
+            for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
+                if n < S:
+                    copy16(rv[qv * 4], v[kb, n, d4 * 4])
+                else:
+                    for t in unroll(4):
+                        rv[qv * 4 + t] = 0.0
         for j in range(ntiles):
             n0 = j * BN
             syncthreads()                             # the previous tile is consumed
-            for n, e in load_k.on(threadIdx.x):
-                sk[n, e] = k[kb, n0 + n, e] if n0 + n < S else 0.0
-            for n, d in load_v.on(threadIdx.x):
-                sv[n, d] = v[kb, n0 + n, d] if n0 + n < S else 0.0
-            syncthreads()
+            if PRE:                                   # stage tile j, then fetch tile j + 1 meanwhile
+                for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
+                    copy16(sk[n, e4 * 4], rk[qk * 4])
+                for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
+                    copy16(sv[n, d4 * 4], rv[qv * 4])
+                syncthreads()
+                if j + 1 < ntiles:
+                    for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
+                        if n0 + BN + n < S:
+                            copy16(rk[qk * 4], k[kb, n0 + BN + n, e4 * 4])
+                        else:
+                            for t in unroll(4):
+                                rk[qk * 4 + t] = 0.0
+                    for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
+                        if n0 + BN + n < S:
+                            copy16(rv[qv * 4], v[kb, n0 + BN + n, d4 * 4])
+                        else:
+                            for t in unroll(4):
+                                rv[qv * 4 + t] = 0.0
+            elif GV:
+                for n, e4 in load_k4.on(threadIdx.x):
+                    if n0 + n < S:
+                        copy16(sk[n, e4 * 4], k[kb, n0 + n, e4 * 4])
+                    else:
+                        for t in unroll(4):
+                            sk[n, e4 * 4 + t] = 0.0
+                for n, d4 in load_v4.on(threadIdx.x):
+                    if n0 + n < S:
+                        copy16(sv[n, d4 * 4], v[kb, n0 + n, d4 * 4])
+                    else:
+                        for t in unroll(4):
+                            sv[n, d4 * 4 + t] = 0.0
+                syncthreads()
+            else:
+                for n, e in load_k.on(threadIdx.x):
+                    sk[n, e] = k[kb, n0 + n, e] if n0 + n < S else 0.0
+                for n, d in load_v.on(threadIdx.x):
+                    sv[n, d] = v[kb, n0 + n, d] if n0 + n < S else 0.0
+                syncthreads()
             for rr in range(RW):
                 for c in range(KPL):
                     sc[rr, c] = 0.0

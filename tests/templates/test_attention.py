@@ -96,10 +96,12 @@ def test_gpu_template_matches_torch_with_gpu_semantics(target, p):
 
 
 @pytest.mark.parametrize("nw,rw,kpl", [(1, 1, 1), (2, 4, 2), (4, 2, 4)])
-@pytest.mark.parametrize("e,ev,S", [(64, 64, 70), (20, 33, 37), (3, 5, 9)])
+@pytest.mark.parametrize("e,ev,S", [(64, 64, 70), (32, 16, 100), (20, 33, 37), (3, 5, 9)])
 def test_gpu_points_with_vector_and_scalar_shared_reads(nw, rw, kpl, e, ev, S):
     # Head sizes that are multiples of 4 read Q and K rows (and the probabilities: S in runs of
-    # 4, then the tail) as 16-byte vectors; others element by element.
+    # 4, then the tail) as 16-byte vectors; others element by element.  When both are, K and V
+    # tiles come in 16-byte chunks, the next tile's while this one is multiplied (S = 100: up to
+    # four tiles, the last one partial).
     p = AttentionProblem(3, 3, 21, S, e, ev, mask=MaskKind.BOOL, mb=3, mask_rows=True, scale=0.3, kd=1, km=3,
                          md=1, mm=3)
     out, ref, _ = run(ATTENTION_GPU, p, SM90, Schedule.of(nw=nw, rw=rw, kpl=kpl))
