@@ -11,8 +11,8 @@ or n for a K x N B, a multiple of 4; element by element otherwise, and at the ed
 is double-buffered: the next tiles are fetched into registers while the current ones are
 multiplied (the k steps of a tile unrolled: NVRTC reads each step's ``tm`` + ``tn`` values as
 16-byte shared loads).  So are a lane's fragments: each k step reads the next step's from shared
-memory before its FMAs (sm_90 SASS: each ``LDS.128`` 18-73 instructions ahead of its first use,
-where ptxas had placed a third of them within 8), the first step's before the tile's global loads;
+memory before its FMAs (sm_90 SASS: median 48 instructions between an ``LDS.128`` and its first
+use, where ptxas had placed 26 of 64 within 8), the first step's before the tile's global loads;
 blocks of 256 threads ask for two resident blocks (``attrs.min_blocks``), which the second buffer
 would otherwise cost them.  Every global access is predicated: any m, n, k works.
 With ``split > 1`` K is cut into ranges (see :mod:`.matmul_splitk`).
