@@ -403,42 +403,33 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
         ntiles = (S + BN - 1) // BN
         if CAUSAL:
             ntiles = min(ntiles, (r0 + BM - 1) // BN + 1)
-        if PRE:                                       # tile 0 into registers
-            for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
-                if n < S:
-                    copy16(rk[qk * 4], k[kb, n, e4 * 4])
-                else:
-                    for t in unroll(4):
-                        rk[qk * 4 + t] = 0.0
-            for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
-                if n < S:
-                    copy16(rv[qv * 4], v[kb, n, d4 * 4])
-                else:
-                    for t in unroll(4):
-                        rv[qv * 4 + t] = 0.0
         for j in range(ntiles):
             n0 = j * BN
-            syncthreads()                             # the previous tile is consumed
-            if PRE:                                   # stage tile j, then fetch tile j + 1 meanwhile
-                for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
-                    copy16(sk[n, e4 * 4], rk[qk * 4])
-                for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
-                    copy16(sv[n, d4 * 4], rv[qv * 4])
-                syncthreads()
-                if j + 1 < ntiles:
-                    for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
-                        if n0 + BN + n < S:
-                            copy16(rk[qk * 4], k[kb, n0 + BN + n, e4 * 4])
-                        else:
-                            for t in unroll(4):
-                                rk[qk * 4 + t] = 0.0
-                    for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
-                        if n0 + BN + n < S:
-                            copy16(rv[qv * 4], v[kb, n0 + BN + n, d4 * 4])
-                        else:
-                            for t in unroll(4):
-                                rv[qv * 4 + t] = 0.0
+            if PRE:     # f = 0: tile 0 into registers (first pass); f = 1: tile j staged, tile j + 1 fetched
+                for f in unroll(2):
+                    if f == 1:
+                        syncthreads()                 # the previous tile is consumed
+                        for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
+                            copy16(sk[n, e4 * 4], rk[qk * 4])
+                        for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
+                            copy16(sv[n, d4 * 4], rv[qv * 4])
+                        syncthreads()
+                    nf = n0 + f * BN
+                    if (f == 0 and j == 0) or (f == 1 and j + 1 < ntiles):
+                        for qk, (n, e4) in enumerate(load_k4.on(threadIdx.x)):
+                            if nf + n < S:
+                                copy16(rk[qk * 4], k[kb, nf + n, e4 * 4])
+                            else:
+                                for t in unroll(4):
+                                    rk[qk * 4 + t] = 0.0
+                        for qv, (n, d4) in enumerate(load_v4.on(threadIdx.x)):
+                            if nf + n < S:
+                                copy16(rv[qv * 4], v[kb, nf + n, d4 * 4])
+                            else:
+                                for t in unroll(4):
+                                    rv[qv * 4 + t] = 0.0
             elif GV:
+                syncthreads()                         # the previous tile is consumed
                 for n, e4 in load_k4.on(threadIdx.x):
                     if n0 + n < S:
                         copy16(sk[n, e4 * 4], k[kb, n0 + n, e4 * 4])
@@ -453,6 +444,7 @@ def build_gpu(cfg: GpuAttnConfig) -> Kernel:
                             sv[n, d4 * 4 + t] = 0.0
                 syncthreads()
             else:
+                syncthreads()
                 for n, e in load_k.on(threadIdx.x):
                     sk[n, e] = k[kb, n0 + n, e] if n0 + n < S else 0.0
                 for n, d in load_v.on(threadIdx.x):
