@@ -252,18 +252,17 @@ class MatmulCpuTemplate(KernelFamily):
         if not pack_b and p.m <= SMALL_SIDE:
             b_reads = (mp if kc * ncb * nr * 4 > l2 // 2 else 1) * 1.3
         seconds = overlap(-(-units // cores) * other * tile / clock, memory_seconds(p, 1, b_reads, min(cores, units)))
+        a_elems = (p.batch if p.a_batched else 1) * p.m * p.k
+        b_elems = (p.batch if p.b_batched else 1) * p.k * p.n
         # Every core streams the whole of the operand it does not split (B for "m", A for "n"):
         # the shares the other cores' caches hold come over at SHARED_BANDWIDTH, not overlapped.
         used = min(cores, units)
         if used > 1:
-            whole = (p.batch if p.b_batched else 1) * p.k * p.n * b_reads if split == "m" else \
-                (p.batch if p.a_batched else 1) * p.m * p.k
+            whole = b_elems * b_reads if split == "m" else a_elems
             seconds += 4 * whole * (1 - 1 / used) / SHARED_BANDWIDTH
         # Packing, at a per-core copy bandwidth: the operand packed before the loops (B for "m", A
         # for "n") is read and written, then read again; the other one, packed block by block as it
         # is first used, is read (its block is written into the cache that the micro-kernel reads).
-        a_elems = (p.batch if p.a_batched else 1) * p.m * p.k
-        b_elems = (p.batch if p.b_batched else 1) * p.k * p.n
         packed_a = a_elems if pack_a and not p.const_a else 0
         packed_b = b_elems if pack_b and not p.const_b else 0
         before, as_used = (packed_b, packed_a) if split == "m" else (packed_a, packed_b)
