@@ -25,7 +25,7 @@ Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add more kind
   place whatever its row pitch (copying B costs as much as the whole product).
 
 The cost model (:meth:`MatmulCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel
-(padded tiles, its loads per FMA, the per-tile C traffic, operands read in place: rows of A
+(padded tiles, a thin last column panel on its narrow tile, its loads per FMA, the per-tile C traffic, operands read in place: rows of A
 sharing an L1 set, rows of B off a cache line), load balance over cores in whole panels, packing
 traffic (an operand packed before the loops is written and read again, one packed as used only
 read), the operand every core reads whole (B with ``split="m"``, A with ``"n"``: the other cores'
@@ -128,6 +128,24 @@ def rows_off_line(pitch: int, line: int = 64) -> float:
     return 1.0 - np.gcd(4 * pitch, line) / line
 
 
+def edge_lanes(n: int, nr: int, lanes: int) -> int:
+    """Lanes of the narrow register tile for the last column panel of ``n`` columns in panels of
+    ``nr``: one vector when that panel has at most one vector's columns (ResNet-50's 196 = 4 x 48
+    + 4, Inception-V3's 289 = 9 x 32 + 1; the remainder of ``H x W`` in whole vectors is mostly
+    one), else 0 (a whole panel, or a remainder that keeps the full tile).  One width only: the
+    kernels of problems with small remainders stay one kernel per schedule (compile time)."""
+    rem = n % nr
+    return lanes if 0 < rem <= lanes < nr else 0
+
+
+def _panels(units: int, per_batch: int, cores: int, core: int, last: float) -> float:
+    """Work of ``core``'s contiguous share of ``units`` column panels (``per_batch`` to a batch),
+    the last panel of each batch counted as ``last`` of a whole one."""
+    u0, u1 = core * units // cores, (core + 1) * units // cores
+    lasts = u1 // per_batch - u0 // per_batch      # the q in [u0, u1) with q % per_batch == per_batch - 1
+    return (u1 - u0) - lasts * (1.0 - last)
+
+
 def vector_registers(target: Target) -> int:
     return 32 if target.vector_bytes >= 64 else 16
 
@@ -148,7 +166,7 @@ class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 8  # keys the tuning cache: bump when the kernels or the space change
+    version = 9  # keys the tuning cache: bump when the kernels or the space change
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -228,30 +246,21 @@ class MatmulCpuTemplate(KernelFamily):
         clock = target.clock_hz or 2.5e9
         mp, np_ = -(-p.m // mr), -(-p.n // nr)
         kb = -(-p.k // kc)
-        # One K step of the micro-kernel: MR*NR/V FMAs at ``Target.vector_fma_rate``, or
-        # its loads (MR broadcasts, NR/V vectors) at two per cycle, whichever is slower.
-        fmas = mr * nr // V
-        loads = mr + nr / V
-        step = (max(fmas / target.vector_fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
-        if not pack_a:            # rows of A in place: their addresses spill; rows a page apart share a set
-            sets = min(L1_BYTES // L1_WAYS // 64, 4096 // np.gcd(p.k * 4, 4096))   # L1 sets the MR rows fall in
-            step *= 1.03 + A_ALIASED_ROW * max(0, -(-mr // sets) - L1_WAYS)
-        if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags; and
-            step *= 1.0 + B_IN_PLACE * nr / V + (B_ROW + B_MISALIGNED * rows_off_line(p.n)) * V / nr
-        if mr * kc * 4 > L1_BYTES // 2:  # the A micro-panel and the B stream share L1
-            step *= 1.0 + L1_SHARED
-        tile = p.k * step + kb * (5 * fmas + 40)
-        if p.trans_c:             # partial sums of C^T between K blocks: element by element
-            tile += (kb - 1) * 12 * mr * nr    # (measured: BERT-base linears, ~12 cycles an element)
+        ne = edge_lanes(p.n, nr, V)
+        tile, tile_e = (self._tile_cycles(p, target, s, w, kb) for w in (nr, ne or nr))
         units = p.batch * (mp if split == "m" else np_)
-        other = np_ if split == "m" else mp
+        # the busiest core's tiles, a last column panel of the narrow tile counted at its share
+        if split == "m":
+            busiest = -(-units // cores) * (np_ - 1 + tile_e / tile) * tile
+        else:
+            busiest = max(_panels(units, np_, cores, c, tile_e / tile) for c in range(cores)) * mp * tile
         l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
         # GEMV-like, B in place: streamed again by every row panel unless its block stays in L2,
         # a few lines of each row at a time (the prefetchers lag: measured ~1.3x the row kernel).
         b_reads = 1
         if not pack_b and p.m <= SMALL_SIDE:
             b_reads = (mp if kc * ncb * nr * 4 > l2 // 2 else 1) * 1.3
-        seconds = overlap(-(-units // cores) * other * tile / clock, memory_seconds(p, 1, b_reads, min(cores, units)))
+        seconds = overlap(busiest / clock, memory_seconds(p, 1, b_reads, min(cores, units)))
         a_elems = (p.batch if p.a_batched else 1) * p.m * p.k
         b_elems = (p.batch if p.b_batched else 1) * p.k * p.n
         # Every core streams the whole of the operand it does not split (B for "m", A for "n"):
@@ -269,6 +278,30 @@ class MatmulCpuTemplate(KernelFamily):
         seconds += (8 * before + 4 * as_used) / (COPY_BANDWIDTH * cores)
         regions = 1 + (split == "m" and (pack_b or p.n % nr != 0)) + (split == "n" and pack_a)
         return seconds + FORK_COST * regions * (cores > 1) + CALL_COST
+
+    @staticmethod
+    def _tile_cycles(p: MatmulProblem, target: Target, s: dict[str, Any], width: int, kb: int) -> float:
+        """Cycles of one ``MR x width`` register tile over all of K (the K loop's steps, the C tile
+        in and out per K block)."""
+        mr, nr, kc, pack_a = s["mr"], s["nr"], s["kc"], s["pack_a"]
+        pack_b = s["pack_b"] or p.trans_b
+        V = lanes_of(target)
+        # One K step of the micro-kernel: MR*W/V FMAs at ``Target.vector_fma_rate``, or its loads
+        # (MR broadcasts, W/V vectors) at two per cycle, whichever is slower.
+        fmas = mr * width // V
+        loads = mr + width / V
+        step = (max(fmas / target.vector_fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
+        if not pack_a:            # rows of A in place: their addresses spill; rows a page apart share a set
+            sets = min(L1_BYTES // L1_WAYS // 64, 4096 // np.gcd(p.k * 4, 4096))   # L1 sets the MR rows fall in
+            step *= 1.03 + A_ALIASED_ROW * max(0, -(-mr // sets) - L1_WAYS)
+        if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags; and
+            step *= 1.0 + B_IN_PLACE * nr / V + (B_ROW + B_MISALIGNED * rows_off_line(p.n)) * V / nr
+        if mr * kc * 4 > L1_BYTES // 2:  # the A micro-panel and the B stream share L1
+            step *= 1.0 + L1_SHARED
+        tile = p.k * step + kb * (5 * fmas + 40)
+        if p.trans_c:             # partial sums of C^T between K blocks: element by element
+            tile += (kb - 1) * 12 * mr * width    # (measured: BERT-base linears, ~12 cycles an element)
+        return tile
 
     def _dot_cost(self, p: MatmulProblem, target: Target, s: dict[str, Any]) -> float:
         """The dot-product kernel: per tile, ``ceil(k / V)`` steps of ``MR * NR`` FMAs and
@@ -310,9 +343,11 @@ class MatmulCpuTemplate(KernelFamily):
         l2 = (target.l2_bytes or (1 << 20) * max(1, target.num_cores)) // max(1, target.num_cores)
         mcb = max(1, l2 // 2 // (s["mr"] * s["kc"] * 4))          # the A block: half of L2
         pack_b = s["pack_b"] or problem.trans_b
+        V = lanes_of(target)
         return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], pack_b,
-                         mcb, lanes_of(target), s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
-                         problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b)
+                         mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
+                         problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b,
+                         edge_lanes(problem.n, s["nr"], V))
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)

@@ -25,7 +25,10 @@ and ``NP = ceil(n / NR)`` column panels of B:
   of the tile made each edge path as big as the K loop (ResNet-50's 13 matmul kernels: gcc
   7.8 -> 4.4 s), and vectorizes it with plain vector moves, where it made the predicated
   stores scatters.  With B in place its last, partial panel is shifted left to end at ``n``
-  (whole-vector loads, no copy); it stores only its own columns.
+  (whole-vector loads, no copy); it stores only its own columns.  A last column panel of at most
+  ``ne`` columns (``CpuConfig.ne``: one vector, set for problems whose ``n`` leaves such a
+  remainder) runs a register tile of ``MR x ne`` instead: its K loop does a third of the 8x48
+  tile's FMAs where the full tile would spend them on zero columns (196 = 4 x 48 + 4).
 * **write-once output** (for post-scheduling fusion, :mod:`taskmap.fusion`): the kernel takes
   two C parameters, ``c`` and ``cw`` (same type).  The partial sums of every K block but the
   last are stored to ``cw`` and read back from it by the next K block; the last K block
@@ -70,6 +73,7 @@ class CpuConfig:
     trans_c: bool = False   # C stored (n, m); the bias then runs along m
     pre_a: bool = False     # ``wa`` holds A packed beforehand (a constant: :func:`pack_a_panels`)
     pre_b: bool = False     # ``wb`` holds B packed beforehand (:func:`pack_b_panels`)
+    ne: int = 0             # lanes of the narrow tile of a last column panel of at most ``ne`` columns (0: none)
 
     def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
         """Elements of the two workspace buffers (packed A, packed B) — for ``pre_a`` / ``pre_b``,
@@ -102,6 +106,9 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     A_BATCHED, B_BATCHED = cfg.a_batched, cfg.b_batched
     assert NR % V == 0
     tile = repeat(MR, NR // V) * spatial(1, V)      # the register tile: lanes along a row
+    NE = cfg.ne
+    assert NE % V == 0 and 0 <= NE < NR
+    tile_e = repeat(MR, max(NE, V) // V) * spatial(1, V)   # the narrow tile of a last, thin column panel
     row = spatial(NR)                                # one k-row of a B panel: one vector loop of NR lanes
                                                      # (gcc vectorizes predicated / gathered prologue loads
                                                      # in it; split into repeat x spatial it does not)
@@ -154,8 +161,10 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
         acc = register_tensor(f32, [MR, NR])
         r0 = i * MR
         c0 = j * NR
+        narrow = NE > 0 and n - j * NR <= NE  # the last column panel, at most NE columns: the narrow tile
         if not PACK_B:                        # B in place: the last, partial panel shifts left onto
-            c0 = min(j * NR, max(n - NR, 0))  # whole vectors (only its own columns are stored)
+            c0 = min(j * NR, max(n - (NE if narrow else NR), 0))  # whole vectors (of the narrow tile when
+                                              # it is the one; only its own columns are stored)
         full = i < m // MR and j < n // NR
         if first:
             if BIAS and TRANS_C:
@@ -183,7 +192,16 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
             for r, s in tile.vectorize():
                 acc[r, s] = edge_in[r, s]
         if PACK_B or n < NR:                  # B packed (or narrower than one panel)
-            if PACK_A:
+            if narrow:
+                if PACK_A:
+                    for kk in range(kc):
+                        for r, s in tile_e.vectorize():
+                            acc[r, s] += wa[aoff + kk * MR + r] * wb[boff + kk * NR + s]
+                else:
+                    for kk in range(kc):
+                        for r, s in tile_e.vectorize():
+                            acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * wb[boff + kk * NR + s]
+            elif PACK_A:
                 for kk in range(kc):
                     for r, s in tile.vectorize():
                         acc[r, s] += wa[aoff + kk * MR + r] * wb[boff + kk * NR + s]
@@ -195,6 +213,15 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                 for kk in range(kc):
                     for r, s in tile.vectorize():
                         acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * wb[boff + kk * NR + s]
+        elif narrow:                          # B in place, the narrow tile: its last NE columns
+            if PACK_A:
+                for kk in range(kc):
+                    for r, s in tile_e.vectorize():
+                        acc[r, s] += wa[aoff + kk * MR + r] * b[bj, k0 + kk, c0 + s]
+            else:
+                for kk in range(kc):
+                    for r, s in tile_e.vectorize():
+                        acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * b[bj, k0 + kk, c0 + s]
         elif PACK_A:                          # B in place: whole vectors of its rows
             for kk in range(kc):
                 for r, s in tile.vectorize():

@@ -369,13 +369,14 @@ def test_pointwise_layers_whose_input_spills_l2_route_to_the_implicit_gemm():
     """Every core sweeps the whole input once per channel panel; past half of L2 that comes from
     L3 (measured side by side on a Cascade Lake: 512 -> 128 at 28x28 0.61 ms on the channel
     kernel, 0.46 ms on the implicit GEMM; Inception-V3's 288 -> 64 at 35x35 0.42 vs 0.33 ms).
-    Inputs that stay in L2 keep the channel kernel where it won (1024 -> 256 at 14x14: 0.86 vs
-    0.93 ms; 2048 -> 512 at 7x7: 0.78 vs 0.91 ms)."""
+    Inputs that stay in L2 keep the channel kernel where it won (2048 -> 512 at 7x7: 0.84 vs
+    0.92 ms); 1024 -> 256 at 14x14 went to the implicit GEMM once its last, 4-column panel ran
+    the narrow tile (0.82 vs 0.86 ms; before it, 0.93 vs 0.86)."""
     def pointwise(cin, cout, hw):
         return ConvProblem(1, cin, hw, hw, cout, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", True, True)
     assert select(pointwise(512, 128, 28), CASCADE) is None
     assert select(pointwise(288, 64, 35), CASCADE) is None
-    assert select(pointwise(1024, 256, 14), CASCADE)["vec"] == "channels"
+    assert select(pointwise(1024, 256, 14), CASCADE) is None
     assert select(pointwise(2048, 512, 7), CASCADE)["vec"] == "channels"
 
 

@@ -278,6 +278,45 @@ def test_edge_tiles_fused_with_split_k(pack_b):
     assert "vscatter" not in asm and "vgather" not in asm
 
 
+@pytest.mark.parametrize("split, pack_a, pack_b", [("m", True, True), ("n", True, True), ("m", True, False),
+                                                   ("n", False, False)])
+def test_a_thin_last_column_panel_runs_the_narrow_tile(split, pack_a, pack_b):
+    """A last column panel of at most one vector's columns (``edge_lanes``) runs a register tile of
+    one vector, also when it is the only panel; wider remainders and whole panels keep the full
+    tile.  Bias, partial sums over three K blocks, B in place shifted onto its last vector."""
+    V = lanes_of(CPU)
+    for n in (2 * 48 + 1, 2 * 48 + V, 2 * 48 + V + 1, 3 * 48, 2 * 48 + 2 * V + 3, V - 3, V + 4):
+        p = MatmulProblem(2, 29, n, 150, bias=True)
+        s = sched(mr=8, nr=48, kc=50, ncb=2, split=split, pack_a=pack_a, pack_b=pack_b)
+        rem = n % 48
+        assert MATMUL_CPU.config(p, CPU, s).ne == (V if 0 < rem <= V else 0)
+        check(p, s)
+
+
+def test_cost_counts_the_narrow_tile_of_a_thin_last_panel():
+    """196 columns in panels of 48 are four whole panels and a 16-lane tile: the model prices them
+    near 192 columns, not 240 (ResNet-50's 14x14 pointwise convolutions)."""
+    s = sched(mr=8, nr=48, kc=512, ncb=4, split="m", pack_a=True, pack_b=True, cores=2)
+    cost = {n: MATMUL_CPU.cost(MatmulProblem(1, 256, n, 1024, a_batched=False, const_a=True), ZEN4, s)
+            for n in (192, 196, 240)}
+    assert cost[196] < cost[192] + 0.3 * (cost[240] - cost[192])
+    assert cost[192] < cost[196] < cost[240]
+
+
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_narrow_tile_assembly():
+    """The 8x48 kernel with a 16-lane narrow tile: a loop of 24 FMAs and one of 8, the narrow one
+    with a broadcast of A per FMA (``vbroadcastss`` or an ``{1to16}`` operand) and no gathers."""
+    cfg = CpuConfig(8, 48, 384, 8, "m", True, True, 24, 16, 2, True, True, False, False, ne=16)
+    asm = subprocess.run(["gcc", *ASM_FLAGS, "-S", build_kernel(cfg).build("cpu").source_path, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    bodies = re.split(r"\n\.L\d+:\n", asm)
+    narrow = [b for b in bodies if b.count("vfmadd231ps") == 8 and b.count("vbroadcastss") + b.count("{1to16}") == 8]
+    assert [b for b in bodies if b.count("vfmadd231ps") == 24], "no loop of the full 8 x 48 tile"
+    assert narrow, "no loop of the 8 x 16 narrow tile"
+    assert "gather" not in narrow[0]
+
+
 # ----------------------------------------------------------------------------- small M (GEMV-like)
 
 
