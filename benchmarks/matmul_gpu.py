@@ -1,8 +1,9 @@
 """Benchmark: the example GPU matmul (examples/matmul_gpu.py: SIMT f32, 128x128 tiles, double
 buffered shared memory) against torch.matmul (cuBLAS, f32 with TF32 off), square sizes, on an
 NVIDIA GPU; then the matmul templates on the schedules their cost models choose — SIMT f32 against
-cuBLAS f32, and the tensor-core template on TF32 (f32 data, ``MatmulProblem.tf32``) against cuBLAS
-with TF32 allowed.  Times are CUDA-event medians after warm-up, measured on PyTorch's current
+cuBLAS f32, the tensor-core template on TF32 (f32 data, ``MatmulProblem.tf32``) against cuBLAS
+with TF32 allowed, and on 3xTF32 (``MatmulProblem.tf32x3``: about f32's accuracy) against cuBLAS
+f32 — squares, then the linears of BERT / GPT-2 / ViT at batch 8.  Times are CUDA-event medians after warm-up, measured on PyTorch's current
 stream, on which taskmap launches; the example's time includes its Python launch path (argument
 checks); the templates and cuBLAS beside them are timed as CUDA graph replays (device time).
 
@@ -93,6 +94,11 @@ def main(sizes: list[int]) -> int:
     print(f"\nthe templates (model-chosen schedules) vs cuBLAS, {name}")
     print_table(["n", "math", "schedule", "taskmap ms", "TFLOP/s", "cuBLAS ms", "cuBLAS TFLOP/s",
                  "taskmap/cuBLAS time", "rel L2 err"], template_rows(sizes, gen))
+    print(f"\nf32 linears (B = N x K weight, bias): 3xTF32 tensor cores and SIMT FMAs vs cuBLAS f32 (TF32 off), "
+          f"{name}; model-chosen schedules, min of 3 alternating rounds of CUDA graph replays; errors: max "
+          "|c - f64 product| / max |f64 product|")
+    print_table(["m x n x k", "3xTF32 schedule", "3xTF32 ms", "SIMT ms", "cuBLAS ms", "3xTF32 TFLOP/s",
+                 "cuBLAS/3xTF32", "cuBLAS/SIMT", "3xTF32 err", "SIMT err", "cuBLAS err"], x3_rows())
     print(f"\nSIMT f32 linears (B = N x K weight, bias): shared tiles padded vs not, {name}; min of 3 alternating "
           "rounds of CUDA graph replays")
     print_table(["m x n x k", "schedule", "padded ms", "unpadded ms", "unpadded/padded", "padded TFLOP/s",
@@ -150,8 +156,9 @@ def template_rows(sizes: list[int], gen: object) -> list[list[str]]:
         a = torch.randn(n, n, device="cuda", generator=gen)
         b = torch.randn(n, n, device="cuda", generator=gen)
         exact = a.double() @ b.double()
-        for math, template, tf32 in (("f32", MATMUL_SIMT, False), ("tf32", MATMUL_TC, True)):
-            p = MatmulProblem(1, n, n, n, tf32=tf32)
+        for math, template, tf32 in (("f32", MATMUL_SIMT, False), ("tf32", MATMUL_TC, True),
+                                     ("3xtf32", MATMUL_TC, False)):
+            p = MatmulProblem(1, n, n, n, tf32=tf32, tf32x3=math == "3xtf32")
             if not template.applies(p, target):
                 continue
             s = tune.choose(template, p, target, mode="model")
@@ -175,6 +182,48 @@ def template_rows(sizes: list[int], gen: object) -> list[list[str]]:
 #: (1024 tokens), ViT-B/16 at batch 8 (1576), and squares.
 AB_SHAPES = [(1024, 3072, 768), (1024, 768, 3072), (1024, 2304, 768), (1024, 768, 768), (1576, 768, 768),
              (1576, 3072, 768), (2048, 2048, 2048), (4096, 4096, 4096)]
+
+
+def x3_rows(rounds: int = 3) -> list[list[str]]:
+    """The linear shapes on 3xTF32 (``MatmulProblem.tf32x3``: the tensor-core template, about f32's
+    accuracy) and on SIMT FMAs, each on the model's schedule, against cuBLAS f32, with errors."""
+    import torch
+
+    from taskmap.backends.cuda.target import current_cuda_target
+    from taskmap.schedule import tune
+    from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.matmul_simt import MATMUL_SIMT
+    from taskmap.templates.matmul_tc import MATMUL_TC
+
+    target = current_cuda_target(0)
+    rows = []
+    for m, n, k in AB_SHAPES:
+        a, w, bias = torch.randn(1, m, k, device="cuda"), torch.randn(1, n, k, device="cuda"), torch.randn(n, device="cuda")
+        exact = torch.nn.functional.linear(a[0].double(), w[0].double(), bias.double())
+        scale = float(exact.abs().max())
+        runs, outs, scheds = {}, {}, {}
+        for key, template, tf32x3 in (("x3", MATMUL_TC, True), ("simt", MATMUL_SIMT, False)):
+            p = MatmulProblem(1, m, n, k, trans_b=True, bias=True, tf32x3=tf32x3)
+            scheds[key] = tune.choose(template, p, target, mode="model")
+            outs[key] = torch.empty(1, m, n, device="cuda")
+            runs[key] = prepared(template, p, target, scheds[key], template.arguments(p, [a, w, bias], [outs[key]],
+                                                                                      scheds[key]))
+            runs[key]()
+        outs["cublas"] = torch.empty(m, n, device="cuda")
+        runs["cublas"] = lambda: torch.addmm(bias, a[0], w[0].t(), out=outs["cublas"])
+        runs["cublas"]()
+        torch.cuda.synchronize()
+        err = {key: float((c.reshape(m, n).double() - exact).abs().max()) / scale for key, c in outs.items()}
+        times: dict[str, list[float]] = {key: [] for key in runs}
+        for _ in range(rounds):
+            for key, fn in runs.items():
+                times[key].append(graph_median_ms(fn))
+        t = {key: min(v) for key, v in times.items()}
+        rows.append([f"{m}x{n}x{k}", ",".join(f"{x}={y}" for x, y in scheds["x3"].as_dict().items()),
+                     f"{t['x3']:.3f}", f"{t['simt']:.3f}", f"{t['cublas']:.3f}", f"{2.0 * m * n * k / t['x3'] / 1e9:.1f}",
+                     f"{t['cublas'] / t['x3']:.2f}", f"{t['cublas'] / t['simt']:.2f}", f"{err['x3']:.1e}",
+                     f"{err['simt']:.1e}", f"{err['cublas']:.1e}"])
+    return rows
 
 
 def padding_rows(rounds: int = 3) -> list[list[str]]:

@@ -6,10 +6,13 @@ and onnxruntime, with taskmap's compile time cold (empty cache) and cached.
     python benchmarks/models.py --device cuda           # GPU: eager and torch.compile as peers
     python benchmarks/models.py --no-peers gpt2         # taskmap only
     python benchmarks/models.py --device cuda --tf32    # GPU, matmuls on TF32 too (everyone)
+    python benchmarks/models.py --device cuda --fp32-precision 3xtf32   # taskmap's f32 products as 3xTF32
 
 On a GPU every side follows PyTorch's TF32 settings: by default convolutions on TF32 (cuDNN's
 default, which taskmap's frontend reads at compile time) and matmuls in true f32; ``--tf32``
-allows TF32 for matmuls too (``torch.set_float32_matmul_precision("high")``).
+allows TF32 for matmuls too (``torch.set_float32_matmul_precision("high")``).  ``--fp32-precision``
+is passed to ``taskmap.compile`` (``"3xtf32"``: the products PyTorch runs in IEEE f32 run as
+3xTF32 on tensor cores, about f32's accuracy; the peers keep PyTorch's settings).
 
 Models: ResNet-50, MobileNetV2, Inception-V3 and a ViT-Base/16 encoder (the hand-written
 definitions of the model tests, ``tests/models/``: there is no torchvision here), BERT-base and
@@ -48,6 +51,7 @@ from common import machine_description, print_table, timed  # noqa: E402
 import taskmap  # noqa: E402
 
 PEERS = ("eager", "torch.compile", "onnxruntime")
+FP32_PRECISION: str | None = None       # --fp32-precision: taskmap.compile's
 MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit")
 
 
@@ -119,7 +123,8 @@ def compile_seconds(name: str, batch: int, device: str, cache: str) -> tuple[flo
     time and CPU time (the process's and its compilers'; steadier on a shared machine)."""
     env = dict(os.environ, TASKMAP_CACHE_DIR=cache)
     out = subprocess.run([sys.executable, __file__, "--compile-only", name, "--batch", str(batch),
-                          "--device", device] + (["--tf32"] if torch.get_float32_matmul_precision() == "high" else []),
+                          "--device", device] + (["--tf32"] if torch.get_float32_matmul_precision() == "high" else [])
+                         + (["--fp32-precision", FP32_PRECISION] if FP32_PRECISION else []),
                          env=env, capture_output=True, text=True, check=True)
     wall, cpu = out.stdout.strip().splitlines()[-1].split()
     return float(wall), float(cpu)
@@ -133,7 +138,7 @@ def _cpu_seconds() -> float:
 def compile_only(name: str, batch: int, device: str) -> None:
     model, args = make_model(name, batch, device)
     t0, c0 = time.perf_counter(), _cpu_seconds()
-    fast = taskmap.compile(model, args)
+    fast = taskmap.compile(model, args, fp32_precision=FP32_PRECISION)
     with torch.no_grad():
         fast(*args)
     print(time.perf_counter() - t0, _cpu_seconds() - c0)
@@ -152,7 +157,7 @@ def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     with torch.no_grad():
         want = model(*args)
-        fast = taskmap.compile(model, args)
+        fast = taskmap.compile(model, args, fp32_precision=FP32_PRECISION)
         check(name, fast(*args), want)
         if os.environ.get("MODELS_SUMMARY"):
             print(fast.summary(), flush=True)
@@ -204,8 +209,12 @@ def main() -> None:
                         help="report a model that fails (traceback) and go on with the others")
     parser.add_argument("--tf32", action="store_true",
                         help='GPU: matmuls on TF32 too, for every side (set_float32_matmul_precision("high"))')
+    parser.add_argument("--fp32-precision", choices=["ieee", "tf32", "3xtf32"], default=None,
+                        help="taskmap.compile's fp32_precision (default: PyTorch's settings)")
     parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global FP32_PRECISION
+    FP32_PRECISION = args.fp32_precision
     if args.tf32:
         torch.set_float32_matmul_precision("high")
     if args.compile_only:
@@ -229,7 +238,8 @@ def main() -> None:
                 traceback.print_exc()
                 rows.append([m, str(b), "FAILED"] + ["-"] * (len(headers) - 3))
     print(f"\n{machine_description()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"device {args.device}{' (matmuls on TF32)' if args.tf32 else ''}, {datetime.date.today()}; "
+          f"device {args.device}{' (matmuls on TF32)' if args.tf32 else ''}"
+          f"{f', taskmap fp32_precision={args.fp32_precision}' if args.fp32_precision else ''}, {datetime.date.today()}; "
           f"median of {args.rounds} rounds")
     print_table(headers, rows)
 

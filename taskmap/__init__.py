@@ -14,14 +14,14 @@ from .version import __version__
 
 
 def compile(model, example_inputs=None, *, static_shapes=False, fallback=False, progress=None,  # noqa: A001
-            capture="auto"):
+            capture="auto", fp32_precision=None):
     """Compile a ``torch.nn.Module`` into a callable returning the model's outputs (see
     :func:`taskmap.frontend.torch.compile`).  torch is optional for the rest of taskmap, so the
     frontend is imported here, on first use."""
     from .frontend import torch as frontend  # noqa: PLC0415 - optional dependency, not a cycle
 
     return frontend.compile(model, example_inputs, static_shapes=static_shapes, fallback=fallback, progress=progress,
-                            capture=capture)
+                            capture=capture, fp32_precision=fp32_precision)
 
 
 def load(path, model=None):

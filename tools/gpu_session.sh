@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything a lent NVIDIA GPU machine should run, in one device call (see /work/.library/device):
 #
-#   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, matmul_gpu, models, profile
+#   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, matmul_gpu, models_3xtf32, models, profile
 #   run(command="bash tools/gpu_session.sh cuda_tests ops_f32")     # stages by name
-#   (matmul_gpu: the example and the templates, SIMT f32 and TF32, against cuBLAS, and the SIMT
-#   padding A/B; on request: ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —,
+#   (matmul_gpu: the example and the templates, SIMT f32, TF32 and 3xTF32, against cuBLAS, the
+#   linears on 3xTF32 and SIMT against cuBLAS f32, and the SIMT padding A/B; models_3xtf32: the
+#   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request: ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —,
 #   models_tf32 — matmuls on TF32 for every side — and gpu_exhaustive — the GPU matmul cost model
 #   against exhaustive tuning)
 #   models_tuned also exports the measured choices to $OUT/records/<device>.json: commit them under
@@ -37,7 +38,7 @@ info.mkdir(parents=True, exist_ok=True)
                                                for group, points in project["entry-points"].items()))
 PY
 export PYTHONPATH="$PWD:/tmp/taskmap-entry-points${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-WANT=" ${*:-cuda_tests matmul_gpu models profile} "     # the others on request
+WANT=" ${*:-cuda_tests matmul_gpu models_3xtf32 models profile} "     # the others on request
 stage() {  # stage NAME SECONDS COMMAND...  (only the stages named on the command line, if any)
     local name=$1 limit=$2; shift 2
     [[ "$WANT" == *" $name "* ]] || return 0
@@ -52,6 +53,9 @@ stage cuda_tests ${TEST_SECONDS:-150} python3 -m pytest -m cuda -q -p no:cachepr
 stage matmul_gpu ${MATMUL_SECONDS:-150} python3 benchmarks/matmul_gpu.py
 stage ops_f32 100 python3 benchmarks/ops_table.py --device cuda --no-compile --rounds 2 --only matmul,linear,conv,softmax,layernorm,attention
 stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 --no-compile --rounds 2 --only matmul,linear,attention
+stage models_3xtf32 ${X3_SECONDS:-150} python3 benchmarks/models.py ${X3_MODELS:-bert gpt2 vit resnet50} \
+    --device cuda --rounds 2 --seconds 0.5 --keep-going --fp32-precision 3xtf32 --batch ${X3_BATCH:-8} \
+    --peers eager torch.compile --no-compile-times
 stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet50 bert gpt2 mobilenet_v2 inception_v3 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going ${MODEL_FLAGS:---batch 1 8 --peers eager torch.compile --no-compile-times}
 stage models_tf32 ${TF32_SECONDS:-200} python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \

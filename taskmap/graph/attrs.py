@@ -211,21 +211,25 @@ class NormAttrs:
 class MatmulAttrs:
     """MATMUL and LINEAR.  ``tf32``: f32 products may run on TF32 tensor cores (10-bit mantissas,
     f32 sums) — on a GPU, where PyTorch's setting allowed it when the graph was captured
-    (``torch.backends.cuda.matmul``)."""
+    (``torch.backends.cuda.matmul``).  ``tf32x3``: f32 products run as 3xTF32 on tensor cores
+    (each operand a tf32 high part plus a tf32 low part: about f32's accuracy) — on a GPU, when
+    compiled with ``fp32_precision="3xtf32"``."""
 
     tf32: bool = False
+    tf32x3: bool = False
 
 
 @dataclass(frozen=True)
 class Conv2dAttrs:
-    """NCHW convolution (weight OIHW, optional bias as a third input); ``tf32`` as in
-    :class:`MatmulAttrs` (PyTorch's setting: ``torch.backends.cudnn``, on by default)."""
+    """NCHW convolution (weight OIHW, optional bias as a third input); ``tf32`` and ``tf32x3`` as
+    in :class:`MatmulAttrs` (PyTorch's setting: ``torch.backends.cudnn``, on by default)."""
 
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
     tf32: bool = False
+    tf32x3: bool = False
 
 
 @dataclass(frozen=True)

@@ -128,8 +128,8 @@ def anchor_dtypes(target: Target) -> tuple[str, ...]:
 
 
 def gpu_template(p: MatmulProblem, target: Target) -> Any:
-    """The GPU matmul template of ``p``: tensor cores for f16 / bf16 and for f32 that allows TF32,
-    else SIMT for f32 (None: none)."""
+    """The GPU matmul template of ``p``: tensor cores for f16 / bf16 and for f32 that allows TF32
+    or asks for 3xTF32, else SIMT for f32 (None: none)."""
     return next((t for t in (MATMUL_TC, MATMUL_SIMT) if t.applies(p, target)), None)
 
 
@@ -137,6 +137,12 @@ def _allows_tf32(op: Op, target: Target) -> bool:
     """Whether the anchor's f32 products may run on TF32 tensor cores (the op's ``tf32`` attribute,
     PyTorch's setting at capture; NVIDIA GPUs only)."""
     return target.kind is TargetKind.CUDA and bool(getattr(op.attrs, "tf32", False))
+
+
+def _wants_tf32x3(op: Op, target: Target) -> bool:
+    """Whether the anchor's f32 products run as 3xTF32 on tensor cores (the op's ``tf32x3``
+    attribute: compiled with ``fp32_precision="3xtf32"``; NVIDIA GPUs only)."""
+    return target.kind is TargetKind.CUDA and bool(getattr(op.attrs, "tf32x3", False))
 
 
 def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
@@ -228,6 +234,8 @@ def anchor_problem(op: Op, target: Target) -> _Anchor | None:
     anc = conv_anchor(op, target) if op.kind is OpKind.CONV2D else matmul_anchor(op, target)
     if anc is not None and anc.problem.dtype == "float32" and _allows_tf32(op, target):
         anc.problem = replace(anc.problem, tf32=True)
+    elif anc is not None and anc.problem.dtype == "float32" and _wants_tf32x3(op, target):
+        anc.problem = replace(anc.problem, tf32x3=True)
     if anc is not None and target.kind is not TargetKind.CPU and gpu_template(anc.problem, target) is None:
         anc = None
     with _ANCHORS_LOCK:

@@ -40,6 +40,8 @@ class MatmulProblem:
     const_a: bool = False           # a is a constant (a compiled graph's weights): packed once, beforehand
     const_b: bool = False           # b is a constant (CPU template: see ``MatmulCpuTemplate.pack_constants``)
     tf32: bool = False              # f32 products may run on TF32 tensor cores (10-bit mantissas, f32 sums)
+    tf32x3: bool = False            # ... as 3xTF32: each operand a tf32 high part plus a tf32 low part, the
+                                    # products hi*hi + hi*lo + lo*hi on tensor cores (~f32 accuracy)
 
     def __post_init__(self) -> None:
         for name in ("batch", "m", "n", "k"):

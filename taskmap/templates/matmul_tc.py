@@ -23,6 +23,12 @@ fragments of A (``ldmatrix_x4_rows_b32``) and of an ``N x K`` B (:data:`B_NK_ROW
 tiles per load); a ``K x N`` B's fragments (row ``t``, column ``g``) are read element by element
 (``mma_tf32_b_layout``: a transposing ``ldmatrix`` would split the 32-bit words).  Fragments are
 rounded to tf32 once for all the mma calls that read them (``tf32_operand``, ``rounded=True``).
+3xTF32 (``MatmulProblem.tf32x3``, ``TcConfig.x3``): f32 products at about f32's accuracy on the
+same tensor cores.  Each fragment element ``x`` is split once into ``hi = round_tf32(x)`` (exact in
+tf32) and ``lo = x - hi`` (exact in f32, then a tf32 operand), and each mma tile takes three
+calls — ``lo_a * hi_b``, ``hi_a * lo_b``, then ``hi_a * hi_b`` — into the same f32 accumulators;
+the dropped ``lo_a * lo_b`` is ~2^-22 of a product (CUTLASS's "3xTF32").  Three times the tensor-core
+work and ``MI * 4 + NI * 2`` more registers a lane.
 The row padding keeps the reads free of bank conflicts: 4 floats for A and an ``N x K`` B (the 8
 rows of a matrix start 20 or 36 words apart: distinct 4-bank groups), 8 floats for a ``K x N`` B
 (row ``t``, column ``g``: banks ``8t + g``).
@@ -38,8 +44,8 @@ from ..lang.kernel import kernel
 from ..ir.mapping import auto_map, custom_mapping
 from ..lang import (MMA_K, MMA_M, MMA_N, MMA_TF32_K, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait,
                     f32, lane_id, ldmatrix_x4, ldmatrix_x4_rows, ldmatrix_x4_rows_b32, mma_c_layout,
-                    mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, mma_tf32_b_layout, register_tensor, tf32_operand,
-                    shared_tensor, symbol, syncthreads, threadIdx, unroll, warp_id)
+                    mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, mma_tf32_b_layout, register_tensor, round_tf32,
+                    shared_tensor, symbol, syncthreads, tf32_operand, threadIdx, unroll, warp_id)
 
 from ..backends.base import Target, TargetKind
 from ..ir.dtypes import scalar_type
@@ -82,6 +88,7 @@ class TcConfig:
     b_batched: bool
     trans_b: bool
     bias: bool
+    x3: bool = False        # f32 as 3xTF32: each operand split into a tf32 high and low part, three mma
 
     @property
     def tf32(self) -> bool:
@@ -113,7 +120,8 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     MI, NI = WM // MMA_M, WN // MMA_N
     THREADS = 32 * WGM * WGN
     T, OUT = scalar_type(cfg.dtype), scalar_type(cfg.out_dtype)
-    TRANS_B, A_BATCHED, B_BATCHED, TF32 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.tf32
+    TRANS_B, A_BATCHED, B_BATCHED, TF32, X3 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.tf32, cfg.x3
+    assert TF32 or not X3
     BIAS = cfg.bias and S == 1
     VEC, (PAD_A, PAD_B) = cfg.vec, cfg.pads
     FA, FB = (4, 2) if TF32 else (8, 4)       # fragment registers per lane: A (16 x K), B (K x 8)
@@ -135,6 +143,8 @@ def build_kernel(cfg: TcConfig) -> Kernel:
         acc = register_tensor(f32, [MI, NI, 4])
         af = register_tensor(T, [MI, FA])
         bf = register_tensor(T, [NI, FB])
+        af_lo = register_tensor(T, [MI if X3 else 1, FA])     # 3xTF32: the low parts
+        bf_lo = register_tensor(T, [NI if X3 else 1, FB])
         for i in unroll(MI):
             for j in unroll(NI):
                 for q in unroll(4):
@@ -200,21 +210,34 @@ def build_kernel(cfg: TcConfig) -> Kernel:
                             for i, j in ldmatrix_x4_rows_b32.on(lane_id()):
                                 ldmatrix_x4(af[mi, 0], sa[st, wy * WM + mi * MMA_M + i, kk * MMA_TF32_K + j])
                             for q in unroll(FA):
-                                af[mi, q] = tf32_operand(af[mi, q])
+                                if X3:                # high part exact in tf32, low part the rest
+                                    hi = round_tf32(af[mi, q])
+                                    af_lo[mi, q] = tf32_operand(af[mi, q] - hi)
+                                    af[mi, q] = hi
+                                else:
+                                    af[mi, q] = tf32_operand(af[mi, q])
                         if TRANS_B:                   # one x4 load: the fragments of 2 column tiles
                             for nj in unroll(NI // 2):
                                 for i, j in B_NK_ROWS_B32.on(lane_id()):
                                     ldmatrix_x4(bf[nj * 2, 0],
                                                 sb[st, wx * WN + nj * 2 * MMA_N + i, kk * MMA_TF32_K + j])
-                            for ni in unroll(NI):
-                                for q in unroll(FB):
-                                    bf[ni, q] = tf32_operand(bf[ni, q])
                         else:                         # K x N: ldmatrix would split the 32-bit words
                             for ni in unroll(NI):
                                 for q, (i, j) in enumerate(mma_tf32_b_layout.on(lane_id())):
-                                    bf[ni, q] = tf32_operand(sb[st, kk * MMA_TF32_K + i, wx * WN + ni * MMA_N + j])
+                                    bf[ni, q] = sb[st, kk * MMA_TF32_K + i, wx * WN + ni * MMA_N + j]
+                        for ni in unroll(NI):
+                            for q in unroll(FB):
+                                if X3:
+                                    hi = round_tf32(bf[ni, q])
+                                    bf_lo[ni, q] = tf32_operand(bf[ni, q] - hi)
+                                    bf[ni, q] = hi
+                                else:
+                                    bf[ni, q] = tf32_operand(bf[ni, q])
                         for mi in unroll(MI):
                             for ni in unroll(NI):
+                                if X3:                # the small products first: lo x hi, hi x lo
+                                    mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af_lo[mi, 0], bf[ni, 0], rounded=True)
+                                    mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af[mi, 0], bf_lo[ni, 0], rounded=True)
                                 mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af[mi, 0], bf[ni, 0], rounded=True)
                 else:
                     for kk in unroll(BK // MMA_K):
@@ -250,14 +273,14 @@ class MatmulTcTemplate(KernelFamily):
     """f16 / bf16 matmul on NVIDIA tensor cores (sm_80 and later)."""
 
     name = "matmul_tc"
-    version = 3             # 2: per-operand cp.async alignment; TF32.  3: tf32 fragments by ldmatrix
+    version = 4             # 2: per-operand cp.async alignment; TF32.  3: tf32 fragments by ldmatrix.  4: 3xTF32
 
 
     def applies(self, problem: Any, target: Target) -> bool:
         if not (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and target.warp_size == 32):
             return False
         if problem.dtype == "float32":
-            return problem.tf32 and problem.out_dtype == "float32" and "mma_tf32" in target.features
+            return (problem.tf32 or problem.tf32x3) and problem.out_dtype == "float32" and "mma_tf32" in target.features
         return problem.dtype in ("float16", "bfloat16") and problem.out_dtype in (problem.dtype, "float32") and \
             "mma_m16n8k16" in target.features
 
@@ -305,16 +328,17 @@ class MatmulTcTemplate(KernelFamily):
         out_b = 2 if p.out_dtype != "float32" else 4
         global_bytes = size * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
         global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
-        w = Workload(flops=p.flops, global_bytes=global_bytes, cache_bytes=p.flops / 2 * size * (1 / bm + 1 / bn),
+        w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes, cache_bytes=p.flops / 2 * size * (1 / bm + 1 / bn),
                      work_items=tiles, threads_per_item=threads,
-                     registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64), shared_per_item=cfg.smem_bytes(),
+                     registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64 + (wtm // 4 + wtn // 4 if cfg.x3 else 0)),
+                     shared_per_item=cfg.smem_bytes(),
                      inner_bytes=size * bk, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
     @staticmethod
     def _cfg(p: MatmulProblem, bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split: int) -> TcConfig:
         return TcConfig(bm, bn, bk, wm, wn, stages, split, p.dtype, p.out_dtype, p.a_batched, p.b_batched, p.trans_b,
-                        p.bias)
+                        p.bias, p.dtype == "float32" and p.tf32x3 and not p.tf32)
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> TcConfig:
         """Everything the kernel depends on (the key of its cache entries)."""

@@ -11,7 +11,8 @@ constants — batch norms fold into the convolutions, weights are packed for the
 an in-place change of any of them compiles again (``options={"freeze": False}`` keeps them
 inputs).
 
-Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "freeze": True})``.
+Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "freeze": True,
+"fp32_precision": "3xtf32"})`` (the last as ``taskmap.compile``'s: :mod:`.precision`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...runtime.graph import CompiledGraph
+from . import precision
 from .importer import Imported, import_fx
 
 
@@ -85,9 +87,10 @@ class DynamoGraph:
     step, ``load_state_dict``) compiles again with the new values."""
 
     def __init__(self, gm: torch.fx.GraphModule, fallback: bool, progress: bool | None,
-                 frozen: tuple[int, ...] = ()) -> None:
+                 frozen: tuple[int, ...] = (), fp32_precision: str | None = None) -> None:
         self.gm = gm
         self.fallback = fallback
+        self.fp32_precision = fp32_precision
         self.progress = progress
         self.frozen = frozen
         self.graphs: dict[tuple[Any, ...], tuple[Imported, CompiledGraph]] = {}
@@ -117,7 +120,8 @@ class DynamoGraph:
                 shapes = key[:len(args)]       # values changed in place: the old graph is stale
                 for old in [k for k in self.graphs if k[:len(args)] == shapes]:
                     del self.graphs[old]
-            imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
+            with precision.chosen(self.fp32_precision):
+                imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
             g = imported.graph
             device = next((x.device for x in g.inputs), "cpu")
             hit = self.graphs[key] = (imported, CompiledGraph(g, device, "torch", self.progress))
@@ -146,15 +150,17 @@ class DynamoGraph:
 def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                     options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """Dynamo backend entry point (see the module docstring).  ``options``: ``fallback`` (default
-    True), ``progress`` (a progress bar; default: on a terminal) and ``freeze`` (parameters and
-    buffers as constants; default True)."""
+    True), ``progress`` (a progress bar; default: on a terminal), ``freeze`` (parameters and
+    buffers as constants; default True) and ``fp32_precision`` (as ``taskmap.compile``'s)."""
     opts = dict(options or {})
     fallback = bool(opts.pop("fallback", True))
     progress = opts.pop("progress", None)
     frozen = module_state(gm, example_inputs) if opts.pop("freeze", True) else ()
+    fp32 = precision.check(opts.pop("fp32_precision", None))
     if opts:
-        raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze")
-    runner = DynamoGraph(gm, fallback, progress, frozen)
+        raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze, "
+                        "fp32_precision")
+    runner = DynamoGraph(gm, fallback, progress, frozen, fp32)
     if all(isinstance(a, torch.Tensor) for a in example_inputs) and not needs_grad(example_inputs) and \
             not any(isinstance(s, torch.SymInt) for a in example_inputs for s in a.shape):
         runner.compile_for(list(example_inputs))

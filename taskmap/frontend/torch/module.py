@@ -22,6 +22,7 @@ from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
 from ...graph.flops import op_flops
 from ...runtime.graph import CompiledGraph
+from . import precision
 from .capture import CAPTURES, Capture, capture, try_symbolic_trace
 from .signature import bind, constant_arguments, forward_signature
 from .importer import Imported
@@ -103,6 +104,7 @@ class CompiledModule:
     fallback: bool = False
     progress: bool | None = None
     capture: str = "auto"
+    fp32_precision: str | None = None       # see :mod:`.precision` (None: PyTorch's settings at capture)
     entries: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
     cache_hits: int = 0
     _traces: dict[str, Any] = field(default_factory=dict, repr=False)   # fx traces (None: not traceable)
@@ -132,8 +134,9 @@ class CompiledModule:
         if which not in self._traces and self.capture == "auto":
             self._traces[which] = try_symbolic_trace(self.model, constants)
         stamp = self._stamp()
-        imported, cap = capture(self.model, self._traces.get(which), arguments, fallback=self.fallback, name=self.name,
-                                how=self.capture)
+        with precision.chosen(self.fp32_precision):
+            imported, cap = capture(self.model, self._traces.get(which), arguments, fallback=self.fallback,
+                                    name=self.name, how=self.capture)
         entry = self.entries[key] = Entry(imported, cap, stamp=stamp)
         entry.ready(self.progress)
         return entry
@@ -236,7 +239,12 @@ class CompiledModule:
                          f"{e.calls} call(s)")
             tf32 = sorted({op.kind.name.lower() for op in g.ops if getattr(op.attrs, "tf32", False)})
             if tf32:
-                lines.append(f"    TF32 allowed (PyTorch's settings at compile time) for: {', '.join(tf32)}")
+                why = "PyTorch's settings at compile time" if self.fp32_precision is None else \
+                    f"fp32_precision={self.fp32_precision!r}"
+                lines.append(f"    TF32 allowed ({why}) for: {', '.join(tf32)}")
+            x3 = sorted({op.kind.name.lower() for op in g.ops if getattr(op.attrs, "tf32x3", False)})
+            if x3:
+                lines.append(f"    3xTF32 (fp32_precision='3xtf32') for: {', '.join(x3)}")
             if e.imported.unsupported:
                 lines.append("    run by PyTorch: " + ", ".join(sorted({u[0] for u in e.imported.unsupported})))
         return "\n".join(lines)
@@ -249,7 +257,8 @@ class CompiledModule:
         """Write the compiled graphs (constants included) to ``path``."""
         names, defaults = _signature(self.model) if self.model is not None else (self._names, self._defaults)
         serialize.save({"entries": self.entries, "names": names, "defaults": defaults,
-                        "static_shapes": self.static_shapes, "fallback": self.fallback, "capture": self.capture}, path)
+                        "static_shapes": self.static_shapes, "fallback": self.fallback, "capture": self.capture,
+                        "fp32_precision": self.fp32_precision}, path)
 
     _names: tuple[str, ...] = ()
     _defaults: dict[str, Any] = field(default_factory=dict)
@@ -261,7 +270,8 @@ def _signature(model: torch.nn.Module) -> tuple[tuple[str, ...], dict[str, Any]]
 
 
 def compile(model: torch.nn.Module, example_inputs: Any = None, *, static_shapes: bool = False,  # noqa: A001
-            fallback: bool = False, progress: bool | None = None, capture: str = "auto") -> CompiledModule:
+            fallback: bool = False, progress: bool | None = None, capture: str = "auto",
+            fp32_precision: str | None = None) -> CompiledModule:
     """Compile ``model`` (an ``nn.Module`` in eval mode) into a callable with the same outputs.
 
     ``example_inputs`` (a tensor, a tuple of positional arguments or a dict of keyword
@@ -273,12 +283,17 @@ def compile(model: torch.nn.Module, example_inputs: Any = None, *, static_shapes
     ``capture``: how the forward becomes a graph.  ``"auto"``: ``torch.fx.symbolic_trace``
     (any input shape), else ``torch.export.export(strict=False)`` for the call's shapes (when it
     writes nothing in place and its every op converts), else ``torch._dynamo.export``;
-    ``"export"`` or ``"dynamo"``: that one only."""
+    ``"export"`` or ``"dynamo"``: that one only.
+
+    ``fp32_precision``: how f32 matmuls and convolutions multiply on an NVIDIA GPU.  None (the
+    default): as PyTorch would (TF32 where its settings allow it, IEEE f32 elsewhere);
+    ``"3xtf32"``: where PyTorch would use IEEE f32, 3xTF32 on tensor cores (about f32's accuracy:
+    see :mod:`taskmap.frontend.torch.precision`); ``"ieee"`` / ``"tf32"``: that everywhere."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"taskmap.compile expects a torch.nn.Module, got {type(model).__name__}")
     if capture not in CAPTURES:
         raise ValueError(f"taskmap.compile: capture={capture!r}; expected one of {', '.join(map(repr, CAPTURES))}")
-    cm = CompiledModule(model, static_shapes, fallback, progress, capture)
+    cm = CompiledModule(model, static_shapes, fallback, progress, capture, precision.check(fp32_precision))
     if example_inputs is not None:
         if isinstance(example_inputs, dict):
             cm.compile_for(**example_inputs)
@@ -292,7 +307,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = None, *, static_shapes
 def load(path: str | os.PathLike[str], model: torch.nn.Module | None = None) -> CompiledModule:
     """A module saved by ``CompiledModule.save``; with ``model``, new shapes compile new graphs."""
     state = serialize.load(path)
-    cm = CompiledModule(model, state["static_shapes"], state["fallback"], capture=state.get("capture", "auto"))
+    cm = CompiledModule(model, state["static_shapes"], state["fallback"], capture=state.get("capture", "auto"),
+                        fp32_precision=state.get("fp32_precision"))
     cm.entries = state["entries"]
     cm._names, cm._defaults = state["names"], state["defaults"]
     return cm

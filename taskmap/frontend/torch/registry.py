@@ -115,9 +115,9 @@ class Converter:
 
     def op(self, kind: OpKind, inputs: Sequence[Tensor], attrs: Any = None) -> Tensor:
         if kind in (OpKind.MATMUL, OpKind.LINEAR) and attrs is None:
-            attrs = MatmulAttrs(self.tf32.matmul)
+            attrs = MatmulAttrs(self.tf32.matmul, self.tf32.x3 and not self.tf32.matmul)
         elif kind is OpKind.CONV2D:
-            attrs = replace(attrs, tf32=self.tf32.conv)
+            attrs = replace(attrs, tf32=self.tf32.conv, tf32x3=self.tf32.x3 and not self.tf32.conv)
         return self.builder.op(kind, list(inputs), attrs, source=self.source)
 
     def sub(self, prefix: str) -> "Converter":
