@@ -10,7 +10,8 @@ decides instead (:data:`FP32_PRECISIONS`):
 * ``"3xtf32"``: the products PyTorch would run in IEEE f32 run as 3xTF32 on tensor cores — each
   operand split into a tf32 high part and a tf32 low part (the rest), ``hi*hi + hi*lo + lo*hi``
   summed in f32: errors within a few times those of f32 FMAs (the dropped ``lo*lo`` is ~2^-22
-  of a product), at tensor-core speed; TF32 stays where PyTorch allows it;
+  of a product), at tensor-core speed; TF32 stays where PyTorch allows it.  An infinite operand
+  gives NaN where f32 products give +-inf (``inf * lo`` with ``lo = 0``), as in CUTLASS's 3xTF32;
 * ``"ieee"``: IEEE f32 products everywhere (convolutions too);
 * ``"tf32"``: TF32 everywhere.
 
