@@ -119,10 +119,13 @@ def test_half_anchors_are_fused_tensor_core_kernels():
         assert st.kernel.build("cuda", arch="sm_90").binary
 
 
-def test_f32_anchors_that_allow_tf32_run_on_tensor_cores():
-    """f32 linear / conv ops whose ``tf32`` attribute allows it (PyTorch's setting at capture) are
+@pytest.mark.parametrize("math", ["tf32", "tf32x3"])
+def test_f32_anchors_on_tensor_cores(math):
+    """f32 linear / conv ops whose ``tf32`` attribute allows TF32 (PyTorch's setting at capture) are
     fused TF32 tensor-core kernels: their results are the products of the TF32-rounded operands
-    (and measurably not the f32 products); the same linear without the permission stays SIMT."""
+    (and measurably not the f32 products).  With ``tf32x3`` (``fp32_precision="3xtf32"``) they are
+    3xTF32 tensor-core kernels that match the f64 products of the f32 operands as closely as f32
+    arithmetic does.  The same linear without either stays SIMT."""
     import torch.nn.functional as F
 
     from taskmap.graph import Conv2dAttrs, GraphBuilder, MatmulAttrs, OpKind, UnaryAttrs, UnaryFn
@@ -135,56 +138,35 @@ def test_f32_anchors_that_allow_tf32_run_on_tensor_cores():
     w, bias, cw, cb = r(48, 96), r(48), r(16, 8, 3, 3), r(16)
     b = GraphBuilder(device="cuda:0")
     x, img = b.input((40, 96), f32), b.input((2, 8, 10, 10), f32)
-    lin = lambda tf32: b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)], MatmulAttrs(tf32))  # noqa: E731
-    y = b.op(OpKind.UNARY, [lin(True)], UnaryAttrs(UnaryFn.GELU))
+    lin = lambda **kw: b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)], MatmulAttrs(**kw))  # noqa: E731
+    y = b.op(OpKind.UNARY, [lin(**{math: True})], UnaryAttrs(UnaryFn.GELU))
     z = b.op(OpKind.UNARY, [b.op(OpKind.CONV2D, [img, b.constant(cw), b.constant(cb)],
-                                 Conv2dAttrs((1, 1), (1, 1), (1, 1), 1, tf32=True))], UnaryAttrs(UnaryFn.RELU))
+                                 Conv2dAttrs((1, 1), (1, 1), (1, 1), 1, **{math: True}))], UnaryAttrs(UnaryFn.RELU))
     xa, ia = r(40, 96), r(2, 8, 10, 10)
     with emulate_gpu("sm_90"):
-        cg = CompiledGraph(b.build([y, z, lin(False)]), "cpu", "numpy")
+        cg = CompiledGraph(b.build([y, z, lin()]), "cpu", "numpy")
         gy, gz, gl = cg(xa, ia)
     assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc", "matmul_tc", "matmul_simt"]
     d = lambda a: torch.from_numpy(np.asarray(a, np.float64))  # noqa: E731
-    t = lambda a: d(round_tf32(a))  # noqa: E731
+    t = (lambda a: d(round_tf32(a))) if math == "tf32" else d
     cases = ((gy, F.gelu(F.linear(t(xa), t(w), d(bias))), F.gelu(F.linear(d(xa), d(w), d(bias)))),
              (gz, F.relu(F.conv2d(t(ia), t(cw), d(cb), padding=1)), F.relu(F.conv2d(d(ia), d(cw), d(cb), padding=1))))
-    for got, tf32_want, f32_want in cases:
-        np.testing.assert_allclose(got, tf32_want.numpy(), rtol=1e-5, atol=1e-5)
-        assert np.abs(got - f32_want.numpy()).max() > 1e-3            # TF32 products, not f32 ones
+    for got, want, f32_want in cases:
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=2e-5)
+        if math == "tf32":
+            assert np.abs(got - f32_want.numpy()).max() > 1e-3            # TF32 products, not f32 ones
     np.testing.assert_allclose(gl, F.linear(d(xa), d(w), d(bias)).numpy(), rtol=1e-5, atol=1e-5)
     for st in cg.steps:
         assert st.kernel.build("cuda", arch="sm_90").binary
 
 
-def test_f32_anchors_that_ask_for_3xtf32_run_on_tensor_cores_at_f32_accuracy():
-    """f32 linear / conv ops with the ``tf32x3`` attribute (``fp32_precision="3xtf32"``) are fused
-    tensor-core kernels whose results match the f64 products of the f32 operands as closely as
-    f32 arithmetic does (TF32 alone misses them by ~1e-3)."""
-    import torch.nn.functional as F
+class ConvLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(16, 5)
 
-    from taskmap.graph import Conv2dAttrs, GraphBuilder, MatmulAttrs, OpKind, UnaryAttrs, UnaryFn
-    from taskmap.ir.dtypes import f32
-    from taskmap.runtime.graph import CompiledGraph
-
-    rng = np.random.default_rng(2)
-    r = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
-    w, bias, cw, cb = r(48, 96), r(48), r(16, 8, 3, 3), r(16)
-    b = GraphBuilder(device="cuda:0")
-    x, img = b.input((40, 96), f32), b.input((2, 8, 10, 10), f32)
-    y = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)], MatmulAttrs(tf32x3=True))],
-             UnaryAttrs(UnaryFn.GELU))
-    z = b.op(OpKind.UNARY, [b.op(OpKind.CONV2D, [img, b.constant(cw), b.constant(cb)],
-                                 Conv2dAttrs((1, 1), (1, 1), (1, 1), 1, tf32x3=True))], UnaryAttrs(UnaryFn.RELU))
-    xa, ia = r(40, 96), r(2, 8, 10, 10)
-    with emulate_gpu("sm_90"):
-        cg = CompiledGraph(b.build([y, z]), "cpu", "numpy")
-        gy, gz = cg(xa, ia)
-    assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc", "matmul_tc"]
-    d = lambda a: torch.from_numpy(np.asarray(a, np.float64))  # noqa: E731
-    np.testing.assert_allclose(gy, F.gelu(F.linear(d(xa), d(w), d(bias))).numpy(), rtol=1e-5, atol=2e-5)
-    np.testing.assert_allclose(gz, F.relu(F.conv2d(d(ia), d(cw), d(cb), padding=1)).numpy(), rtol=1e-5, atol=2e-5)
-    for st in cg.steps:
-        assert st.kernel.build("cuda", arch="sm_90").binary
+    def forward(self, x):
+        return self.fc(self.conv(x).flatten(2))
 
 
 def test_fp32_precision_chooses_instead_of_pytorch(monkeypatch):
@@ -195,14 +177,6 @@ def test_fp32_precision_chooses_instead_of_pytorch(monkeypatch):
     from taskmap.frontend.torch import precision
     from taskmap.frontend.torch.dynamo import taskmap_backend
     from taskmap.graph import OpKind
-
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(16, 5)
-
-        def forward(self, x):
-            return self.fc(self.conv(x).flatten(2))
 
     real = precision.current
     monkeypatch.setattr(precision, "current", lambda dev: real("cuda:0"))     # as if captured on a GPU
@@ -215,19 +189,19 @@ def test_fp32_precision_chooses_instead_of_pytorch(monkeypatch):
                 "tf32": {OpKind.CONV2D: (True, False), OpKind.LINEAR: (True, False)},
                 None: {OpKind.CONV2D: (True, False), OpKind.LINEAR: (False, False)}}
         for choice, kinds in want.items():
-            fast = taskmap.compile(M().eval(), torch.randn(1, 3, 6, 6), progress=False, fp32_precision=choice)
+            fast = taskmap.compile(ConvLinear().eval(), torch.randn(1, 3, 6, 6), progress=False, fp32_precision=choice)
             got = {op.kind: (op.attrs.tf32, op.attrs.tf32x3) for op in fast.graphs[0].ops
                    if op.kind in (OpKind.CONV2D, OpKind.LINEAR)}
             assert got == kinds, choice
         assert "3xTF32 (fp32_precision='3xtf32') for: linear" in \
-            taskmap.compile(M().eval(), torch.randn(1, 3, 6, 6), progress=False, fp32_precision="3xtf32").summary()
+            taskmap.compile(ConvLinear().eval(), torch.randn(1, 3, 6, 6), progress=False, fp32_precision="3xtf32").summary()
         assert precision.current("cuda:0") == precision.Tf32(conv=True)       # the choice does not outlive its compile
     finally:
         torch.set_float32_matmul_precision(old[0])
         torch.backends.cudnn.allow_tf32 = old[1]
     with pytest.raises(ValueError, match="fp32_precision='fast'; expected one of None, 'ieee', 'tf32', '3xtf32'"):
-        taskmap.compile(M().eval(), fp32_precision="fast")
-    gm = torch.fx.symbolic_trace(M().eval())
+        taskmap.compile(ConvLinear().eval(), fp32_precision="fast")
+    gm = torch.fx.symbolic_trace(ConvLinear().eval())
     with pytest.raises(ValueError, match="fp32_precision='fast'"):
         taskmap_backend(gm, [torch.randn(1, 3, 6, 6)], options={"fp32_precision": "fast"})
 
@@ -238,14 +212,6 @@ def test_tf32_settings_come_from_pytorch_at_capture(monkeypatch):
     graphs; CPU graphs never take TF32."""
     from taskmap.frontend.torch import precision
     from taskmap.graph import OpKind
-
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(16, 5)
-
-        def forward(self, x):
-            return self.fc(self.conv(x).flatten(2))
 
     old = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
@@ -260,7 +226,7 @@ def test_tf32_settings_come_from_pytorch_at_capture(monkeypatch):
         seen = {}
         real = precision.current
         monkeypatch.setattr(precision, "current", lambda dev: seen.setdefault(dev, real("cuda:0")))
-        fast = taskmap.compile(M().eval(), torch.randn(1, 3, 6, 6), progress=False)
+        fast = taskmap.compile(ConvLinear().eval(), torch.randn(1, 3, 6, 6), progress=False)
         assert seen == {"cpu": precision.Tf32(matmul=True, conv=True)}
         ops = {op.kind: op.attrs.tf32 for op in fast.graphs[0].ops if op.kind in (OpKind.CONV2D, OpKind.LINEAR)}
         assert ops == {OpKind.CONV2D: True, OpKind.LINEAR: True}
