@@ -125,6 +125,26 @@ def test_model_tf32(name):
     assert "matmul_tc" in names and "matmul_simt" not in names, names
 
 
+@pytest.mark.parametrize("name", ["resnet50", "vit", "bert", "gpt2"])
+def test_model_3xtf32(name):
+    """``fp32_precision="3xtf32"``: every f32 matmul and convolution on tensor cores as 3xTF32,
+    matching eager's true f32 run at the f32 tolerance (rtol 1e-3, atol 1e-4) at batch 8."""
+    model = _model(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = taskmap.compile(model, _inputs(name, 8, 0), progress=False, fp32_precision="3xtf32")
+    for seed in range(2):                 # plain run, then the CUDA graph capture
+        x = _inputs(name, 8, seed + 1)
+        got = _main(fast(x))
+        with torch.no_grad():
+            want = _main(model(x))        # TF32 off (the fixture)
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    (entry,) = fast.entries.values()
+    names = [k.func.name for st in entry.compiled.steps for k in st.kernels]
+    assert "matmul_tc" in names and "matmul_simt" not in names, names
+    assert "3xTF32 (fp32_precision='3xtf32') for:" in fast.summary()
+
+
 def test_folded_constants_live_on_the_models_device():
     """Constants folded at import (a buffer moved with ``.to(x.device)``, an ``arange`` made on the
     input's device) meet on one device: torch.export records ``_assert_tensor_metadata(device=cuda)``
