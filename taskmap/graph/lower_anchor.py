@@ -26,6 +26,7 @@ prologues, writing partial sums to a workspace, then the split-K reduction with 
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
@@ -127,10 +128,16 @@ def anchor_dtypes(target: Target) -> tuple[str, ...]:
     return ("float32",) if target.kind is TargetKind.CPU else ("float32", "float16", "bfloat16")
 
 
+@functools.lru_cache(maxsize=512)
 def gpu_template(p: MatmulProblem, target: Target) -> Any:
-    """The GPU matmul template of ``p``: tensor cores for f16 / bf16 and for f32 that allows TF32
-    or asks for 3xTF32, else SIMT for f32 (None: none)."""
-    return next((t for t in (MATMUL_TC, MATMUL_SIMT) if t.applies(p, target)), None)
+    """The GPU matmul template of ``p``: tensor cores for f16 / bf16 and for f32 that allows TF32,
+    else SIMT for f32 (None: none).  An f32 problem that asks for 3xTF32 takes whichever of the
+    3xTF32 tensor cores and the SIMT FMAs (as accurate) the cost models find faster at their best
+    schedules: the tensor cores' tiles are at least 32 x 32, and three mma per product."""
+    fits = [t for t in (MATMUL_TC, MATMUL_SIMT) if t.applies(p, target)]
+    if len(fits) == 2 and p.dtype == "float32" and p.tf32x3 and not p.tf32:
+        return min(fits, key=lambda t: min((t.cost(p, target, s) for s in t.space(p, target)), default=float("inf")))
+    return fits[0] if fits else None
 
 
 def _allows_tf32(op: Op, target: Target) -> bool:

@@ -160,6 +160,28 @@ def test_f32_anchors_on_tensor_cores(math):
         assert st.kernel.build("cuda", arch="sm_90").binary
 
 
+def test_3xtf32_takes_the_faster_of_tensor_cores_and_simt():
+    """3xTF32 and SIMT FMAs are both f32-accurate: a 3xTF32 problem runs on the template whose best
+    schedule the cost model finds faster — BERT's batch-8 linear on tensor cores; the choice is
+    never the dearer one.  A TF32 problem stays on tensor cores, a plain f32 one on SIMT."""
+    from taskmap.backends import cuda_target
+    from taskmap.graph.lower_anchor import gpu_template
+    from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.matmul_simt import MATMUL_SIMT
+    from taskmap.templates.matmul_tc import MATMUL_TC
+
+    sm90 = cuda_target("sm_90")
+    best = lambda t, p: min(t.cost(p, sm90, s) for s in t.space(p, sm90))  # noqa: E731
+    for m, n, k in [(1024, 3072, 768), (128, 768, 768), (1, 1000, 2048), (64, 1000, 2048)]:
+        p = MatmulProblem(1, m, n, k, trans_b=True, bias=True, tf32x3=True)
+        chosen = gpu_template(p, sm90)
+        other = MATMUL_SIMT if chosen is MATMUL_TC else MATMUL_TC
+        assert best(chosen, p) <= best(other, p)
+    assert gpu_template(MatmulProblem(1, 1024, 3072, 768, trans_b=True, tf32x3=True), sm90) is MATMUL_TC
+    assert gpu_template(MatmulProblem(1, 128, 768, 768, tf32=True), sm90) is MATMUL_TC
+    assert gpu_template(MatmulProblem(1, 1024, 3072, 768), sm90) is MATMUL_SIMT
+
+
 class ConvLinear(torch.nn.Module):
     def __init__(self):
         super().__init__()

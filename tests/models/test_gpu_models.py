@@ -127,8 +127,9 @@ def test_model_tf32(name):
 
 @pytest.mark.parametrize("name", ["resnet50", "vit", "bert", "gpt2"])
 def test_model_3xtf32(name):
-    """``fp32_precision="3xtf32"``: every f32 matmul and convolution on tensor cores as 3xTF32,
-    matching eager's true f32 run at the f32 tolerance (rtol 1e-3, atol 1e-4) at batch 8."""
+    """``fp32_precision="3xtf32"``: the f32 matmuls and convolutions on 3xTF32 tensor cores (or SIMT
+    FMAs where the cost model finds those faster), matching eager's true f32 run at the f32
+    tolerance (rtol 1e-3, atol 1e-4) at batch 8."""
     model = _model(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -141,7 +142,7 @@ def test_model_3xtf32(name):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
     (entry,) = fast.entries.values()
     names = [k.func.name for st in entry.compiled.steps for k in st.kernels]
-    assert "matmul_tc" in names and "matmul_simt" not in names, names
+    assert "matmul_tc" in names, names
     assert "3xTF32 (fp32_precision='3xtf32') for:" in fast.summary()
 
 

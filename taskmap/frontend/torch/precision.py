@@ -7,7 +7,8 @@ where PyTorch's settings allow it — for convolutions (cuDNN) by default, for m
 ``taskmap.compile(..., fp32_precision=...)`` (or the dynamo backend's option of that name)
 decides instead (:data:`FP32_PRECISIONS`):
 
-* ``"3xtf32"``: the products PyTorch would run in IEEE f32 run as 3xTF32 on tensor cores — each
+* ``"3xtf32"``: the products PyTorch would run in IEEE f32 run as 3xTF32 on tensor cores (where
+  the cost model finds that faster than the SIMT template's f32 FMAs, as accurate) — each
   operand split into a tf32 high part and a tf32 low part (the rest), ``hi*hi + hi*lo + lo*hi``
   summed in f32: errors within a few times those of f32 FMAs (the dropped ``lo*lo`` is ~2^-22
   of a product), at tensor-core speed; TF32 stays where PyTorch allows it.  An infinite operand
