@@ -24,14 +24,14 @@ Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add more kind
 * plain B: register tiles with ``MR`` in 1..4 and a wide ``NR`` (:data:`SMALL_TILES`), B read in
   place whatever its row pitch (copying B costs as much as the whole product).
 
-The cost model (:meth:`MatmulCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel
-(padded tiles, a thin last column panel on its narrow tile, its loads per FMA, the per-tile C traffic, operands read in place: rows of A
-sharing an L1 set, rows of B off a cache line), load balance over cores in whole panels, packing
-traffic (an operand packed before the loops is written and read again, one packed as used only
-read), the operand every core reads whole (B with ``split="m"``, A with ``"n"``: the other cores'
-shares come from their caches, :data:`SHARED_BANDWIDTH`), and a fixed cost per parallel region;
-the operands' memory traffic (at :data:`STREAM_BANDWIDTH` per core) bounds it from below, which is
-what ranks small-M points.
+The cost model (:meth:`MatmulCpuTemplate.cost`) is analytic: FMA cycles of the micro-kernel (padded
+tiles, a thin last column panel on its narrow tile, its loads per FMA, the per-tile C traffic,
+operands read in place: rows of A sharing an L1 set, rows of B off a cache line), load balance over
+cores in whole panels, packing traffic (an operand packed before the loops is written and read
+again, one packed as used only read), the operand every core reads whole (B with ``split="m"``, A
+with ``"n"``: the other cores' shares come from their caches, :data:`SHARED_BANDWIDTH`), and a
+fixed cost per parallel region; the operands' memory traffic (at :data:`STREAM_BANDWIDTH` per core)
+bounds it from below, which is what ranks small-M points.
 """
 from __future__ import annotations
 

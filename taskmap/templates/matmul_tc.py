@@ -330,7 +330,7 @@ class MatmulTcTemplate(KernelFamily):
         global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
         w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes, cache_bytes=p.flops / 2 * size * (1 / bm + 1 / bn),
                      work_items=tiles, threads_per_item=threads,
-                     registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64 + (wtm // 4 + wtn // 4 if cfg.x3 else 0)),
+                     registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64 + (wtm // 4 + wtn // 4) * cfg.x3),
                      shared_per_item=cfg.smem_bytes(),
                      inner_bytes=size * bk, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
