@@ -215,8 +215,10 @@ def test_fp32_precision_chooses_instead_of_pytorch(monkeypatch):
             got = {op.kind: (op.attrs.tf32, op.attrs.tf32x3) for op in fast.graphs[0].ops
                    if op.kind in (OpKind.CONV2D, OpKind.LINEAR)}
             assert got == kinds, choice
-        assert "3xTF32 (fp32_precision='3xtf32') for: linear" in \
-            taskmap.compile(ConvLinear().eval(), torch.randn(1, 3, 6, 6), progress=False, fp32_precision="3xtf32").summary()
+        summary = taskmap.compile(ConvLinear().eval(), torch.randn(1, 3, 6, 6), progress=False,
+                                  fp32_precision="3xtf32").summary()
+        assert "3xTF32 (fp32_precision='3xtf32') for: linear" in summary
+        assert "TF32 allowed (PyTorch's settings at compile time) for: conv2d" in summary
         assert precision.current("cuda:0") == precision.Tf32(conv=True)       # the choice does not outlive its compile
     finally:
         torch.set_float32_matmul_precision(old[0])

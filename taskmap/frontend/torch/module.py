@@ -239,8 +239,7 @@ class CompiledModule:
                          f"{e.calls} call(s)")
             tf32 = sorted({op.kind.name.lower() for op in g.ops if getattr(op.attrs, "tf32", False)})
             if tf32:
-                why = "PyTorch's settings at compile time" if self.fp32_precision is None else \
-                    f"fp32_precision={self.fp32_precision!r}"
+                why = "fp32_precision='tf32'" if self.fp32_precision == "tf32" else "PyTorch's settings at compile time"
                 lines.append(f"    TF32 allowed ({why}) for: {', '.join(tf32)}")
             x3 = sorted({op.kind.name.lower() for op in g.ops if getattr(op.attrs, "tf32x3", False)})
             if x3:
