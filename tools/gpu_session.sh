@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Everything a lent NVIDIA GPU machine should run, in one device call (see /work/.library/device):
+# Everything a lent NVIDIA GPU machine should run, in one or two device calls (see /work/.library/device):
 #
 #   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, matmul_gpu, models_3xtf32, models, profile
 #   run(command="bash tools/gpu_session.sh cuda_tests ops_f32")     # stages by name
 #   (matmul_gpu: the example and the templates, SIMT f32, TF32 and 3xTF32, against cuBLAS, the
 #   linears on 3xTF32 and SIMT against cuBLAS f32, and the SIMT padding A/B; models_3xtf32: the
-#   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request: ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —,
-#   models_tf32 — matmuls on TF32 for every side — and gpu_exhaustive — the GPU matmul cost model
-#   against exhaustive tuning)
+#   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request:
+#   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
+#   TF32 for every side — and gpu_exhaustive — the GPU matmul cost model against exhaustive tuning)
+#   The default stages' limits add up to more than one call's 600 s (session 17's times plus the
+#   3xTF32 stage: ~550 s); to be safe, split them: "cuda_tests matmul_gpu models_3xtf32", then
+#   "models profile".
 #   models_tuned also exports the measured choices to $OUT/records/<device>.json: commit them under
 #   taskmap/schedule/records/ and every later compile on that kind of GPU uses them.
 #   MODELS="resnet50 bert" TESTS="tests/backends" bash tools/gpu_session.sh cuda_tests models
