@@ -113,6 +113,10 @@ STREAM_BANDWIDTH = 40e9
 #: 1.15-1.25 -> 0.96 ms), BERT's 128x3072x768 (3.22 -> 2.92 ms); 14 of 22 picks changed, 0.90x
 #: the time in geometric mean.
 SHARED_BANDWIDTH = 10e9
+#: The narrow tile of a thin last column panel is a second micro-kernel (+20% of gcc's time on a
+#: fused matmul kernel): made only where it saves at least this share of the column panels' work
+#: (196 columns in panels of 48: 13%; 784: 4%; 3136: 1%, which measured 0.96-1.01 in ResNet-50).
+NARROW_MIN_SAVING = 0.03
 #: Below this many FLOPs one core is considered too; above it, only all of them.
 SMALL_FLOPS, LARGE_FLOPS = 2e5, 2e7
 _ZERO = np.zeros(1, np.float32)
@@ -132,10 +136,12 @@ def edge_lanes(n: int, nr: int, lanes: int) -> int:
     """Lanes of the narrow register tile for the last column panel of ``n`` columns in panels of
     ``nr``: one vector when that panel has at most one vector's columns (ResNet-50's 196 = 4 x 48
     + 4, Inception-V3's 289 = 9 x 32 + 1; the remainder of ``H x W`` in whole vectors is mostly
-    one), else 0 (a whole panel, or a remainder that keeps the full tile).  One width only: the
-    kernels of problems with small remainders stay one kernel per schedule (compile time)."""
-    rem = n % nr
-    return lanes if 0 < rem <= lanes < nr else 0
+    one) and the narrow tile saves at least :data:`NARROW_MIN_SAVING` of the full tiles' work,
+    else 0.  One width only: the kernels of problems with small remainders stay one kernel per
+    schedule (compile time)."""
+    rem, panels = n % nr, -(-n // nr)
+    worth = (nr - lanes) / (panels * nr) >= NARROW_MIN_SAVING
+    return lanes if 0 < rem <= lanes < nr and worth else 0
 
 
 def _panels(units: int, per_batch: int, cores: int, core: int, last: float) -> float:

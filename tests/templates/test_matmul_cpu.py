@@ -291,6 +291,8 @@ def test_a_thin_last_column_panel_runs_the_narrow_tile(split, pack_a, pack_b):
         rem = n % 48
         assert MATMUL_CPU.config(p, CPU, s).ne == (V if 0 < rem <= V else 0)
         check(p, s)
+    # 3136 = 65 x 48 + 16: a thin last panel, but the narrow tile would save ~1% of the work
+    assert MATMUL_CPU.config(MatmulProblem(1, 64, 3136, 64), CPU, sched(mr=8, nr=48)).ne == 0
 
 
 def test_cost_counts_the_narrow_tile_of_a_thin_last_panel():
