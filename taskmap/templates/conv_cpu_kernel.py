@@ -19,8 +19,8 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
 * **register tile** ``MR`` output channels x ``NR`` pixels: ``repeat(MR, NR // V) * spatial(1, V)``
   (lanes along the pixels); per input channel and tap, ``NR / V`` vector loads of ``xp``, ``MR``
   broadcasts of the weights (read in place: ``w[co, ci, kh, kw]``) and ``MR * NR / V`` FMAs.  The
-  taps are unrolled; the reduction runs over all of ``C_in`` in registers, so there are no
-  partial sums: **each output element is stored exactly once and the output is never read**
+  taps are unrolled (a big window's rows stay a loop: :data:`UNROLLED_FMAS`); the reduction runs
+  over all of ``C_in`` in registers, so there are no partial sums: **each output element is stored exactly once and the output is never read**
   (post-scheduling fusion splices epilogues into these stores, :mod:`taskmap.fusion`).
 * **stores**: a tile inside one output row stores whole vectors; other tiles (across rows, or
   in the last channel panel) store one masked vector per output row they touch.
@@ -89,6 +89,12 @@ class ConvCpuConfig(ConvKernelConfig):
         return n * cin * nph * npc * hq * wq + self.nr
 
 
+#: The taps are unrolled, the window's rows too while that makes at most this many FMAs per input
+#: channel: gcc's alias analysis is quadratic in an unrolled block's loads and stores (a 7x7 window
+#: on an 8x48 tile, 1176 FMAs, took gcc 29 s per kernel; a loop over its rows, 1 s).
+UNROLLED_FMAS = 256
+
+
 def valid(cfg: ConvCpuConfig) -> bool:
     """The phase planes are numbered by phase (0 .. n-1): true unless a dilated tap skips one."""
     nph, npw = cfg.phases
@@ -106,6 +112,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
     PAR = parallel if P > 1 else range
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NR // V) * spatial(1, V)
+    ROWS = unroll if KH * KW * MR * NR // V <= UNROLLED_FMAS else range   # the window's rows
     n, cin, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "h", "w", "cout", "oh", "ow", "wsx"))
     X_T, W_T, C_T, XP_T = f32[n, cin, h, w], f32[cout, cin, KH, KW], f32[n, cout, oh, ow], f32[wsx]
 
@@ -152,7 +159,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
             acc[r, s] = 0.0
         if co0 + MR <= cout:
             for ci in range(cin):
-                for kh in unroll(KH):
+                for kh in ROWS(KH):
                     for kw in unroll(KW):
                         for r, s in tile.vectorize():
                             acc[r, s] += wt[co0 + r, ci, kh, kw] * xp[
@@ -160,7 +167,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
                                 + kh * DH // SH * wq + (0 if SHIFT else kw * DW // SW) + s]
         else:
             for ci in range(cin):
-                for kh in unroll(KH):
+                for kh in ROWS(KH):
                     for kw in unroll(KW):
                         for r, s in tile.vectorize():
                             acc[r, s] += wt[min(co0 + r, cout - 1), ci, kh, kw] * xp[
