@@ -114,3 +114,27 @@ def test_model_families_with_masks_and_caches(name):
     assert "run by PyTorch" not in fast.summary()
     # captured as ATen calls (torch.export), several times faster than torch._dynamo.export
     assert next(iter(fast.entries.values())).capture.tracer == "torch.export"
+
+
+def test_generate_with_a_kv_cache_through_torch_compile():
+    """A common serving loop: transformers' greedy ``generate`` with its forward under
+    ``torch.compile(backend="taskmap")``: a prefill, then decode steps whose key / value cache grows
+    by one position per step (dynamo recompiles, then marks the length dynamic)."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=100)).eval()
+        ids = torch.randint(3, 100, (2, 9))
+        kw = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                  pad_token_id=0)
+        with torch.no_grad():
+            want = model.generate(ids, **kw)
+            torch._dynamo.reset()
+            model.forward = torch.compile(model.forward, backend="taskmap")
+            got = model.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert len(got.scores) == len(want.scores) == 6
+    for a, b in zip(got.scores, want.scores):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
