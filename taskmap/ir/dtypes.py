@@ -36,6 +36,9 @@ class ScalarType:
     def __repr__(self) -> str:
         return self.short
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return scalar_type, (self.name,)     # unpickled as the unique instance
+
     @property
     def is_float(self) -> bool:
         return self.kind is TypeKind.FLOAT

@@ -145,6 +145,9 @@ class Expr:
     def __bool__(self) -> bool:
         raise TypeError(f"the truth value of the IR expression {self!r} is unknown until run time")
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}    # see cached_hash
+
     def __repr__(self) -> str:
         return HOOKS["expr_str"](self)  # set by ir.printer
 
@@ -153,6 +156,24 @@ def _dtype_field() -> Any:
     return field(init=False, compare=False, repr=False, hash=False)
 
 
+def cached_hash(cls: type) -> type:
+    """Cache a structural node's hash on the node (a frozen dataclass's own ``__hash__`` hashes
+    the whole tree on every call, and trees are hashed over and over as memo keys: quadratic in
+    their size).  The cache is not pickled: string hashes differ between processes."""
+    structural = cls.__hash__
+
+    def __hash__(self: Any) -> int:
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = structural(self)
+            object.__setattr__(self, "_hash", h)
+            return h
+    cls.__hash__ = __hash__  # type: ignore[assignment]
+    return cls
+
+
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Const(Expr):
     value: Number
@@ -197,6 +218,7 @@ class Var(Expr):
     __hash__ = object.__hash__
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class SizeVar(Expr):
     """A symbolic tensor dimension, bound from the arguments' shapes at launch (by name)."""
@@ -208,6 +230,7 @@ class SizeVar(Expr):
         return i32
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Special(Expr):
     reg: SpecialReg
@@ -218,6 +241,7 @@ class Special(Expr):
         return i32
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Binary(Expr):
     op: BinOp
@@ -235,6 +259,7 @@ class Binary(Expr):
         object.__setattr__(self, "dtype", t)
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Compare(Expr):
     op: CmpOp
@@ -246,6 +271,7 @@ class Compare(Expr):
         return bool_
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Unary(Expr):
     op: UnOp
@@ -256,6 +282,7 @@ class Unary(Expr):
         return bool_ if self.op is UnOp.NOT else self.a.dtype
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Cast(Expr):
     a: Expr
@@ -266,6 +293,7 @@ class Cast(Expr):
         return self.type
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class BitCast(Expr):
     """The bits of ``a`` read as ``type`` (same size, e.g. f32 <-> i32): ``x.view(type)`` in
@@ -279,6 +307,7 @@ class BitCast(Expr):
         return self.type
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Select(Expr):
     cond: Expr
@@ -290,6 +319,7 @@ class Select(Expr):
         object.__setattr__(self, "dtype", promote(self.a.dtype, self.b.dtype))
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Load(Expr):
     """``tensor[indices]``: one index per dimension (one flat index after flattening)."""
@@ -302,6 +332,7 @@ class Load(Expr):
         return self.tensor.dtype
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class Call(Expr):
     """A math intrinsic; the result has the (promoted) type of the arguments, or f32 for ints."""
@@ -319,6 +350,7 @@ class Call(Expr):
         object.__setattr__(self, "dtype", t)
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class CallFunc(Expr):
     """A call of another function of the module (a helper device function) by name."""

@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass
 
 from .dtypes import ScalarType, bf16, bool_, f16, f32, f64, i16, i32, i64, u16, u32, u64
-from .expr import Const, Expr, Load, Var
+from .expr import Const, Expr, Load, Var, cached_hash
 from .types import MemScope
 
 
@@ -108,6 +108,7 @@ B16_TYPES = (f16, bf16, i16, u16)
 B32_TYPES = (f32, i32, u32)
 
 
+@cached_hash
 @dataclass(frozen=True, eq=True, repr=False)
 class PrimCall(Expr):
     """A GPU primitive.  ``type`` is the result type, None for primitives without a result."""
