@@ -52,6 +52,7 @@ from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import MatmulProblem
 from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
+from .derived import derived
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
 from .kinds import OpKind
@@ -215,8 +216,9 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     direct, gemm = route(p, target) if target.kind is TargetKind.CPU else (None, None)
     if direct is not None:      # the weights as the kernel takes them: packed once, here, when constant
         wshape = CONV_CPU.weight_shape(p, direct, target)
-        wt = w if not direct.get("packed") else \
-            _packed_tensor(w, CONV_CPU.weights(p, direct, w.data, target), wshape)
+        wt = w if not direct.get("packed") else _packed_tensor(
+            w, derived((w.data,), (CONV_CPU.name, CONV_CPU.version, p, direct, target),
+                       lambda: CONV_CPU.weights(p, direct, w.data, target)), wshape)
         return _Anchor(mp, {"x": x, "wt": wt}, {"x": (n, cin, h, wd), "wt": wshape}, {}, p, direct)
     ops: dict[str, Tensor] = {}
     views: dict[str, tuple[int, ...]] = {}
@@ -470,8 +472,15 @@ def _packed_constants(anc: _Anchor, sched: Schedule, target: Target) -> tuple[Te
     if hit is not None:
         return hit
     a, b = anc.operands.get("a"), anc.operands.get("b")
-    wa, wb = MATMUL_CPU.pack_constants(p, sched, a.data if p.const_a and a is not None else None,
-                                       b.data if p.const_b and b is not None else None, target)
+    cfg = MATMUL_CPU.config(p, target, sched)          # the panels depend on the operand and the tile only
+    layout = (MATMUL_CPU.name, MATMUL_CPU.version, type(cfg).__name__, getattr(cfg, "pre_a", False),
+              getattr(cfg, "pre_b", False), cfg.mr, cfg.nr)
+    wa = derived((a.data,), ("a", p.a_shape, *layout),
+                 lambda: MATMUL_CPU.pack_constants(p, sched, a.data, None, target)[0]) \
+        if p.const_a and a is not None else None
+    wb = derived((b.data,), ("b", p.b_shape, p.trans_b, *layout),
+                 lambda: MATMUL_CPU.pack_constants(p, sched, None, b.data, target)[1]) \
+        if p.const_b and b is not None else None
     out = tuple(None if d is None else _packed_tensor(t, d, (d.size,)) for d, t in ((wa, a), (wb, b)))
     with _ANCHORS_LOCK:
         return anc.packed.setdefault(sched, out)      # type: ignore[arg-type]

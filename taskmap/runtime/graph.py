@@ -50,6 +50,7 @@ from tqdm import tqdm
 from ..backends import TargetKind
 from ..compute.nodes import graph_inputs, tensor_input
 from ..errors import LaunchError
+from ..graph.derived import derived, shared_by
 from ..graph.ir import Graph, Op, Tensor
 from ..graph.kinds import OpKind
 from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, graph_groups, lowered, workspace_sizes
@@ -149,7 +150,7 @@ class CompiledGraph:
                  fuse: bool | None = None, cuda_graph: bool | None = None):
         fuse = fuse if fuse is not None else os.environ.get("TASKMAP_FUSION", "1") != "0"
         self.source_graph = graph
-        with _gc_paused():
+        with _gc_paused(), shared_by(self):       # constants derived as other graphs did: shared
             graph = self.graph = optimize(graph) if fuse else graph      # graph passes (taskmap.graph.passes)
             self.kind = ArrayKind(library, device)
             self.target = target_for(self.kind)
@@ -176,7 +177,11 @@ class CompiledGraph:
 
     def _convert(self, data: np.ndarray) -> Any:
         """A constant for the kernels: on the CPU starting on a cache line (packed weight panels are
-        read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not)."""
+        read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not); shared
+        with the other compiled graphs of the same values (:mod:`taskmap.graph.derived`)."""
+        return derived((data,), ("constant", self.kind.library, self.kind.device), lambda: self._converted(data))
+
+    def _converted(self, data: np.ndarray) -> Any:
         if self.kind.device == "cpu":
             data = aligned(data)
         if self.kind.library == "numpy":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..derived import derived
 from ..ir import Graph, Op, Tensor
 from ..kinds import OpKind
 from .common import constant_like, foldable_dtype, rebuild, use_counts
@@ -48,7 +49,10 @@ def _fold(anchor: Op, bn: Op) -> Op | None:
     scale, shift = p
     if scale.shape != (w.shape[0],):
         return None
-    new_w = constant_like(w, w.data * scale.astype(w.data.dtype).reshape(shape), f"{w.name}_bn")   # one rounding
+    stats = tuple(t.data for t in bn.inputs[1:])
+    new_w = constant_like(w, derived((w.data, *stats), ("fold_batch_norm", bn.attrs),
+                                     lambda: w.data * scale.astype(w.data.dtype).reshape(shape)),   # one rounding
+                          f"{w.name}_bn")
     b0 = bias.data.astype(np.float64) if bias is not None else np.zeros(w.shape[0])
     bias_t = bias if bias is not None else Tensor((w.shape[0],), w.dtype, w.device, f"{w.name}_bias")
     new_b = constant_like(bias_t, b0 * scale + shift, f"{w.name}_bn_bias")

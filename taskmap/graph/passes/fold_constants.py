@@ -19,6 +19,7 @@ import numpy as np
 from ...compute.nodes import graph_inputs, tensor_input
 from ...schedule.rule_based import schedule
 from ..attrs import BinaryFn, PadMode, UnaryFn
+from ..derived import derived
 from ..ir import Graph, Op, Tensor
 from ..kinds import OpCategory, OpKind
 from .common import constant_like, foldable_dtype, rebuild, resolve
@@ -115,7 +116,9 @@ def fold_constants(graph: Graph) -> Graph:
         ins = [resolve(t, replace) for t in op.inputs]
         probe = Op(op.kind, tuple(ins), op.outputs, op.attrs, op.name, op.source)
         if _worth(probe):
-            results = evaluate(probe, [t.data for t in ins])
+            xs = [t.data for t in ins]
+            results = [derived(xs, (op.kind, op.attrs, tuple((t.shape, t.dtype.name) for t in op.outputs)),
+                               lambda: evaluate(probe, xs)[0])] if len(op.outputs) == 1 else evaluate(probe, xs)
             for t, r in zip(op.outputs, results):
                 replace[t] = constant_like(t, r)
             continue

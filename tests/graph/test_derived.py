@@ -1,0 +1,98 @@
+"""Constants derived once and shared between the compiled graphs of one model (one per input
+shape): packed weights are not copied per shape, and values changed in place derive anew."""
+import gc
+import os
+
+import numpy as np
+import torch
+
+import taskmap
+from taskmap.graph import derived as D
+
+
+class _Owner:
+    pass
+
+
+def _counting(value):
+    calls = []
+
+    def make():
+        calls.append(1)
+        return value * 2
+    return make, calls
+
+
+def test_outside_a_compile_it_derives_every_time():
+    a = np.arange(D.MIN_BYTES // 4 + 16, dtype=np.float32)
+    make, calls = _counting(a)
+    D.derived((a,), "twice", make)
+    D.derived((a,), "twice", make)
+    assert len(calls) == 2
+
+
+def test_shared_while_an_owner_lives_and_rederived_when_the_values_change():
+    a = np.random.default_rng(0).standard_normal(D.MIN_BYTES // 4 + 16).astype(np.float32)
+    make, calls = _counting(a)
+    first, second = _Owner(), _Owner()
+    before = D.entries()
+    with D.shared_by(first):
+        x = D.derived((a,), "twice", make)
+    with D.shared_by(second):
+        y = D.derived((a,), "twice", make)
+        z = D.derived((a,), "thrice", lambda: a * 3)          # another derivation: its own entry
+    assert x is y and len(calls) == 1 and D.entries() == before + 2
+    np.testing.assert_array_equal(y, a * 2)
+    np.testing.assert_array_equal(z, a * 3)
+    a[7] += 1.0                                                # in place, same buffer
+    third = _Owner()
+    with D.shared_by(third):
+        w = D.derived((a,), "twice", make)
+    assert len(calls) == 2 and w is not x and w[7] == a[7] * 2
+    del first, second, third
+    gc.collect()
+    assert D.entries() == before
+
+
+def test_a_failed_compile_keeps_nothing():
+    a = np.ones(D.MIN_BYTES // 4 + 16, np.float32)
+    before = D.entries()
+    try:
+        with D.shared_by(_Owner()):
+            D.derived((a,), "ones", lambda: a + 1)
+            raise RuntimeError("the build failed")
+    except RuntimeError:
+        pass
+    assert D.entries() == before
+
+
+def _rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_graphs_of_one_model_share_its_packed_weights(monkeypatch):
+    """Four input shapes, four compiled graphs: each weight packed once; then an in-place update
+    of the weights makes the next graphs pack (and compute with) the new values."""
+    from taskmap.templates.matmul_cpu import MATMUL_CPU
+    packs = []
+    pack = MATMUL_CPU.pack_constants
+
+    def counted(problem, schedule, a, b, target=None):
+        packs.append(problem.b_shape)
+        return pack(problem, schedule, a, b, target)
+    monkeypatch.setattr(MATMUL_CPU, "pack_constants", counted)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).eval()
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        for rows in (32, 33, 34, 35):
+            x = torch.randn(rows, 512)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+        assert len(fast.entries) == 4
+        assert 0 < len(packs) <= 2 * len(set(packs))         # at most a tile change per weight
+        first = len(packs)
+        model[0].weight.mul_(-0.5)                             # in place: same buffer, new values
+        for rows in (32, 36):
+            x = torch.randn(rows, 512)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+        assert len(packs) > first
