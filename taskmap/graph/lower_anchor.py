@@ -216,9 +216,9 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     direct, gemm = route(p, target) if target.kind is TargetKind.CPU else (None, None)
     if direct is not None:      # the weights as the kernel takes them: packed once, here, when constant
         wshape = CONV_CPU.weight_shape(p, direct, target)
-        wt = w if not direct.get("packed") else _packed_tensor(
-            w, derived((w.data,), (CONV_CPU.name, CONV_CPU.version, p, direct, target),
-                       lambda: CONV_CPU.weights(p, direct, w.data, target)), wshape)
+        packing = (CONV_CPU.name, CONV_CPU.version, *(direct.get(k) for k in ("vec", "m", "mr", "nr")))
+        wt = w if not direct.get("packed") else _packed_tensor(      # shared by every image size
+            w, derived((w.data,), packing, lambda: CONV_CPU.weights(p, direct, w.data, target)), wshape)
         return _Anchor(mp, {"x": x, "wt": wt}, {"x": (n, cin, h, wd), "wt": wshape}, {}, p, direct)
     ops: dict[str, Tensor] = {}
     views: dict[str, tuple[int, ...]] = {}

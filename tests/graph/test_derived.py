@@ -96,3 +96,27 @@ def test_graphs_of_one_model_share_its_packed_weights(monkeypatch):
             x = torch.randn(rows, 512)
             torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
         assert len(packs) > first
+
+
+def test_conv_weights_are_packed_once_for_every_image_size(monkeypatch):
+    """The batch norm folds into the same weights for every image size, so the folded weights
+    are packed once too."""
+    from taskmap.templates.conv_cpu import CONV_CPU
+    packs = []
+    weights = CONV_CPU.weights
+
+    def counted(problem, schedule, w, target=None):
+        packs.append(tuple(schedule.get(k) for k in ("vec", "m", "mr", "nr")))
+        return weights(problem, schedule, w, target)
+    monkeypatch.setattr(CONV_CPU, "weights", counted)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.BatchNorm2d(128),
+                                torch.nn.ReLU()).eval()
+    bn = model[1]
+    bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        for hw in (20, 21, 22, 20):
+            x = torch.randn(1, 64, hw, hw)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+    assert packs and len(packs) == len(set(packs))           # once per packing, whatever the image
