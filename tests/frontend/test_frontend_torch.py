@@ -562,6 +562,31 @@ def test_torch_compile_dynamic_and_options():
             torch.compile(model, backend="taskmap", options={"fallbak": False})(torch.randn(4, 8))
 
 
+def test_torch_compile_keeps_the_most_recently_used_graphs():
+    """Dynamic sizes: a graph per concrete shape, the ``max_graphs`` used last kept (a decode loop
+    meets a new length every step); a shape dropped and met again compiles again."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    runners = []
+
+    def backend(gm, example_inputs):
+        runners.append(taskmap.frontend.torch.taskmap_backend(gm, example_inputs, options={"max_graphs": 2}))
+        return runners[-1]
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for n in (2, 3, 4, 5, 5, 4, 2):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-4)
+    runner = max(runners, key=lambda r: r.compiles)
+    sizes = [[e[1] for e in key if isinstance(e, tuple) and e[0] == "value"] for key in runner.graphs]
+    assert sizes == [[4], [2]]                  # dynamo passes the dynamic size as a value
+    assert runner.compiles == 5                 # 2, 3, 4, 5, then 2 again (4 was still kept)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="max_graphs"):
+        torch.compile(model, backend="taskmap", options={"max_graphs": 0})(torch.randn(4, 8))
+    torch._dynamo.reset()
+
+
 def test_structured_outputs_and_creation_ops():
     class M(nn.Module):
         def forward(self, x, scale: float = 2.0):

@@ -4,7 +4,9 @@ Registered through the ``torch_dynamo_backends`` entry point (``pyproject.toml``
 without importing taskmap first.  Dynamo hands over an ``fx.GraphModule`` of torch-level calls
 (parameters and buffers arrive as inputs); unsupported operators run in PyTorch (``fallback=True``, the
 default here).  Graphs are compiled per input signature: when dynamo marks sizes dynamic, each
-concrete shape gets its own graph.
+concrete shape gets its own graph, and the :data:`MAX_GRAPHS` used most recently are kept (a
+decode loop meets a new key / value length every step: every graph kept, its memory would grow
+with the square of the tokens generated).
 
 The model's parameters and buffers (which dynamo also passes as inputs) are compiled in as
 constants — batch norms fold into the convolutions, weights are packed for the templates — and
@@ -12,10 +14,12 @@ an in-place change of any of them compiles again (``options={"freeze": False}`` 
 inputs).
 
 Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "freeze": True,
-"fp32_precision": "3xtf32"})`` (the last as ``taskmap.compile``'s: :mod:`.precision`).
+"fp32_precision": "3xtf32", "max_graphs": 16})`` (``fp32_precision`` as ``taskmap.compile``'s:
+:mod:`.precision`).
 """
 from __future__ import annotations
 
+import collections
 import threading
 import warnings
 from typing import Any, Callable, Sequence
@@ -28,6 +32,8 @@ from .importer import Imported, import_fx
 
 
 _FROZEN = "_taskmap_frozen_"     # get_attr names of the frozen inputs: this prefix and the input's index
+#: Compiled graphs kept per dynamo graph (the most recently used; ``options={"max_graphs": n}``).
+MAX_GRAPHS = 16
 
 
 def module_state(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[int, ...]:
@@ -87,13 +93,19 @@ class DynamoGraph:
     step, ``load_state_dict``) compiles again with the new values."""
 
     def __init__(self, gm: torch.fx.GraphModule, fallback: bool, progress: bool | None,
-                 frozen: tuple[int, ...] = (), fp32_precision: str | None = None) -> None:
+                 frozen: tuple[int, ...] = (), fp32_precision: str | None = None,
+                 max_graphs: int = MAX_GRAPHS) -> None:
         self.gm = gm
         self.fallback = fallback
         self.fp32_precision = fp32_precision
         self.progress = progress
         self.frozen = frozen
-        self.graphs: dict[tuple[Any, ...], tuple[Imported, CompiledGraph]] = {}
+        self.max_graphs = max_graphs
+        # least recently used first
+        self.graphs: collections.OrderedDict[tuple[Any, ...], tuple[Imported, CompiledGraph]] = \
+            collections.OrderedDict()
+        self.compiles = 0
+        self._last: tuple[Any, ...] | None = None
         self.warned = False
         self.lock = threading.Lock()
 
@@ -105,14 +117,16 @@ class DynamoGraph:
     def compile_for(self, args: Sequence[Any]) -> tuple[Imported, CompiledGraph]:
         key = self._key(args)
         hit = self.graphs.get(key)
-        if hit is not None:
-            return hit
+        if hit is not None and key == self._last:
+            return hit                         # the last one used (a loop of one shape): no lock
         with self.lock:                        # threads calling at once compile a graph once
             return self._compile(key, args)
 
     def _compile(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[Imported, CompiledGraph]:
         hit = self.graphs.get(key)
-        if hit is None:
+        if hit is not None:
+            self.graphs.move_to_end(key)
+        else:
             gm, live = self.gm, list(args)
             if self.frozen:
                 gm = freeze(self.gm, args, self.frozen)
@@ -125,6 +139,10 @@ class DynamoGraph:
             g = imported.graph
             device = next((x.device for x in g.inputs), "cpu")
             hit = self.graphs[key] = (imported, CompiledGraph(g, device, "torch", self.progress))
+            self.compiles += 1
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self._last = key
         return hit
 
     def __call__(self, *args: Any) -> Any:
@@ -157,10 +175,13 @@ def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     progress = opts.pop("progress", None)
     frozen = module_state(gm, example_inputs) if opts.pop("freeze", True) else ()
     fp32 = precision.check(opts.pop("fp32_precision", None))
+    max_graphs = opts.pop("max_graphs", MAX_GRAPHS)
+    if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
+        raise ValueError(f"taskmap backend option max_graphs: a positive int, not {max_graphs!r}")
     if opts:
         raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze, "
-                        "fp32_precision")
-    runner = DynamoGraph(gm, fallback, progress, frozen, fp32)
+                        "fp32_precision, max_graphs")
+    runner = DynamoGraph(gm, fallback, progress, frozen, fp32, max_graphs)
     if all(isinstance(a, torch.Tensor) for a in example_inputs) and not needs_grad(example_inputs) and \
             not any(isinstance(s, torch.SymInt) for a in example_inputs for s in a.shape):
         runner.compile_for(list(example_inputs))
