@@ -106,6 +106,7 @@ class DynamoGraph:
             collections.OrderedDict()
         self.compiles = 0
         self._last: tuple[Any, ...] | None = None
+        self._frozen: tuple[tuple[Any, ...], torch.fx.GraphModule] | None = None   # (state, frozen gm)
         self.warned = False
         self.lock = threading.Lock()
 
@@ -129,7 +130,10 @@ class DynamoGraph:
         else:
             gm, live = self.gm, list(args)
             if self.frozen:
-                gm = freeze(self.gm, args, self.frozen)
+                state = key[len(args):]        # the frozen inputs' storages and versions
+                if self._frozen is None or self._frozen[0] != state:     # one freeze for every shape
+                    self._frozen = (state, freeze(self.gm, args, self.frozen))
+                gm = self._frozen[1]
                 live = [a for i, a in enumerate(args) if i not in self.frozen]
                 shapes = key[:len(args)]       # values changed in place: the old graph is stale
                 for old in [k for k in self.graphs if k[:len(args)] == shapes]:
