@@ -133,13 +133,18 @@ def view(a: Any, shape: Sequence[int]) -> Any:
     raise TypeError(f"cannot view a {type(a).__name__} as {shape}")
 
 
+def in_place(a: np.ndarray, nbytes: int = CACHE_LINE) -> bool:
+    """Whether :func:`aligned` returns the numpy array ``a`` itself (no copy)."""
+    return a.ctypes.data % nbytes == 0 or not a.flags.c_contiguous
+
+
 def aligned(a: Any, nbytes: int = CACHE_LINE) -> Any:
     """``a`` (a C-contiguous numpy array or torch tensor) if it starts at a multiple of ``nbytes``
     bytes (at most a cache line), else a copy that does: on a cache line for numpy, a clone for
     torch (PyTorch's allocators align CPU tensors to 64 bytes, GPU ones to 256).  Other arrays,
     strided views included, are returned as they are."""
     if isinstance(a, np.ndarray):
-        if a.ctypes.data % nbytes == 0 or not a.flags.c_contiguous:
+        if in_place(a, nbytes):
             return a
         out = host_empty(a.shape, a.dtype)
         out[...] = a

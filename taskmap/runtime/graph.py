@@ -60,12 +60,11 @@ from ..ir.types import TensorType
 from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
-from .args import aligned
+from .args import aligned, in_place
 from .args import data_ptr as _ptr
 from .args import view
 from .concat_inplace import elide_concats
 from .kernel import CompiledKernel, HostLaunch, Kernel
-from .tensor import CACHE_LINE
 
 #: One kernel argument of a step: (a slot of the graph's values or -1, the fixed array or scalar
 #: of a -1, the shape the kernel sees the slot's array with or None).
@@ -180,7 +179,7 @@ class CompiledGraph:
         """A constant for the kernels: on the CPU starting on a cache line (packed weight panels are
         read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not); shared
         with the other compiled graphs of the same values (:mod:`taskmap.graph.derived`)."""
-        if self.kind.device == "cpu" and (data.ctypes.data % CACHE_LINE == 0 or not data.flags.c_contiguous):
+        if self.kind.device == "cpu" and in_place(data):
             return self._converted(data)          # used in place: nothing to share
         return derived((data,), ("constant", self.kind.library, self.kind.device), lambda: self._converted(data))
 
