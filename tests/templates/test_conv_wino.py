@@ -77,7 +77,7 @@ def test_layer_sized_problems_split_over_cores(m):
 
 
 def test_weight_transform_and_packing():
-    """``U = G g G^T`` per (output, input) channel, packed [C_out / MR, ALPHA^2, C_in, MR] with
+    """``U = G g G^T`` per (output, input) channel, packed [ALPHA^2, C_out / MR, C_in, MR] with
     zeros past C_out; the transforms are Lavin & Gray's: A^T ((G g G^T) * (B^T d B)) A is the
     3x3 correlation of a tile."""
     rng = np.random.default_rng(2)
@@ -87,12 +87,12 @@ def test_weight_transform_and_packing():
         want = np.array([[np.sum(d[i:i + 3, j:j + 3] * k) for j in range(m)] for i in range(m)])
         assert_close(at @ ((g @ k @ g.T) * (bt @ d @ bt.T)) @ at.T, want, rtol=1e-12, atol=1e-12)
         w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
-        u = transform_weights(w, m, 4).reshape(2, a * a, 3, 4)
+        u = transform_weights(w, m, 4).reshape(a * a, 2, 3, 4)
         for co in range(5):
             for ci in range(3):
-                assert_close(u[co // 4, :, ci, co % 4], (g @ w[co, ci].astype(np.float64) @ g.T).reshape(-1),
+                assert_close(u[:, co // 4, ci, co % 4], (g @ w[co, ci].astype(np.float64) @ g.T).reshape(-1),
                              rtol=1e-6, atol=1e-6)
-        assert not u[1, :, :, 1:].any()
+        assert not u[:, 1, :, 1:].any()
 
 
 @pytest.mark.parametrize("m", [2, 4])
