@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence
 from ..ir.dtypes import ScalarType
 from ..ir.func import Function, Module
 from ..ir.types import TensorType
-from .host_probe import zmm_fma_ratio
+from .host_probe import llc_bandwidth, zmm_fma_ratio
 
 
 class TargetKind(enum.Enum):
@@ -50,6 +50,7 @@ class Target:
     l2_bytes: int = 0                 # L2 capacity of the whole device (CPU: per-core L2 x cores)
     clock_hz: float = 0.0
     fma512_per_cycle: float = 0.0     # CPU: 512-bit FMAs per cycle and core, measured (0: unknown, taken as 1)
+    llc_bandwidth: float = 0.0        # CPU: bytes/s one core reads from the last-level cache, measured (0: unknown)
     transaction_bytes: int = 64       # smallest global-memory transaction (GPU sector, CPU cache line)
     max_threads_per_core: int = 0     # occupancy limits per SM / CU (0: no such limit; CPU: 1 task)
     max_blocks_per_core: int = 0
@@ -113,13 +114,17 @@ def _cpu_clock_hz() -> float:
         return 2.5e9
 
 
-def _cpu_l2_bytes() -> int:
-    """Per-core L2 data-cache size from sysfs (1 MiB when it cannot be read)."""
+def _cpu_cache_bytes(level: int, default: int) -> int:
+    """The size of cpu0's unified or data cache of ``level`` from sysfs (``default`` when it
+    cannot be read)."""
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
         for index in sorted(os.listdir(base)):
             with open(f"{base}/{index}/level") as f:
-                if f.read().strip() != "2":
+                if f.read().strip() != str(level):
+                    continue
+            with open(f"{base}/{index}/type") as f:
+                if f.read().strip() == "Instruction":
                     continue
             with open(f"{base}/{index}/size") as f:
                 text = f.read().strip().upper()
@@ -127,7 +132,12 @@ def _cpu_l2_bytes() -> int:
             return int(text.rstrip("KM")) * scale
     except (OSError, ValueError):
         pass
-    return 1 << 20
+    return default
+
+
+def _cpu_l2_bytes() -> int:
+    """Per-core L2 data-cache size from sysfs (1 MiB when it cannot be read)."""
+    return _cpu_cache_bytes(2, 1 << 20)
 
 
 @functools.cache
@@ -135,7 +145,8 @@ def host_cpu_target() -> Target:
     """The machine this process runs on (``-march=native``): its SIMD width, core count, and the
     cost model's peak numbers derived from them.  FMA rate: two pipes for 256-bit vectors; for
     512-bit ones, what :mod:`.host_probe` measured (one zmm FMA per cycle on AMD Zen 4, nearly two
-    on Intel's server parts, whose two 512-bit pipes run at a lower clock), at the nominal clock.
+    on Intel's server parts, whose two 512-bit pipes run at a lower clock), at the nominal clock;
+    and what one core reads from the last-level cache, also measured (:func:`.host_probe.llc_bandwidth`).
     Memoized: the host does not change while a process runs.  Cores: the CPUs, or fewer when
     ``OMP_NUM_THREADS`` says so (the kernels' parallel regions run that many threads: the cost
     models must plan for them)."""
@@ -147,12 +158,15 @@ def host_cpu_target() -> Target:
     if threads.isdigit() and int(threads) > 0:
         cores = min(cores, int(threads))
     clock = _cpu_clock_hz()
-    fma512 = zmm_fma_ratio((_cpuinfo_field("model name") or "", *flags)) if simd == 64 else 0.0
+    identity = (_cpuinfo_field("model name") or "", *flags)
+    fma512 = zmm_fma_ratio(identity) if simd == 64 else 0.0
+    l2 = _cpu_l2_bytes()
+    llc = llc_bandwidth(identity, l2, _cpu_cache_bytes(3, 0))
     target = Target(TargetKind.CPU, f"{platform.machine()}-native", warp_size=32,
                     max_threads_per_block=1024, max_shared_memory=1 << 20, max_shared_memory_optin=1 << 20,
                     vector_bytes=simd, num_cores=cores, features=keep, mem_bandwidth=HOST_MEM_BANDWIDTH,
                     cache_bandwidth=cores * 64 * clock, register_bandwidth=cores * 2 * min(simd, 32) * clock,
-                    l2_bytes=cores * _cpu_l2_bytes(), clock_hz=clock, fma512_per_cycle=fma512,
+                    l2_bytes=cores * l2, clock_hz=clock, fma512_per_cycle=fma512, llc_bandwidth=llc,
                     transaction_bytes=64, max_blocks_per_core=1)
     lanes = simd // 4
     flops_per_cycle = 2 * lanes * target.vector_fma_rate if "fma" in flags else 2 * min(lanes, 8)

@@ -102,13 +102,16 @@ CVEC_STORE_CYCLES = (0.25, 4.2)
 #: Bytes per second one core reads an input that does not stay in its L2 (from L3): the channel
 #: kernel sweeps the whole image once per channel panel, so a large input is streamed for every
 #: panel of a core, its first included (channel by channel, a row apart: the prefetchers lag).
-#: Measured on a 2-core Cascade Lake (2.5 GHz, 1 MB L2 per core, ResNet-50's stride-2 1x1 layer
-#: 256 -> 512 at 56x56: 2.08 ms direct vs 1.43 ms of compute in the model, ~13 MB re-read per
-#: core): ~20e9.  Counting the first sweep too (session 18) moved 1x1 layers whose input exceeds
-#: half of L2 to the implicit GEMM where it is faster, side by side on two cores: 512 -> 128 at
-#: 28x28 0.61 -> 0.46 ms, Inception-V3's 192 -> 64 and 288 -> 64 at 35x35 0.21 -> 0.15 and 0.42
-#: -> 0.33 ms (256 -> 48 there: 0.22 -> 0.24).  Zen 4's L3 streams faster; there the term only
-#: over-rates the kernel's sweeps, which the implicit GEMM avoids anyway.
+#: The host's own rate where :mod:`taskmap.backends.host_probe` measured it
+#: (``Target.llc_bandwidth``), else this one, measured on a 2-core Cascade Lake (2.5 GHz, 1 MB L2
+#: per core, ResNet-50's stride-2 1x1 layer 256 -> 512 at 56x56: 2.08 ms direct vs 1.43 ms of
+#: compute in the model, ~13 MB re-read per core): ~20e9.  Counting the first sweep too (session
+#: 18) moved 1x1 layers whose input exceeds half of L2 to the implicit GEMM where it is faster,
+#: side by side on two cores: 512 -> 128 at 28x28 0.61 -> 0.46 ms, Inception-V3's 192 -> 64 and
+#: 288 -> 64 at 35x35 0.21 -> 0.15 and 0.42 -> 0.33 ms (256 -> 48 there: 0.22 -> 0.24).  A Zen 5
+#: core reads its L3 at ~120 GB/s (the probe): there the measured rate sends ResNet-50's 14x14
+#: 1x1 layers 1024 -> 256 and 1024 -> 2048 (stride 2) to the channel kernel, which runs them in
+#: 0.19 / 0.42 ms against the implicit GEMM's 0.22 / 0.55 (exhaustive records, two cores).
 LLC_BANDWIDTH = 20e9
 #: On 1x1 layers the two models are not on one scale: measured on Zen 4 (ResNet-50's 1x1 layers,
 #: one core) the channel kernel takes 1.1-1.7x (median 1.22x) its cost relative to the implicit
@@ -247,7 +250,7 @@ class ConvCpuTemplate(KernelFamily):
         image = 4 * p.n * p.cin * min(hp, p.oh * p.kh) * wp
         passes = -(-panels // cores)
         if image + 4 * cfg.stage(p.cin) > l2_per_core(target) // 2:
-            seconds += passes * image / LLC_BANDWIDTH
+            seconds += passes * image / (target.llc_bandwidth or LLC_BANDWIDTH)
         if not cfg.prepacked:
             seconds += WEIGHT_PACK_COST[spills] * panels * cfg.panel(p.cin) / cores
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST

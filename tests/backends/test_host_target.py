@@ -1,6 +1,6 @@
 """The host CPU target plans for the threads the kernels will run: OMP_NUM_THREADS caps the
 core count the cost models see; AVX-512 hosts get 512-bit vector code, and the cost models the
-512-bit FMA rate measured on the host."""
+512-bit FMA rate and the last-level cache's bandwidth measured on the host."""
 import dataclasses
 import json
 import os
@@ -118,3 +118,49 @@ def test_fma_rate_follows_the_vector_width():
     assert dataclasses.replace(cpu, fma512_per_cycle=1.75).vector_fma_rate == 1.75
     assert dataclasses.replace(cpu, vector_bytes=32, fma512_per_cycle=1.75).vector_fma_rate == 2.0
     assert dataclasses.replace(cpu, vector_bytes=16).vector_fma_rate == 2.0
+
+
+def test_llc_probe_measures_a_rate_between_dram_and_l1():
+    """Run the probe for real: one core reads beyond its L2 at some GB/s to a few hundred (about
+    20 on a Cascade Lake VM, about 120 on a Zen 5 one); the host target carries the rounded rate;
+    the buffer is four L2s (at least 4 MiB), at most half of a known L3."""
+    measured = host_probe.measure_llc_bandwidth(1 << 20, 32 << 20)
+    if measured is None:
+        pytest.skip("the probe cannot be built here (no C compiler)")
+    assert 2e9 < measured < 1e12, measured
+    target = host_cpu_target()
+    assert target.llc_bandwidth == host_probe.round_bandwidth(target.llc_bandwidth) > 0
+    assert host_probe.llc_probe_bytes(1 << 20, 32 << 20) == 4 << 20
+    assert host_probe.llc_probe_bytes(2 << 20, 64 << 20) == 8 << 20
+    assert host_probe.llc_probe_bytes(2 << 20, 12 << 20) == 6 << 20          # half the L3
+    assert host_probe.llc_probe_bytes(1 << 20, 0) == 4 << 20                  # L3 unknown
+
+
+def test_llc_bandwidth_is_cached_per_cpu_and_cache_sizes_and_overridable(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKMAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(host_probe.LLC_ENV_OVERRIDE, raising=False)
+    calls = []
+
+    def fake_measure(l2, l3, cc="gcc"):
+        calls.append((l2, l3))
+        return 118e9
+    monkeypatch.setattr(host_probe, "measure_llc_bandwidth", fake_measure)
+    cpu = ("Some CPU", "avx512f")
+    assert host_probe.llc_bandwidth(cpu, 1 << 20, 32 << 20) == 128e9 and calls == [(1 << 20, 32 << 20)]
+    assert host_probe.llc_bandwidth(cpu, 1 << 20, 32 << 20) == 128e9 and len(calls) == 1     # cached
+    assert host_probe.llc_bandwidth(cpu, 2 << 20, 32 << 20) == 128e9 and len(calls) == 2     # other sizes
+    monkeypatch.setenv(host_probe.LLC_ENV_OVERRIDE, "20")
+    assert host_probe.llc_bandwidth(cpu, 1 << 20, 32 << 20) == pytest.approx(22.627e9, rel=1e-3)
+    monkeypatch.setenv(host_probe.LLC_ENV_OVERRIDE, "fast")
+    with pytest.raises(TaskmapError, match=f"{host_probe.LLC_ENV_OVERRIDE}='fast' is not a positive number"):
+        host_probe.llc_bandwidth(cpu, 1 << 20, 32 << 20)
+    monkeypatch.delenv(host_probe.LLC_ENV_OVERRIDE)
+    monkeypatch.setattr(host_probe, "measure_llc_bandwidth", lambda l2, l3, cc="gcc": None)
+    assert host_probe.llc_bandwidth(("Other CPU",), 1 << 20, 0) == 0.0      # unknown: the models' defaults
+
+
+def test_bandwidth_rounding_is_stable_to_the_probes_noise():
+    """Half-octave steps: the probe's run-to-run spread (~10%) rarely crosses one."""
+    assert [host_probe.round_bandwidth(x * 1e9) for x in (113, 120, 131)] == [128e9] * 3
+    assert host_probe.round_bandwidth(20e9) == pytest.approx(22.627e9, rel=1e-3)
+    assert host_probe.round_bandwidth(1e6) == 4e9

@@ -43,7 +43,8 @@ CPU = host_cpu_target()
 AVX2 = dataclasses.replace(CPU, vector_bytes=32, features=tuple(f for f in CPU.features if not f.startswith("avx512")))
 #: The machine the cost model's facts below were measured on: a 2-core AMD Zen 4 (one 512-bit FMA
 #: a cycle), fixed so that the rankings do not depend on the machine running the tests.
-ZEN4 = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.6e9, fma512_per_cycle=1.0)
+ZEN4 = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.6e9, fma512_per_cycle=1.0,
+                           llc_bandwidth=0.0)
 FEW = settings(max_examples=10, deadline=None)
 RNG = np.random.default_rng(7)
 
@@ -196,7 +197,7 @@ def test_b_rows_off_a_cache_line_are_packed():
     ms, packed 0.48-0.53; by 288 columns in place 0.48, packed 0.49-0.70."""
     assert rows_off_line(289) == 15 / 16 and rows_off_line(288) == 0 and rows_off_line(196) == 0.75
     cascade = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
-                                  fma512_per_cycle=1.75)
+                                  fma512_per_cycle=1.75, llc_bandwidth=0.0)
     off, on = (MatmulProblem(1, 192, n, 768, a_batched=False, const_a=True) for n in (289, 288))
     tile = dict(mr=6, nr=64, kc=384, ncb=4, split="m", pack_a=True, cores=2)
     assert (MATMUL_CPU.cost(off, cascade, Schedule.of(**tile, pack_b=False))
@@ -216,7 +217,7 @@ def test_cores_split_the_side_whose_operand_is_large():
     1.41-1.80 ms for the row split with B in place); one over a 14x14 image with many channels
     (weights 1024x256, activations 256x196) splits the rows."""
     cascade = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
-                                  fma512_per_cycle=1.75)
+                                  fma512_per_cycle=1.75, llc_bandwidth=0.0)
     wide = choose(MATMUL_CPU, MatmulProblem(1, 128, 3136, 256, const_a=True, bias=True), cascade, mode="model")
     assert wide["split"] == "n" and wide["pack_b"]
     tall = choose(MATMUL_CPU, MatmulProblem(1, 1024, 196, 256, const_a=True, bias=True), cascade, mode="model")
