@@ -1,6 +1,6 @@
 """PyTorch operators the frontend composes from taskmap's own ops (``ops_composite.py``,
-``ops_einsum.py``, argmax in ``ops_nn.py``): statistics, NaN tests, group / instance norm, prelu,
-index transforms, einsum, argmax — each against eager PyTorch on random inputs, special values
+``ops_einsum.py``, argmax in ``ops_nn.py``): statistics, NaN tests, group / instance / RMS / local
+response norm, prelu, shrinks, index transforms, einsum, argmax — each against eager PyTorch on random inputs, special values
 included, and fused like native ops.  (Upsampling: ``test_upsample_ops.py``.)"""
 import math
 
@@ -255,3 +255,32 @@ def test_unfold_is_im2col(kwargs):
     x = torch.randn(2, 3, 9, 11)
     check(Fn(lambda t: F.unfold(t, **kwargs) * 2), x)
     check(nn.Unfold(**kwargs), x)
+
+
+_RMS = nn.RMSNorm(11, eps=1e-5)
+with torch.no_grad():
+    _RMS.weight.uniform_(0.5, 1.5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.rms_norm(x, (11,)), lambda x: F.rms_norm(x, (9, 11), torch.linspace(0.5, 1.5, 99).reshape(9, 11), 1e-3),
+    _RMS, lambda x: F.local_response_norm(x, 3), nn.LocalResponseNorm(4, 2e-3, 0.6, 2.0),
+    lambda x: F.hardshrink(x, 0.7), lambda x: F.softshrink(x), lambda x: torch.channel_shuffle(x, 3),
+    nn.ChannelShuffle(2), lambda x: torch.hypot(x, x.flip(1)), lambda x: torch.dot(x[0, 0, 0], x[1, 0, 0]),
+    lambda x: torch.inner(x[0, :2], x[1, 0]),
+], ids=["rms", "rms-2d-weight", "RMSNorm", "lrn", "LocalResponseNorm", "hardshrink", "softshrink", "channel_shuffle",
+        "ChannelShuffle", "hypot", "dot", "inner"])
+def test_more_norms_shrinks_and_shuffles(fn):
+    check(Fn(fn), x4, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.flatten(2).view_as(x), lambda x: x.reshape_as(x.transpose(1, 2)),
+    lambda x: x.select(1, 2) * 2, lambda x: torch.select(x, -1, -3), lambda x: x[:, :1].broadcast_to((2, 6, 9, 11)) + x,
+    lambda x: torch.broadcast_to(x[0, 0], (3, 9, 11)), lambda x: torch.swapaxes(x, 1, 3), lambda x: torch.swapdims(x, 0, 2),
+    lambda x: torch.hstack([x, x * 2]), lambda x: torch.vstack([x[0, 0, 0], x[1, 0, 0]]),
+    lambda x: torch.split_with_sizes(x, [2, 4], 1)[1], lambda x: x.split_with_sizes([5, 6], -1)[0],
+], ids=["view_as", "reshape_as", "select", "torch.select", "broadcast_to", "torch.broadcast_to", "swapaxes", "swapdims",
+        "hstack", "vstack", "split_with_sizes", "split_with_sizes-method"])
+def test_view_and_join_aliases(fn):
+    check(Fn(fn), x4)

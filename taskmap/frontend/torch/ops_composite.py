@@ -1,6 +1,7 @@
 """Registry: PyTorch operators that taskmap composes from its own ops — statistics (std,
-logsumexp, vector norms, normalize, cosine similarity, any / all), group / instance norm, prelu
-and index transforms (flip, roll, tril / triu, diagonal, pixel (un)shuffle, repeat_interleave,
+logsumexp, vector norms, normalize, cosine similarity, any / all), group / instance / RMS / local
+response norm, prelu and index transforms (flip, roll, tril / triu, diagonal, pixel (un)shuffle,
+channel shuffle, repeat_interleave,
 tile, movedim, unflatten, tensor_split, one_hot, unfold).  (Element-wise compositions:
 :mod:`.ops_math`; upsampling: :mod:`.ops_upsample`.)
 
@@ -166,6 +167,40 @@ def instance_norm(cv: Converter, x: Any, running_mean: Any = None, running_var: 
     return _group_norm(cv, x, x.shape[1], weight, bias, eps)
 
 
+@register(F.rms_norm, torch.rms_norm)
+def rms_norm(cv: Converter, x: Tensor, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` (``eps``
+    None: the dtype's machine epsilon, as torch)."""
+    ns = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
+    if tuple(x.shape[x.ndim - len(ns):]) != ns:
+        raise NotConvertible(f"rms_norm over {ns} of a tensor of shape {tuple(x.shape)}")
+    if eps is None:
+        eps = float(torch.finfo(torch.float32 if x.dtype.name == "float32" else torch.float16).eps) \
+            if x.dtype.name in ("float32", "float16") else float(torch.finfo(torch.float32).eps)
+    axes = tuple(range(x.ndim - len(ns), x.ndim))
+    ms = _reduce(cv, ReduceFn.MEAN, cv.unary(UnaryFn.SQUARE, x), axes, True)
+    y = cv.binary(BinaryFn.MUL, x, cv.unary(UnaryFn.RSQRT, cv.binary(BinaryFn.ADD, ms, float(eps))))
+    return y if weight is None else cv.binary(BinaryFn.MUL, y, weight)
+
+
+@register(F.local_response_norm)
+def local_response_norm(cv: Converter, x: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75,
+                        k: float = 1.0) -> Tensor:
+    """``x / (k + alpha * mean(x^2 over a window of size channels))^beta``, the window zero-padded
+    (``size // 2`` channels before, ``(size - 1) // 2`` after): a sum of shifted slices."""
+    if x.ndim < 3:
+        raise NotConvertible("local_response_norm of a tensor with fewer than 3 dims")
+    c = x.shape[1]
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (size // 2, (size - 1) // 2)
+    sq = cv.op(OpKind.PAD, [cv.unary(UnaryFn.SQUARE, x)], PadAttrs(tuple(widths)))
+    total = cv.slice(sq, 1, 0, c)
+    for j in range(1, int(size)):
+        total = cv.binary(BinaryFn.ADD, total, cv.slice(sq, 1, j, j + c))
+    scale = cv.binary(BinaryFn.ADD, cv.binary(BinaryFn.MUL, total, float(alpha) / int(size)), float(k))
+    return cv.binary(BinaryFn.DIV, x, cv.binary(BinaryFn.POW, scale, float(beta)))
+
+
 @register(F.prelu, torch.prelu, nn.PReLU)
 def prelu(cv: Converter, x: Any, weight: Any = None) -> Tensor:
     if isinstance(x, nn.Module):
@@ -316,6 +351,18 @@ def one_hot(cv: Converter, x: Tensor, num_classes: int = -1) -> Tensor:
     classes = cv.const(np.arange(num_classes, dtype=np.int64))
     hit = cv.binary(BinaryFn.EQ, cv.reshape(x, (*x.shape, 1)), classes)
     return cv.cast(hit, from_torch_dtype(torch.int64))
+
+
+@register(torch.channel_shuffle, torch.native_channel_shuffle)
+def channel_shuffle(cv: Converter, x: Tensor, groups: int) -> Tensor:
+    """Channels ``(g, c / g)`` read as ``(c / g, g)``: a reshape and a transposition."""
+    n, c, rest = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    g = int(groups)
+    if c % g:
+        raise NotConvertible(f"channel_shuffle of {c} channels in {g} groups")
+    y = cv.reshape(x, (n, g, c // g, *rest))
+    y = cv.permute(y, (0, 2, 1, *range(3, y.ndim)))
+    return cv.reshape(y, x.shape)
 
 
 @register(F.pixel_shuffle, torch.pixel_shuffle, nn.PixelShuffle)

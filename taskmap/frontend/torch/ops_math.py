@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...graph import AxisAttrs, BinaryFn, OpKind, Tensor, UnaryFn, WhereAttrs
+from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
 from ...ir.dtypes import f32
 from .registry import Converter, NotConvertible, norm_axis, register
 
@@ -46,6 +46,36 @@ def softsign(cv: Converter, x: Any, *rest: Any) -> Tensor:
 def tanhshrink(cv: Converter, x: Any, *rest: Any) -> Tensor:
     x = rest[0] if isinstance(x, nn.Module) else x
     return cv.binary(BinaryFn.SUB, x, cv.unary(UnaryFn.TANH, x))
+
+
+@register(F.hardshrink, torch.hardshrink, "hardshrink")
+def hardshrink(cv: Converter, x: Tensor, lambd: Any = 0.5) -> Tensor:
+    """``x`` where ``|x| > lambd``, else 0."""
+    return cv.where_scalar(cv.binary(BinaryFn.LE, cv.unary(UnaryFn.ABS, x), float(lambd)), 0.0, x)
+
+
+@register(F.softshrink)
+def softshrink(cv: Converter, x: Tensor, lambd: Any = 0.5) -> Tensor:
+    """``x - lambd * sign(x)`` where ``|x| > lambd``, else 0."""
+    shrunk = cv.binary(BinaryFn.SUB, x, cv.binary(BinaryFn.MUL, cv.unary(UnaryFn.SIGN, x), float(lambd)))
+    return cv.where_scalar(cv.binary(BinaryFn.LE, cv.unary(UnaryFn.ABS, x), float(lambd)), 0.0, shrunk)
+
+
+@register(torch.hypot, "hypot")
+def hypot(cv: Converter, a: Any, b: Any) -> Tensor:
+    return cv.unary(UnaryFn.SQRT, cv.binary(BinaryFn.ADD, cv.unary(UnaryFn.SQUARE, a), cv.unary(UnaryFn.SQUARE, b)))
+
+
+@register(torch.dot, "dot", torch.inner, "inner")
+def dot(cv: Converter, a: Tensor, b: Tensor) -> Tensor:
+    """The sum over the last axis of ``a * b`` (1-d operands: ``dot``; ``inner`` of n-d ones:
+    every pair of their leading indices)."""
+    if a.ndim == 0 or b.ndim == 0:
+        return cv.binary(BinaryFn.MUL, a, b)
+    lead_a, lead_b = a.shape[:-1], b.shape[:-1]
+    a = cv.reshape(a, (*lead_a, *(1,) * len(lead_b), a.shape[-1]))
+    prod = cv.binary(BinaryFn.MUL, a, b)
+    return cv.op(OpKind.REDUCE, [prod], ReduceAttrs(ReduceFn.SUM, (prod.ndim - 1,), False, 0))
 
 
 @register(F.celu, nn.CELU, torch.celu)

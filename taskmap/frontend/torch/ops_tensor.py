@@ -50,7 +50,7 @@ def permute(cv: Converter, x: Tensor, *dims: Any, **kw: Any) -> Tensor:
     return cv.permute(x, dims)
 
 
-@register("transpose", torch.transpose, "swapaxes")
+@register("transpose", torch.transpose, "swapaxes", torch.swapaxes, "swapdims", torch.swapdims)
 def transpose(cv: Converter, x: Tensor, dim0: int, dim1: int) -> Tensor:
     dims = list(range(x.ndim))
     a, b = norm_axis(dim0, x.ndim), norm_axis(dim1, x.ndim)
@@ -93,6 +93,16 @@ def expand(cv: Converter, x: Tensor, *sizes: Any) -> Tensor:
 @register("expand_as")
 def expand_as(cv: Converter, x: Tensor, other: Tensor) -> Tensor:
     return cv.expand(x, other.shape)
+
+
+@register("broadcast_to", torch.broadcast_to)
+def broadcast_to(cv: Converter, x: Tensor, size: Any) -> Tensor:
+    return expand(cv, x, *_sizes((size,)))
+
+
+@register("view_as", "reshape_as")
+def reshape_as(cv: Converter, x: Tensor, other: Tensor) -> Tensor:
+    return cv.reshape(x, other.shape)
 
 
 @register("repeat")
@@ -346,6 +356,12 @@ def gather(cv: Converter, x: Tensor, dim: int, index: Tensor, sparse_grad: bool 
     return cv.op(OpKind.GATHER, [x, index], AxisAttrs(norm_axis(dim, x.ndim)))
 
 
+@register("select", torch.select)
+def select(cv: Converter, x: Tensor, dim: int, index: int) -> Tensor:
+    d = norm_axis(dim, x.ndim)
+    return getitem(cv, x, (builtins.slice(None),) * d + (int(index),))
+
+
 @register("narrow", torch.narrow)
 def narrow(cv: Converter, x: Tensor, dim: int, start: int, length: int) -> Tensor:
     d = norm_axis(dim, x.ndim)
@@ -372,7 +388,17 @@ def stack(cv: Converter, tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return cat(cv, [unsqueeze(cv, t, d) for t in tensors], d)
 
 
-@register(torch.split, "split")
+@register(torch.hstack)
+def hstack(cv: Converter, tensors: Sequence[Tensor]) -> Tensor:
+    return cat(cv, list(tensors), 0 if tensors[0].ndim == 1 else 1)
+
+
+@register(torch.vstack, torch.row_stack)
+def vstack(cv: Converter, tensors: Sequence[Tensor]) -> Tensor:
+    return cat(cv, [cv.reshape(t, (1, t.numel)) if t.ndim < 2 else t for t in tensors], 0)
+
+
+@register(torch.split, "split", torch.split_with_sizes, "split_with_sizes")
 def split(cv: Converter, x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
     d = norm_axis(dim, x.ndim)
     n = x.shape[d]
