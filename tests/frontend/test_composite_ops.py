@@ -1,7 +1,7 @@
 """PyTorch operators the frontend composes from taskmap's own ops (``ops_composite.py``,
 ``ops_einsum.py``, argmax in ``ops_nn.py``): statistics, NaN tests, group / instance / RMS / local
-response norm, prelu, shrinks, index transforms, einsum, argmax — each against eager PyTorch on random inputs, special values
-included, and fused like native ops.  (Upsampling: ``test_upsample_ops.py``.)"""
+response norm, prelu, shrinks, index transforms, einsum, argmax — each against eager PyTorch on
+random inputs, special values included, and fused like native ops.  (Upsampling: ``test_upsample_ops.py``.)"""
 import math
 
 import numpy as np
