@@ -93,6 +93,25 @@ def test_in_place_ops_and_writes_through_views():
     assert tracer == "torch.export"
 
 
+class UpdatesThroughViews(nn.Module):
+    def forward(self, x, m):
+        h = torch.einsum("bij,bkj->bik", x, x)
+        v = h[..., :5]
+        v *= m                              # an update through a slice: h and v both read after
+        w = v + 1
+        h[:, 0] += 2.0                      # ... through a select
+        g = torch.reshape(x * 3, (2, 7, 6))[:, 1:].reshape(2, 6, 6)[..., :4]
+        g *= m[:, :, :4]                    # through reshapes; nothing reads x * 3 after (Funnel)
+        c = x.permute(0, 2, 1).contiguous()
+        c[:, :, 0] += 1                     # contiguous of a permutation: a copy, not a view
+        return h * 2, w, g, c
+
+
+def test_updates_through_views_are_functional():
+    _, tracer = compiled(UpdatesThroughViews(), torch.randn(2, 6, 7), torch.randn(2, 6, 5))
+    assert tracer == "torch.export"
+
+
 class ViewReadAfterWrite(nn.Module):
     def forward(self, x):
         h = x * 2

@@ -138,3 +138,39 @@ def test_generate_with_a_kv_cache_through_torch_compile():
     assert len(got.scores) == len(want.scores) == 6
     for a, b in zip(got.scores, want.scores):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def _small_vision_and_more(name):
+    t = transformers
+    sizes = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+    return {
+        # Funnel updates attention scores in place through reshapes and slices (`*= cls_mask`)
+        "funnel": lambda: (t.FunnelModel(t.FunnelConfig(vocab_size=100, block_sizes=[1, 1], d_model=64, n_head=4,
+                                                        d_head=16, d_inner=128)), torch.randint(0, 100, (2, 16))),
+        # BEiT builds its relative position index with in-place adds into a contiguous permutation
+        "beit": lambda: (t.BeitModel(t.BeitConfig(image_size=64, patch_size=8, use_relative_position_bias=True,
+                                                  **sizes)), torch.randn(2, 3, 64, 64)),
+        # LeViT: batch norms over flattened tokens, reshaped back with reshape_as
+        "levit": lambda: (t.LevitModel(t.LevitConfig(image_size=64)), torch.randn(2, 3, 64, 64)),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", ["funnel", "beit", "levit"])
+def test_more_model_families(name):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, x = _small_vision_and_more(name)
+        model = model.eval()
+        with torch.no_grad():        # batch norms with statistics of their own (LeViT's output is ~1e-6 at init)
+            for m in model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.weight.uniform_(0.5, 1.5), m.bias.normal_(0, 0.1)
+                    m.running_mean.normal_(0, 0.1), m.running_var.uniform_(0.5, 1.5)
+        fast = taskmap.compile(model, progress=False)
+        got = fast(x)
+    with torch.no_grad():
+        want = model(x)
+    assert want.last_hidden_state.std() > 0.05
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=1e-3, atol=2e-4)
+    assert "run by PyTorch" not in fast.summary()

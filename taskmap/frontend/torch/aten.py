@@ -78,16 +78,20 @@ def functional_writes(graph: torch.fx.Graph) -> str:
     result of an earlier in-place op) is a new value that every later reader of that tensor
     reads — unless a view of it taken before is read after.  A write through a view
     (``out[:, 1:] = h``: ``copy_`` into ``slice`` views) becomes ``operator.setitem`` on the
-    base when the view is a chain of ``slice`` / ``select`` that nothing else reads.  Writes into
-    inputs or weights, and others through views, are refused (the caller's tensors would change,
-    or aliasing would need tracking)."""
+    base when the view is a chain of ``slice`` / ``select`` that nothing else reads; an update
+    through such a view (``x[..., :n] *= mask``: ``mul_`` of a ``slice``) becomes the op out of
+    place on the view, set into the base the same way, and later readers of the view read that
+    result; where nothing reads the base or its other views after the update, whatever the views
+    (reshapes too), the op out of place is all it takes.  ``contiguous`` of a tensor that is not (a permutation's) is a copy, not a view.
+    Writes into inputs or weights, and others through views, are refused (the caller's tensors
+    would change, or aliasing would need tracking)."""
     base: dict[torch.fx.Node, torch.fx.Node] = {}     # the tensor whose memory a node's value is
     same: dict[torch.fx.Node, torch.fx.Node] = {}     # ... and the node that is that tensor, view or not
     order = {n: i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
         src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
         write = src is not None and is_aten(node.target) and mutates(node.target)
-        view = node.target is operator.getitem or (is_aten(node.target) and _aliases(node.target))
+        view = node.target is operator.getitem or (is_aten(node.target) and _aliases(node.target) and not _copies(node))
         alias = src is not None and view
         base[node] = base[src] if alias else node
         same[node] = same[src] if write else node
@@ -105,17 +109,37 @@ def functional_writes(graph: torch.fx.Graph) -> str:
             raise AliasingError(f"{node.target} changes {root.name}, whose view {late[0].name} (taken before) is "
                                 f"read after{_line(node)}")
         value = node
+        pure = None if node.target.overloadpacket.__name__ in _OVERWRITES else _out_of_place(node.target)
+        if same[target] is not root and pure is not None and _only_the_view_is_read(node, target, root, base, order):
+            with graph.inserting_before(node):       # nothing reads the rest of root after: the
+                new = graph.call_function(pure, node.args, node.kwargs)   # view's new value is all
+            new.meta = dict(node.meta)
+            order[new] = order[node]
+            node.replace_all_uses_with(new)
+            for user in [u for u in target.users if u is not new and order.get(u, len(order)) > order[node]]:
+                user.replace_input_with(target, new)
+            graph.erase_node(node)
+            continue
         if same[target] is not root:
-            chain = _index_chain(target, lambda n: same.get(n) is root)
-            if node.target.overloadpacket.__name__ not in _OVERWRITES or chain is None or node.users:
+            overwrite = node.target.overloadpacket.__name__ in _OVERWRITES
+            chain = _index_chain(target, lambda n: same.get(n) is root, 1 if overwrite else len(target.users))
+            if chain is None or (overwrite and node.users) or (not overwrite and pure is None):
                 raise AliasingError(f"{node.target} writes through the view {target.name} of {root.name}{_line(node)}")
             index, views, current = chain
             with graph.inserting_before(node):
-                value = graph.call_function(operator.setitem, (current, index, node.args[1]))
+                new = node.args[1] if overwrite else graph.call_function(pure, node.args, node.kwargs)
+                value = graph.call_function(operator.setitem, (current, index, new))
             value.meta = {**node.meta, **{k: root.meta[k] for k in ("val", "tensor_meta") if k in root.meta}}
+            if not overwrite:               # the view's new value: the op's result and later reads of the view
+                new.meta = dict(node.meta)
+                order[new] = order[node]
+                node.replace_all_uses_with(new)
+                for user in [u for u in target.users if u is not new and order.get(u, len(order)) > order[node]]:
+                    user.replace_input_with(target, new)
             graph.erase_node(node)
-            for v in views:
-                graph.erase_node(v)
+            if overwrite:
+                for v in views:
+                    graph.erase_node(v)
             order[value], same[value], base[value] = order.pop(node), root, root
         for v in [v for v in same if same[v] is root and v is not value and v in order]:
             for user in list(v.users):          # later readers of the tensor read its new value
@@ -147,14 +171,52 @@ def _read_after(v: torch.fx.Node, order: dict[torch.fx.Node, int], at: int) -> b
     return False
 
 
-def _index_chain(view: torch.fx.Node, is_base: Callable[[torch.fx.Node], bool]
+def _only_the_view_is_read(node: torch.fx.Node, target: torch.fx.Node, root: torch.fx.Node,
+                           base: dict[torch.fx.Node, torch.fx.Node], order: dict[torch.fx.Node, int]) -> bool:
+    """Whether, after the in-place ``node`` on the view ``target`` of ``root``, nothing reads
+    ``root``'s memory but ``target`` itself (and the views leading to it, each read only by the
+    next): then only the view's value changes, whatever views lead to it (Funnel's
+    ``_relative_shift_gather(...) *= mask`` goes through reshapes)."""
+    chain = set()
+    v = target
+    while v is not root:
+        chain.add(v)
+        v = v.args[0]
+    at = order[node]
+    for v, b in base.items():
+        if b is not root or v is target or v is node or v not in order:
+            continue
+        if any(u is not node and u not in chain and order.get(u, at + 1) > at for u in v.users):
+            return False
+    return True
+
+
+def _copies(node: torch.fx.Node) -> bool:
+    """Whether an aliasing overload makes a copy here: ``contiguous`` of a tensor that is not."""
+    if node.target is not torch.ops.aten.contiguous.default or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    val = node.args[0].meta.get("val")
+    return isinstance(val, torch.Tensor) and not val.is_contiguous()
+
+
+def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``aten.mul.Tensor`` for ``aten.mul_.Tensor``; None where there is no such overload."""
+    name = op.overloadpacket.__name__
+    packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
+    return getattr(packet, op._overloadname, None) if packet is not None else None
+
+
+def _index_chain(view: torch.fx.Node, is_base: Callable[[torch.fx.Node], bool], users: int = 1
                  ) -> tuple[tuple[Any, ...], list[torch.fx.Node], torch.fx.Node] | None:
-    """``base[index]`` for a chain of ``slice`` / ``select`` views that nothing else reads, up
-    to a node ``is_base`` accepts; the views (last first) and that base.  None for other views."""
+    """``base[index]`` for a chain of ``slice`` / ``select`` views, up to a node ``is_base``
+    accepts; the views (last first) and that base.  The view itself may have ``users`` users
+    (its write; with an update, its readers too), the chain's others one (the next view).  None
+    for other views."""
     views = []
     node = view
     while not is_base(node):
-        if node.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.select.int) or len(node.users) != 1:
+        if node.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.select.int) or \
+                len(node.users) > (users if node is view else 1):
             return None
         views.append(node)
         node = node.args[0]
