@@ -284,3 +284,30 @@ def test_more_norms_shrinks_and_shuffles(fn):
         "hstack", "vstack", "split_with_sizes", "split_with_sizes-method"])
 def test_view_and_join_aliases(fn):
     check(Fn(fn), x4)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(output_size=(8, 12), kernel_size=(2, 3), stride=(2, 3)),                 # patches tiling the output
+    dict(output_size=(9, 11), kernel_size=3),                                       # overlaps summed
+    dict(output_size=(9, 11), kernel_size=(3, 2), stride=2, padding=1, dilation=(1, 2)),
+], ids=["tiles", "overlaps", "strided"])
+def test_fold_is_col2im(kwargs):
+    """``F.fold`` against torch, and ``fold(unfold(x))`` (each pixel times the windows covering it)."""
+    k, s = nn.modules.utils._pair(kwargs["kernel_size"]), nn.modules.utils._pair(kwargs.get("stride", 1))
+    p, d = nn.modules.utils._pair(kwargs.get("padding", 0)), nn.modules.utils._pair(kwargs.get("dilation", 1))
+    (h, w) = kwargs["output_size"]
+    blocks = [(n + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for n, kk, ss, pp, dd in zip((h, w), k, s, p, d)]
+    cols = torch.randn(2, 3 * k[0] * k[1], blocks[0] * blocks[1])
+    check(Fn(lambda c: F.fold(c, **kwargs)), cols)
+    check(nn.Fold(**kwargs), cols[0])
+    x = torch.randn(2, 3, h, w)
+    unfold_kw = {key: v for key, v in kwargs.items() if key != "output_size"}
+    check(Fn(lambda x: F.fold(F.unfold(x, **unfold_kw), **kwargs)), x)
+
+
+def test_negative_padding_crops():
+    # RWKV's time shift: nn.ZeroPad2d((0, 0, 1, -1)) moves the sequence down by one
+    check(nn.ZeroPad2d((0, 0, 1, -1)), torch.randn(2, 7, 5))
+    check(Fn(lambda x: F.pad(x, (-2, 1, 0, -3), value=0.5)), x4)
+    with pytest.raises(UnsupportedOpsError, match="negative padding in mode 'reflect'"):
+        taskmap.compile(Fn(lambda x: F.pad(x, (-1, 1), mode="reflect")), progress=False)(torch.randn(2, 6, 9))

@@ -199,3 +199,18 @@ def test_dynamic_negative_indices_wrap():
     i = torch.tensor([-1, 2, -4, 0])
     _, tracer = compiled(M(), torch.randn(5, 6), i, capture="auto")
     assert tracer == "torch.fx"
+
+
+class TopkRouter(nn.Module):
+    def forward(self, x):
+        probs = torch.softmax(x, -1)
+        values, indices = torch.topk(probs, 2, dim=-1)
+        values /= values.sum(dim=-1, keepdim=True)   # in place on one output; the other read after
+        return values * 2, indices
+
+
+@pytest.mark.parametrize("capture", ["auto", "export"])
+def test_in_place_on_one_output_of_topk_leaves_the_other(capture):
+    # Mixtral's router: topk's values and indices are tensors of their own, not views of one another
+    fast, _ = compiled(TopkRouter(), torch.randn(5, 8), capture=capture)
+    assert "run by PyTorch" not in fast.summary()

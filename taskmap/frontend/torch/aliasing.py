@@ -29,9 +29,32 @@ VIEW_FUNCTIONS = frozenset({
     torch.as_strided})
 
 
+#: Ops that return a tuple of tensors of their own (``values, indices = x.topk(k)``): an item of
+#: their result aliases nothing (their ``dim``-less forms, ``max(x)``, return one tensor).
+TUPLE_METHODS = frozenset({"topk", "sort", "kthvalue", "mode", "median", "max", "min", "aminmax", "cummax", "cummin"})
+TUPLE_FUNCTIONS = frozenset({torch.topk, torch.sort, torch.kthvalue, torch.mode, torch.median, torch.max, torch.min,
+                             torch.aminmax, torch.cummax, torch.cummin, torch.var_mean, torch.std_mean})
+
+
+def _fresh_tuple(node: torch.fx.Node) -> bool:
+    """Whether ``node`` returns a tuple of fresh tensors (an ATen overload: by its schema)."""
+    if isinstance(node.target, torch._ops.OpOverload):
+        returns = node.target._schema.returns
+        return len(returns) > 1 and all(r.alias_info is None for r in returns)
+    if node.op == "call_method":
+        known = node.target in TUPLE_METHODS
+    else:
+        known = node.op == "call_function" and node.target in TUPLE_FUNCTIONS
+    if known and node.target in ("max", "min", "median", torch.max, torch.min, torch.median):
+        return len(node.args) > 1 and isinstance(node.args[1], int) or "dim" in node.kwargs
+    return known
+
+
 def _may_alias(node: torch.fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in VIEW_METHODS
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and _fresh_tuple(node.args[0]):
+        return False
     return node.op == "call_function" and node.target in VIEW_FUNCTIONS
 
 
@@ -61,4 +84,4 @@ class Aliases:
                     "place (h = h + 1) or clone the view")
 
 
-__all__ = ["Aliases", "VIEW_FUNCTIONS", "VIEW_METHODS"]
+__all__ = ["Aliases", "TUPLE_FUNCTIONS", "TUPLE_METHODS", "VIEW_FUNCTIONS", "VIEW_METHODS"]

@@ -91,7 +91,10 @@ def functional_writes(graph: torch.fx.Graph) -> str:
     for node in graph.nodes:
         src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
         write = src is not None and is_aten(node.target) and mutates(node.target)
-        view = node.target is operator.getitem or (is_aten(node.target) and _aliases(node.target) and not _copies(node))
+        # an output of a multi-output op is a tensor of its own unless the op returns views
+        # (``split``, ``unbind``): ``topk``'s values and indices do not alias each other
+        view = (node.target is operator.getitem and src is not None and is_aten(src.target) and _aliases(src.target)) \
+            or (is_aten(node.target) and _aliases(node.target) and not _copies(node))
         alias = src is not None and view
         base[node] = base[src] if alias else node
         same[node] = same[src] if write else node

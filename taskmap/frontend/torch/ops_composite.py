@@ -2,7 +2,7 @@
 logsumexp, vector norms, normalize, cosine similarity, any / all), group / instance / RMS / local
 response norm, prelu and index transforms (flip, roll, tril / triu, diagonal, pixel (un)shuffle,
 channel shuffle, repeat_interleave,
-tile, movedim, unflatten, tensor_split, one_hot, unfold).  (Element-wise compositions:
+tile, movedim, unflatten, tensor_split, one_hot, unfold / fold).  (Element-wise compositions:
 :mod:`.ops_math`; upsampling: :mod:`.ops_upsample`.)
 
 Every composition is injective ops around at most the reductions it needs, so the fusion pass
@@ -412,6 +412,48 @@ def unfold(cv: Converter, x: Any, kernel_size: Any = None, dilation: Any = 1, pa
             taps.append(cv.reshape(t, (n, c, 1, oh * ow)))
     cols = taps[0] if len(taps) == 1 else cv.op(OpKind.CONCAT, taps, AxisAttrs(2))
     return cv.reshape(cols, (n, c * kh * kw, oh * ow))
+
+
+@register(F.fold, nn.Fold)
+def fold(cv: Converter, x: Any, output_size: Any = None, kernel_size: Any = None, dilation: Any = 1,
+         padding: Any = 0, stride: Any = 1) -> Tensor:
+    """col2im, the inverse placement of :func:`unfold` (overlaps summed): blocks that tile the
+    output (stride = kernel, no padding or dilation: MobileViT-v2's patches) are a reshape and a
+    transposition; otherwise each tap's ``(oh, ow)`` values are spread by the stride (zeros
+    inserted by padding a unit axis), padded into place and summed."""
+    if isinstance(x, nn.Module):
+        m, x = x, output_size
+        output_size, kernel_size, dilation, padding, stride = m.output_size, m.kernel_size, m.dilation, m.padding, \
+            m.stride
+    batched = x.ndim == 3
+    if not batched:
+        x = cv.reshape(x, (1, *x.shape))
+    if x.ndim != 3:
+        raise NotConvertible(f"fold of a {x.ndim}-d input ((N,) C * kh * kw, L expected)")
+    (hh, ww), (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(_pair, (output_size, kernel_size, dilation, padding, stride))
+    n, ckk, length = x.shape
+    oh, ow = (hh + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (ww + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if ckk % (kh * kw) or oh <= 0 or ow <= 0 or oh * ow != length:
+        raise NotConvertible(f"fold of {ckk} x {length} blocks into {hh}x{ww} with a {kh}x{kw} kernel")
+    c = ckk // (kh * kw)
+    cols = cv.reshape(x, (n, c, kh, kw, oh, ow))
+    if (sh, sw) == (kh, kw) and (dh, dw, ph, pw) == (1, 1, 0, 0) and (oh * kh, ow * kw) == (hh, ww):
+        y = cv.reshape(cv.permute(cols, (0, 1, 4, 2, 5, 3)), (n, c, hh, ww))
+    else:
+        hp, wp = hh + 2 * ph, ww + 2 * pw
+        y = None
+        for i in range(kh):
+            for j in range(kw):
+                t = cv.reshape(cv.slice(cv.slice(cols, 2, i, i + 1), 3, j, j + 1), (n, c, oh, 1, ow, 1))
+                t = cv.op(OpKind.PAD, [t], PadAttrs(((0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1))))
+                t = cv.reshape(t, (n, c, oh * sh, ow * sw))
+                t = cv.slice(cv.slice(t, 2, 0, hp - i * dh), 3, 0, wp - j * dw)
+                t = cv.op(OpKind.PAD, [t], PadAttrs(((0, 0), (0, 0), (i * dh, hp - i * dh - t.shape[2]),
+                                                     (j * dw, wp - j * dw - t.shape[3]))))
+                y = t if y is None else cv.binary(BinaryFn.ADD, y, t)
+        if ph or pw:
+            y = cv.slice(cv.slice(y, 2, ph, ph + hh), 3, pw, pw + ww)
+    return y if batched else cv.reshape(y, y.shape[1:])
 
 
 def _repeat_each(cv: Converter, x: Tensor, axis: int, times: int) -> Tensor:

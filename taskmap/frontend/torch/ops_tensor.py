@@ -432,7 +432,13 @@ def pad(cv: Converter, x: Tensor, pad: Sequence[int], mode: str = "constant", va
     if mode not in ("constant", "reflect", "replicate", "circular") or len(pad) % 2 or len(pad) > 2 * x.ndim:
         raise NotConvertible(f"pad(mode={mode!r}, pad={tuple(pad)})")
     if builtins.any(p < 0 for p in pad):
-        raise NotConvertible("negative padding")
+        if mode != "constant":
+            raise NotConvertible(f"negative padding in mode {mode!r}")
+        for k in range(len(pad) // 2):        # a negative width crops (RWKV's time shift: ZeroPad2d((0, 0, 1, -1)))
+            d, lo, hi = x.ndim - 1 - k, builtins.max(-int(pad[2 * k]), 0), builtins.max(-int(pad[2 * k + 1]), 0)
+            if lo or hi:
+                x = cv.slice(x, d, lo, x.shape[d] - hi, 1)
+        pad = [builtins.max(int(p), 0) for p in pad]
     widths = [(0, 0)] * x.ndim
     for k in range(len(pad) // 2):
         widths[x.ndim - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
