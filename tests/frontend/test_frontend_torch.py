@@ -228,6 +228,38 @@ def test_fallback_runs_in_pytorch():
     assert "run by PyTorch: torch.cummax, torch.digamma, torch.kthvalue" in fast.summary()
 
 
+class RandomShuffle(nn.Module):
+    """ViT-MAE's random masking: noise drawn in the forward (with sizes only: foldable but random)."""
+
+    def forward(self, x):
+        noise = torch.rand(x.shape[0], x.shape[1])
+        order = noise.argsort(1)
+        return torch.gather(x, 1, order[..., None].expand(x.shape)) * 2
+
+
+def test_random_draws_are_not_frozen_into_the_graph():
+    x = torch.randn(3, 16, 4)
+    with pytest.raises(UnsupportedOpsError, match=r"torch.rand at .*draws random numbers, anew on every call"):
+        taskmap.compile(RandomShuffle(), progress=False)(x)
+    fast = taskmap.compile(RandomShuffle(), progress=False, fallback=True)
+    a, b = fast(x), fast(x)
+    assert not torch.equal(a, b)              # a new permutation per call, as in eager
+    torch.testing.assert_close(a.sort(1).values, (x * 2).sort(1).values)
+    assert "run by PyTorch: torch.rand" in fast.summary()
+
+
+class EmptyParts(nn.Module):
+    def forward(self, x):
+        rot, rest = x[..., :16], x[..., 16:]            # Phi-3's rotary split with nothing left over
+        return (torch.cat([rot * 2, rest], -1) + 1, rest.sum(-1) + x[..., 0], rest.prod(-1),
+                torch.nan_to_num(rest.mean(-1), nan=7.0))      # the mean of nothing is NaN
+
+
+def test_empty_parts_of_concatenations_and_reductions():
+    fast = check(EmptyParts(), torch.randn(2, 4, 16))
+    assert "run by PyTorch" not in fast.summary()
+
+
 def test_recompile_static_shapes_summary_and_debug(capsys, monkeypatch):
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU()).eval()
     monkeypatch.setenv("TASKMAP_DEBUG", "graph")

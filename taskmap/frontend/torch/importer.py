@@ -5,7 +5,8 @@ The importer walks the fx graph once with concrete example inputs in mind:
 * placeholders become graph inputs (tensors) or stay Python values (baked in);
 * ``get_attr`` tensors (weights, buffers) become constants (shared by identity);
 * a call whose tensor arguments are all constants — ``torch.arange``, ``zeros``, masks built
-  from buffers, ``x.size(0) * 2`` — is **folded**: run by PyTorch now, its result a constant;
+  from buffers, ``x.size(0) * 2`` — is **folded**: run by PyTorch now, its result a constant
+  (not a random draw, :data:`RANDOM_OPS`: unsupported, or run by PyTorch on every call);
 * any other call goes to its registered handler (:mod:`.registry`); a call without one, or
   whose handler raises :class:`NotConvertible`, is *unsupported*: all of them are collected,
   then reported together (:class:`~taskmap.errors.UnsupportedOpsError`) — or, with
@@ -107,6 +108,20 @@ def _has_dynamic(args: Any) -> bool:
     return any(_is_dynamic(v) for v in pytree.tree_leaves(args))
 
 
+#: Ops that draw random numbers: never folded (a compiled graph would repeat one draw on every
+#: call); without a handler they are unsupported, and with ``fallback`` PyTorch draws anew.
+RANDOM_OPS = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_",
+    "multinomial", "normal", "normal_", "uniform_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_",
+    "poisson", "native_dropout"})
+
+
+def _random(target: Any) -> bool:
+    name = target.overloadpacket.__name__ if isinstance(target, torch._ops.OpOverload) else \
+        target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name in RANDOM_OPS
+
+
 def _materialize(args: Any, device: str) -> Any:
     """Constants as torch tensors on the graph's device: a folded op sees its arguments where the
     model had them (``aten._assert_tensor_metadata(c, device=cuda:0)`` checks the device, and an
@@ -193,7 +208,7 @@ class Importer:
         args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
         target = self.gm.get_submodule(node.target) if node.op == "call_module" else node.target
-        if not _has_dynamic((args, kwargs)):
+        if not _has_dynamic((args, kwargs)) and not _random(target):
             result = self._fold(node, target, args, kwargs)
             self._rebind_inplace(node, target, result)
             return result
@@ -215,6 +230,8 @@ class Importer:
                 return result
             except NotConvertible as e:
                 reason = str(e)
+        elif _random(target):
+            reason = "it draws random numbers, anew on every call: a compiled graph would repeat one draw"
         self.unsupported.append((target_name(node), where(node), reason))
         result = self._torch_op(node, _FUNCTIONAL.get(target, target), args, kwargs)
         self._rebind_inplace(node, target, result)

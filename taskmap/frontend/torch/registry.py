@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from ...errors import UnsupportedError
-from ...graph import (BinaryAttrs, BinaryFn, CastAttrs, GraphBuilder, MatmulAttrs, OpKind, PermuteAttrs, ShapeAttrs,
-                      SliceAttrs, Tensor, UnaryAttrs, UnaryFn, WhereAttrs)
+from ...graph import (BinaryAttrs, BinaryFn, CastAttrs, GraphBuilder, MatmulAttrs, OpKind, PermuteAttrs, ReduceFn,
+                      ShapeAttrs, SliceAttrs, Tensor, UnaryAttrs, UnaryFn, WhereAttrs)
 from ...ir.dtypes import ScalarType, scalar_type
 from .precision import Tf32
 
@@ -118,7 +118,23 @@ class Converter:
             attrs = MatmulAttrs(self.tf32.matmul, self.tf32.x3 and not self.tf32.matmul)
         elif kind is OpKind.CONV2D:
             attrs = replace(attrs, tf32=self.tf32.conv, tf32x3=self.tf32.x3 and not self.tf32.conv)
-        return self.builder.op(kind, list(inputs), attrs, source=self.source)
+        elif kind is OpKind.CONCAT and len(inputs) > 1:     # empty parts add nothing (Phi-3's rotary pass-through)
+            kept = [t for t in inputs if t.shape[attrs.axis] > 0]
+            if len(kept) == 1:
+                return kept[0]
+            inputs = kept or inputs[:1]
+        out = self.builder.op(kind, list(inputs), attrs, source=self.source)
+        if kind is OpKind.REDUCE and inputs[0].numel == 0 and out.numel > 0:
+            return self._empty_reduction(attrs.fn, out)
+        return out
+
+    def _empty_reduction(self, fn: ReduceFn, out: Tensor) -> Tensor:
+        """A reduction over an empty axis: its identity (sum 0, product 1; mean and variance NaN),
+        as torch; max / min of nothing are errors there too."""
+        fills = {ReduceFn.SUM: 0, ReduceFn.PROD: 1, ReduceFn.MEAN: np.nan, ReduceFn.VAR: np.nan}
+        if fn not in fills:
+            raise NotConvertible(f"{fn.value} over an empty dimension")
+        return self.const(np.full(out.shape, fills[fn], dtype=out.dtype.name))
 
     def sub(self, prefix: str) -> "Converter":
         """The same converter for the submodule at ``prefix`` (names its parameters)."""
