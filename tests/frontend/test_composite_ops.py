@@ -311,3 +311,15 @@ def test_negative_padding_crops():
     check(Fn(lambda x: F.pad(x, (-2, 1, 0, -3), value=0.5)), x4)
     with pytest.raises(UnsupportedOpsError, match="negative padding in mode 'reflect'"):
         taskmap.compile(Fn(lambda x: F.pad(x, (-1, 1), mode="reflect")), progress=False)(torch.randn(2, 6, 9))
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(kernel_size=(2, 4, 4), stride=(2, 4, 4)),                                  # a tubelet embedding
+    dict(kernel_size=3, padding=1, bias=False),
+    dict(kernel_size=(3, 1, 3), stride=(2, 1, 2), padding=(1, 0, 1), dilation=(2, 1, 1)),
+    dict(kernel_size=3, padding="same", groups=2),
+], ids=["tubelets", "3x3x3", "strided-dilated", "same-groups"])
+def test_conv3d_is_a_sum_of_2d_convolutions(kwargs):
+    conv = nn.Conv3d(4, 6, **kwargs)
+    check(conv, torch.randn(2, 4, 6, 8, 12), rtol=1e-4, atol=1e-5)
+    check(conv, torch.randn(4, 5, 8, 8), rtol=1e-4, atol=1e-5)                     # unbatched

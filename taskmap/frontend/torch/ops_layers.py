@@ -1,8 +1,9 @@
 """Registry: composite ``nn`` layers that ``symbolic_trace`` keeps as leaves —
 ``nn.MultiheadAttention`` (and its functional form, which dynamo inlines it into) and
 ``nn.TransformerEncoderLayer`` — decomposed into graph ops
-(linear projections, head split, ``softmax(q k^T * scale + mask) v``, head merge); and the 1-d
-convolutions and pools, as their 2-d forms over a ``(N, C, 1, L)`` view."""
+(linear projections, head split, ``softmax(q k^T * scale + mask) v``, head merge); the 1-d
+convolutions and pools, as their 2-d forms over a ``(N, C, 1, L)`` view; 3-d convolutions as 2-d
+ones per depth tap."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
+from ...graph import AxisAttrs, BinaryFn, OpKind, PadAttrs, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
 from .ops_nn import (adaptive_avg_pool2d, avg_pool2d, conv2d, conv_module, layer_norm, linear, max_pool2d,
                      max_pool_module)
 from .registry import Converter, NotConvertible, register
@@ -49,6 +50,48 @@ def conv1d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: 
     pad = padding if isinstance(padding, str) else (0, _one(padding))
     y = conv2d(cv, x2, w2, bias, (1, _one(stride)), pad, (1, _one(dilation)), groups)
     return _back(cv, y, x, lead)
+
+
+def _triple(v: Any) -> tuple[int, int, int]:
+    return tuple(int(a) for a in v) if isinstance(v, (tuple, list)) else (int(v),) * 3  # type: ignore[return-value]
+
+
+@register(F.conv3d, torch.conv3d, nn.Conv3d)
+def conv3d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """A 3-d convolution as one 2-d convolution per depth tap, summed: tap ``t`` convolves the
+    depth slices ``t * dilation + stride * i`` (folded into the batch: ``(N * D_out, C, H, W)``)
+    with the weights' slice ``t`` (video models' tubelet embeddings: one tap per output slice)."""
+    if isinstance(x, nn.Module):
+        x, weight, bias, stride, padding, dilation, groups = conv_module(cv, x, weight)
+    unbatched = x.ndim == 4
+    if unbatched:
+        x = cv.reshape(x, (1, *x.shape))
+    if x.ndim != 5:
+        raise NotConvertible(f"conv3d of a {x.ndim}-d input (N, C, D, H, W expected)")
+    (sd, sh, sw), (dd, dh, dw) = _triple(stride), _triple(dilation)
+    co, cig, kd, kh, kw = weight.shape
+    if isinstance(padding, str):            # "valid", or "same" (the odd extra after, as torch)
+        total = (0, 0, 0) if padding == "valid" else (dd * (kd - 1), dh * (kh - 1), dw * (kw - 1))
+        widths = ((0, 0), (0, 0)) + tuple((t // 2, t - t // 2) for t in total)
+        x = x if not any(total) else cv.op(OpKind.PAD, [x], PadAttrs(widths))
+        padding = 0
+    pd, ph, pw = _triple(padding)
+    if pd:
+        x = cv.op(OpKind.PAD, [x], PadAttrs(((0, 0), (0, 0), (pd, pd), (0, 0), (0, 0))))
+    n, c, depth, h, w = x.shape
+    od = (depth - dd * (kd - 1) - 1) // sd + 1
+    if od <= 0:
+        raise NotConvertible(f"conv3d: a depth-{kd} window does not fit a depth of {depth}")
+    y = None
+    for t in range(kd):
+        xs = cv.slice(x, 2, t * dd, t * dd + sd * (od - 1) + 1, sd)
+        xs = cv.reshape(cv.permute(xs, (0, 2, 1, 3, 4)), (n * od, c, h, w))
+        wt = cv.reshape(cv.slice(weight, 2, t, t + 1), (co, cig, kh, kw))
+        yt = conv2d(cv, xs, wt, bias if t == 0 else None, (sh, sw), (ph, pw), (dh, dw), groups)
+        y = yt if y is None else cv.binary(BinaryFn.ADD, y, yt)
+    out = cv.permute(cv.reshape(y, (n, od, co, *y.shape[2:])), (0, 2, 1, 3, 4))
+    return cv.reshape(out, out.shape[1:]) if unbatched else out
 
 
 @register(F.max_pool1d, torch.max_pool1d, nn.MaxPool1d, F.max_pool1d_with_indices)
