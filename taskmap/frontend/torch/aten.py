@@ -114,13 +114,7 @@ def functional_writes(graph: torch.fx.Graph) -> str:
         value = node
         pure = None if node.target.overloadpacket.__name__ in _OVERWRITES else _out_of_place(node.target)
         if same[target] is not root and pure is not None and _only_the_view_is_read(node, target, root, base, order):
-            with graph.inserting_before(node):       # nothing reads the rest of root after: the
-                new = graph.call_function(pure, node.args, node.kwargs)   # view's new value is all
-            new.meta = dict(node.meta)
-            order[new] = order[node]
-            node.replace_all_uses_with(new)
-            for user in [u for u in target.users if u is not new and order.get(u, len(order)) > order[node]]:
-                user.replace_input_with(target, new)
+            _updated_view(graph, node, target, pure, order)   # nothing reads the rest of root after
             graph.erase_node(node)
             continue
         if same[target] is not root:
@@ -129,16 +123,10 @@ def functional_writes(graph: torch.fx.Graph) -> str:
             if chain is None or (overwrite and node.users) or (not overwrite and pure is None):
                 raise AliasingError(f"{node.target} writes through the view {target.name} of {root.name}{_line(node)}")
             index, views, current = chain
+            new = node.args[1] if overwrite else _updated_view(graph, node, target, pure, order)
             with graph.inserting_before(node):
-                new = node.args[1] if overwrite else graph.call_function(pure, node.args, node.kwargs)
                 value = graph.call_function(operator.setitem, (current, index, new))
             value.meta = {**node.meta, **{k: root.meta[k] for k in ("val", "tensor_meta") if k in root.meta}}
-            if not overwrite:               # the view's new value: the op's result and later reads of the view
-                new.meta = dict(node.meta)
-                order[new] = order[node]
-                node.replace_all_uses_with(new)
-                for user in [u for u in target.users if u is not new and order.get(u, len(order)) > order[node]]:
-                    user.replace_input_with(target, new)
             graph.erase_node(node)
             if overwrite:
                 for v in views:
@@ -172,6 +160,20 @@ def _read_after(v: torch.fx.Node, order: dict[torch.fx.Node, int], at: int) -> b
         if order.get(u, at + 1) > at:
             return True
     return False
+
+
+def _updated_view(graph: torch.fx.Graph, node: torch.fx.Node, target: torch.fx.Node, pure: Any,
+                  order: dict[torch.fx.Node, int]) -> torch.fx.Node:
+    """The in-place update ``node`` of the view ``target``, out of place (``pure``): its result,
+    which the node's users and the view's later readers read instead."""
+    with graph.inserting_before(node):
+        new = graph.call_function(pure, node.args, node.kwargs)
+    new.meta = dict(node.meta)
+    order[new] = order[node]
+    node.replace_all_uses_with(new)
+    for user in [u for u in target.users if u is not new and order.get(u, len(order)) > order[node]]:
+        user.replace_input_with(target, new)
+    return new
 
 
 def _only_the_view_is_read(node: torch.fx.Node, target: torch.fx.Node, root: torch.fx.Node,
