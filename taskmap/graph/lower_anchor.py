@@ -36,7 +36,7 @@ from typing import Any
 
 from ..backends import Target, TargetKind
 from ..compute.analysis import bounded_view
-from ..compute.nodes import TensorNode, compute, graph_inputs, tensor_input
+from ..compute.nodes import TensorNode, compute, dag_str, graph_inputs, tensor_input
 from ..errors import FusionError
 from ..fusion import fuse, fusion_key
 from ..ops.conv_defs import direct_sizes, grouped_weights, img2col
@@ -284,12 +284,31 @@ def leaf(t: Tensor, leaves: dict[str, Tensor], prefix: str) -> TensorNode:
     return tensor_input(name, t.dtype, kernel_shape(t.shape))
 
 
+#: Views made, by the definition's text (:func:`dag_str`: names, dtypes, shapes, expressions —
+#: what the fused kernel's key holds too), its name and shape: a model's repeated layers (BERT's
+#: 12: 87 views, 7 distinct) and a decode loop's graphs (one per sequence length) view the same
+#: definitions over again.  The IR is immutable, so a view is shared as it is.
+_VIEWS: dict[tuple[str, str, tuple[int, ...]], TensorNode] = {}
+_VIEWS_LIMIT = 1024
+_VIEWS_LOCK = threading.Lock()
+
+
 def view_as(node: TensorNode, name: str, shape: Sequence[int]) -> TensorNode:
     """``node`` seen as ``shape`` (same size, row-major) under the name ``name``: a prologue or
     epilogue definition, its reads' indices simplified within the view's ranges (a chain of
     slices, reshapes and permutes becomes one strided read: :func:`.bounded_view`)."""
+    key = (dag_str(node), name, tuple(shape))
+    with _VIEWS_LOCK:
+        hit = _VIEWS.get(key)
+    if hit is not None:
+        return hit
     src = node if tuple(node.shape) == tuple(shape) else reshape_compute(node, shape)
-    return bounded_view(compute(name, shape, lambda *i: src[i]))
+    view = bounded_view(compute(name, shape, lambda *i: src[i]))
+    with _VIEWS_LOCK:
+        if len(_VIEWS) >= _VIEWS_LIMIT:
+            _VIEWS.clear()
+        _VIEWS[key] = view
+    return view
 
 
 def _anchor_value(anc: _Anchor, op: Op, leaves: dict[str, Tensor]) -> tuple[TensorNode, dict[Tensor, TensorNode]]:
