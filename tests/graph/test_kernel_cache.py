@@ -112,3 +112,26 @@ def test_entries_of_another_layout_are_rebuilt(monkeypatch, entry):
     monkeypatch.setattr(kernel_cache.pickle, "loads", lambda data: entry(real(data)[0]))
     (kg,) = lower_graph(g, host_cpu_target())
     assert kg.kernel.lower() is not kg.kernel.module        # made (and lowered) again, not loaded
+
+
+def test_repeated_layers_share_their_views(monkeypatch):
+    """Two identical linear + tanh layers: the second layer's epilogue view is the first's (the
+    lowering memoizes views by the definitions' text), and the model still computes each layer
+    on its own operands."""
+    from taskmap.graph import lower_anchor
+    monkeypatch.setattr(lower_anchor, "_VIEWS", {})
+    b = GraphBuilder()
+    x = b.input((6, 12), f32)
+    ws = [b.constant(RNG.standard_normal((12, 12)).astype(np.float32)) for _ in range(2)]
+    y = x
+    for w in ws:
+        y = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [y, w])], UnaryAttrs(UnaryFn.TANH))
+    g = b.build([y])
+    calls = []
+    real = lower_anchor.bounded_view
+    monkeypatch.setattr(lower_anchor, "bounded_view", lambda node: calls.append(node.name) or real(node))
+    groups = lower_graph(g, host_cpu_target())
+    assert len(groups) == 2 and len(calls) == 1 and len(lower_anchor._VIEWS) == 1
+    xv = RNG.standard_normal((6, 12)).astype(np.float32)
+    want = np.tanh(np.tanh(xv @ ws[0].data.T) @ ws[1].data.T)
+    np.testing.assert_allclose(CompiledGraph(g, "cpu", "numpy")(xv)[0], want, rtol=1e-5, atol=1e-5)
