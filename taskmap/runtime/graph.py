@@ -130,10 +130,11 @@ def _carve(buf: Any, shape: Sequence[int], dtype: str) -> Any:
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """Compiling creates many small objects that live on (IR trees, cached kernels unpickled):
     the cyclic collector's passes then walk the whole heap, a PyTorch model's included, again and
-    again (a cached ResNet-50 compile: ~0.15 s of ~0.95), and free next to nothing."""
+    again (a cached ResNet-50 compile: ~0.15 s of ~0.95), and free next to nothing.  The
+    frontends pause it for capture and import too (one full pass over GPT-2 under dynamo: ~0.4 s)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -150,7 +151,7 @@ class CompiledGraph:
                  fuse: bool | None = None, cuda_graph: bool | None = None):
         fuse = fuse if fuse is not None else os.environ.get("TASKMAP_FUSION", "1") != "0"
         self.source_graph = graph
-        with _gc_paused(), shared_by(self):       # constants derived as other graphs did: shared
+        with gc_paused(), shared_by(self):       # constants derived as other graphs did: shared
             graph = self.graph = optimize(graph) if fuse else graph      # graph passes (taskmap.graph.passes)
             self.kind = ArrayKind(library, device)
             self.target = target_for(self.kind)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ...runtime.graph import CompiledGraph
+from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
 from .importer import Imported, import_fx
 
@@ -138,11 +138,11 @@ class DynamoGraph:
                 shapes = key[:len(args)]       # values changed in place: the old graph is stale
                 for old in [k for k in self.graphs if k[:len(args)] == shapes]:
                     del self.graphs[old]
-            with precision.chosen(self.fp32_precision):
+            with precision.chosen(self.fp32_precision), gc_paused():
                 imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
-            g = imported.graph
-            device = next((x.device for x in g.inputs), "cpu")
-            hit = self.graphs[key] = (imported, CompiledGraph(g, device, "torch", self.progress))
+                g = imported.graph
+                device = next((x.device for x in g.inputs), "cpu")
+                hit = self.graphs[key] = (imported, CompiledGraph(g, device, "torch", self.progress))
             self.compiles += 1
             while len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
 from ...graph.flops import op_flops
-from ...runtime.graph import CompiledGraph
+from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
 from .capture import CAPTURES, Capture, capture, try_symbolic_trace
 from .signature import bind, constant_arguments, forward_signature
@@ -131,14 +131,15 @@ class CompiledModule:
                               f"only; got ({_describe(key)}). Pass model= to taskmap.load to compile new shapes.")
         constants = constant_arguments(arguments)
         which = repr(sorted(constants.items()))
-        if which not in self._traces and self.capture == "auto":
-            self._traces[which] = try_symbolic_trace(self.model, constants)
-        stamp = self._stamp()
-        with precision.chosen(self.fp32_precision):
-            imported, cap = capture(self.model, self._traces.get(which), arguments, fallback=self.fallback,
-                                    name=self.name, how=self.capture)
-        entry = self.entries[key] = Entry(imported, cap, stamp=stamp)
-        entry.ready(self.progress)
+        with gc_paused():
+            if which not in self._traces and self.capture == "auto":
+                self._traces[which] = try_symbolic_trace(self.model, constants)
+            stamp = self._stamp()
+            with precision.chosen(self.fp32_precision):
+                imported, cap = capture(self.model, self._traces.get(which), arguments, fallback=self.fallback,
+                                        name=self.name, how=self.capture)
+            entry = self.entries[key] = Entry(imported, cap, stamp=stamp)
+            entry.ready(self.progress)
         return entry
 
     def _stamp(self) -> int | None:
