@@ -82,9 +82,9 @@ def functional_writes(graph: torch.fx.Graph) -> str:
     through such a view (``x[..., :n] *= mask``: ``mul_`` of a ``slice``) becomes the op out of
     place on the view, set into the base the same way, and later readers of the view read that
     result; where nothing reads the base or its other views after the update, whatever the views
-    (reshapes too), the op out of place is all it takes.  ``contiguous`` of a tensor that is not (a permutation's) is a copy, not a view.
-    Writes into inputs or weights, and others through views, are refused (the caller's tensors
-    would change, or aliasing would need tracking)."""
+    (reshapes too), the op out of place is all it takes.  ``contiguous`` of a tensor that is not
+    (a permutation's) is a copy, not a view.  Writes into inputs or weights, and others through
+    views, are refused (the caller's tensors would change, or aliasing would need tracking)."""
     base: dict[torch.fx.Node, torch.fx.Node] = {}     # the tensor whose memory a node's value is
     same: dict[torch.fx.Node, torch.fx.Node] = {}     # ... and the node that is that tensor, view or not
     order = {n: i for i, n in enumerate(graph.nodes)}

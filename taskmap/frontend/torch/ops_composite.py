@@ -387,6 +387,11 @@ def pixel_unshuffle(cv: Converter, x: Any, r: Any = None) -> Tensor:
     return cv.reshape(y, (*lead, c * r * r, h // r, w // r))
 
 
+def _blocks(size: int, k: int, s: int, p: int, d: int) -> int:
+    """Window positions along one side of ``unfold`` / ``fold``: ``size`` padded by ``p`` each end."""
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
 @register(F.unfold, nn.Unfold)
 def unfold(cv: Converter, x: Any, kernel_size: Any = None, dilation: Any = 1, padding: Any = 0,
            stride: Any = 1) -> Tensor:
@@ -399,7 +404,7 @@ def unfold(cv: Converter, x: Any, kernel_size: Any = None, dilation: Any = 1, pa
         raise NotConvertible(f"unfold of a {x.ndim}-d input (N, C, H, W expected)")
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(_pair, (kernel_size, dilation, padding, stride))
     n, c, h, w = x.shape
-    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = _blocks(h, kh, sh, ph, dh), _blocks(w, kw, sw, pw, dw)
     if oh <= 0 or ow <= 0:
         raise NotConvertible(f"unfold: a {kh}x{kw} window does not fit a {h}x{w} input")
     if ph or pw:
@@ -432,7 +437,7 @@ def fold(cv: Converter, x: Any, output_size: Any = None, kernel_size: Any = None
         raise NotConvertible(f"fold of a {x.ndim}-d input ((N,) C * kh * kw, L expected)")
     (hh, ww), (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(_pair, (output_size, kernel_size, dilation, padding, stride))
     n, ckk, length = x.shape
-    oh, ow = (hh + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (ww + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = _blocks(hh, kh, sh, ph, dh), _blocks(ww, kw, sw, pw, dw)
     if ckk % (kh * kw) or oh <= 0 or ow <= 0 or oh * ow != length:
         raise NotConvertible(f"fold of {ckk} x {length} blocks into {hh}x{ww} with a {kh}x{kw} kernel")
     c = ckk // (kh * kw)

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
+from ...graph import AxisAttrs, BinaryFn, OpKind, ReduceFn, Tensor, UnaryFn, WhereAttrs
 from ...ir.dtypes import f32
+from .ops_nn import _reduce
 from .registry import Converter, NotConvertible, norm_axis, register
 
 nn = torch.nn
@@ -75,7 +76,7 @@ def dot(cv: Converter, a: Tensor, b: Tensor) -> Tensor:
     lead_a, lead_b = a.shape[:-1], b.shape[:-1]
     a = cv.reshape(a, (*lead_a, *(1,) * len(lead_b), a.shape[-1]))
     prod = cv.binary(BinaryFn.MUL, a, b)
-    return cv.op(OpKind.REDUCE, [prod], ReduceAttrs(ReduceFn.SUM, (prod.ndim - 1,), False, 0))
+    return _reduce(cv, ReduceFn.SUM, prod, (prod.ndim - 1,), False)
 
 
 @register(F.celu, nn.CELU, torch.celu)
