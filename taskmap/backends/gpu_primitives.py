@@ -147,7 +147,13 @@ class GpuPrims:
                     f"(long long)({g.expr(a[3])}), (long long)({g.expr(a[4])}))")
         if op in (Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT):
             return self.cp_async(g, e)
+        if op is Prim.PREFETCH:
+            return self.prefetch(g, e)
         return self.tensor_core(g, e)
+
+    def prefetch(self, g: Any, e: PrimCall) -> str:
+        """A cache hint; none by default (it changes no result)."""
+        return "(void)0"
 
     def shuffle_value(self, g: Any, e: PrimCall, call: Any) -> str:
         """Shuffle ``e``'s value through the intrinsic's type; ``call(text)`` makes the call."""
@@ -218,6 +224,11 @@ class CudaPrims(GpuPrims):
         if e.op is Prim.CP_ASYNC_WAIT:
             return f"tm_cp_async_wait<{g.expr(a[0])}>()"
         return f"tm_cp_async{a[2].value}({g.ref(a[0])}, {g.ref(a[1])}, (int)({g.expr(a[3])}))"
+
+    def prefetch(self, g: Any, e: PrimCall) -> str:
+        # generic addressing: any state space; never faults
+        level = int(e.args[1].value)
+        return f'asm volatile("prefetch.L{level} [%0];" :: "l"((const void *){g.ref(e.args[0])}))'
 
     def tensor_core(self, g: Any, e: PrimCall) -> str:
         target = g.gen.target

@@ -369,6 +369,8 @@ class Splicer(IRRewriter):
 
     def visit_Evaluate(self, ev: S.Evaluate) -> S.Stmt:
         call = ev.expr
+        if isinstance(call, PrimCall) and call.op is Prim.PREFETCH and id(call.args[0].tensor) in self.fused:
+            return S.seq()      # a hint for memory the fused kernel no longer reads
         if isinstance(call, PrimCall) and call.op in (Prim.COPY16, Prim.CP_ASYNC):
             dst, src = call.args[0], call.args[1]
             if call.op is Prim.CP_ASYNC and id(src.tensor) in self.fused and id(dst.tensor) not in self.fused:

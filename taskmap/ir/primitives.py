@@ -11,7 +11,7 @@ Conventions every pass relies on:
   it is lowered like any load (mapping variables substituted, indices flattened through the
   layout, simplified); passes that rewrite loads *as values* (fusion) must skip the positions in
   ``refs``: use :func:`ref_args`.
-* **Immediates** (``transpose_block``'s block size, ``cp_async``'s byte count,
+* **Immediates** (``transpose_block``'s block size, ``prefetch``'s cache level, ``cp_async``'s byte count,
   ``cp_async_wait``'s group count, ``ldmatrix``'s matrix count and transpose flag) are integer
   ``Const`` arguments, listed in ``spec.consts``.
 * **Effects.** Every primitive has an effect or takes part in a warp-wide exchange, so none may
@@ -80,6 +80,9 @@ class Prim(enum.Enum):
                                 value=False)  # (c, a, b, rounded): c += tf32(a) @ tf32(b); rounded: a, b are tf32
     LDMATRIX = PrimSpec("ldmatrix", PrimKind.MMA, 4, refs=(0, 1), writes=(0,), consts=(2, 3),
                         value=False)                              # (dst, src_row, num, trans)
+    #: (ref, level): a hint to bring the cache line of ``ref`` into the cache of ``level`` (1 or 2);
+    #: no effect on results, and ``ref`` may lie past the tensor's end (a prefetch never faults)
+    PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 2, refs=(0,), consts=(1,), value=False)
 
     @property
     def spec(self) -> PrimSpec:
@@ -99,6 +102,8 @@ CP_ASYNC_BYTES = (4, 8, 16)
 TRANSPOSE_SIZES = (1, 2, 4, 8, 16, 32)
 TRANSPOSE_TYPES = (f32,)
 LDMATRIX_NUMS = (1, 2, 4)
+#: Cache levels ``prefetch`` fetches into.
+PREFETCH_LEVELS = (1, 2)
 #: Elements each mma_sync_m16n8k16 operand reference covers (C f32, A and B f16/bf16), per lane.
 MMA_FRAGMENT = {0: 4, 1: 8, 2: 4}
 #: The same for mma_sync_m16n8k8_tf32 (C f32, A and B f32 rounded to tf32).
@@ -255,6 +260,12 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
     if op is Prim.CP_ASYNC_WAIT:
         n = _int_const(args[0])
         return None if n is not None and n >= 0 else (0, f"cp_async_wait() needs a group count >= 0, got {n}")
+    if op is Prim.PREFETCH:
+        if _scope(args[0]) is MemScope.REGISTER:
+            return 0, f"prefetch() needs an element of a global or shared tensor; '{args[0].tensor.name}' is a " \
+                      "register tensor"
+        if _int_const(args[1]) not in PREFETCH_LEVELS:
+            return 1, f"prefetch() fetches into the cache level 1 or 2, got {_int_const(args[1])}"
     return None
 
 

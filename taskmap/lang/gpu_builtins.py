@@ -1,11 +1,11 @@
 """DSL builtins for GPU primitives: warp shuffles and votes, ``lane_id()``, atomics, 16-byte and
-asynchronous copies, block transposes, tensor-core ``mma`` and ``ldmatrix`` (IR:
+asynchronous copies, block transposes, cache prefetches, tensor-core ``mma`` and ``ldmatrix`` (IR:
 :mod:`taskmap.ir.primitives`).
 
 Memory operands are *element references*: ``atomic_add(hist[b], 1)`` names the element
 ``hist[b]``; fragment operands may also be a whole register tensor (its first element).  Warp
 primitives, ``cp_async*``, ``mma`` and ``ldmatrix`` make the kernel a GPU kernel (and are errors
-in CPU kernels); atomics, ``copy16`` and ``transpose_block`` also work in CPU kernels.
+in CPU kernels); atomics, ``copy16``, ``transpose_block`` and ``prefetch`` also work in CPU kernels.
 
 Alignment (checked at compile time when the offset is a constant, at run time by the CPU
 emulation, and by the GPU's hardware): ``copy16`` needs 16-byte aligned addresses, ``cp_async``
@@ -21,7 +21,7 @@ from ..ir import expr as E
 from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, bool_, i32, u32, u64
 from ..ir.expr import Expr, Load, Special, SpecialReg
-from ..ir.primitives import TRANSPOSE_SIZES, Prim, PrimCall, alignment, fragment_elements, problem
+from ..ir.primitives import PREFETCH_LEVELS, TRANSPOSE_SIZES, Prim, PrimCall, alignment, fragment_elements, problem
 from ..ir.simplify import simplify_expr
 from ..ir.types import MemScope
 from .builtins import Builtin, check_args, const_int, is_ir, is_number, is_tensor, py_number
@@ -112,7 +112,8 @@ def finish(ctx: Any, node: ast.Call, call: PrimCall, keywords: dict[int, str] | 
         i, msg = bad
         raise ctx.error(node if i is None else arg_node(node, i, (keywords or {}).get(i)), msg)
     for i in call.op.spec.refs:
-        check_static_extent(ctx, node, call, i)
+        if call.op is not Prim.PREFETCH:           # a prefetch may point past the end: it never faults
+            check_static_extent(ctx, node, call, i)
     return call
 
 
@@ -257,6 +258,13 @@ def _transpose_block(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.St
     return S.Evaluate(finish(ctx, node, call, {2: "n", 3: "ld_dst", 4: "ld_src"}))
 
 
+def _prefetch(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+    ref_v, level_v = take_args(ctx, node, "prefetch", args, kwargs, ("ref", "level"), 1, {"level": 1})
+    ref = element_ref(ctx, node, 0, ref_v, "prefetch")
+    level = const_arg(ctx, node, 1, level_v, "the cache level of prefetch()", PREFETCH_LEVELS, "level")
+    return S.Evaluate(finish(ctx, node, PrimCall(Prim.PREFETCH, (ref, E.const(level))), {1: "level"}))
+
+
 def _cp_async(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
     dst_v, src_v, nbytes_v, src_bytes_v = take_args(ctx, node, "cp_async", args, kwargs,
                                                     ("dst", "src", "nbytes", "src_bytes"), 3, {"src_bytes": None})
@@ -293,6 +301,11 @@ transpose_block = Builtin("transpose_block", _transpose_block,
                           "block of f32: for a, b < n, the element b * ld_dst + a after dst[i, j] (flat, in "
                           "elements) gets the element a * ld_src + b after src[k, l]; the blocks must not "
                           "overlap.  In-register (AVX-512 for n = 16, AVX for n = 8) on the CPU.")
+prefetch = Builtin("prefetch", _prefetch, "``prefetch(t[i], level=1)``: a hint to bring the cache line holding "
+                                          "t[i] (global or shared memory) into the L1 (``level=1``) or L2 cache "
+                                          "(``level=2``) ahead of its use; results do not change, and t[i] may "
+                                          "lie past the end of t (a prefetch never faults).  The CPU's prefetch "
+                                          "instructions; on CUDA ``prefetch.L1`` / ``.L2``; nothing on HIP.")
 cp_async = Builtin("cp_async", _cp_async, "``cp_async(smem[i], gmem[j], nbytes, src_bytes=nbytes)``: an "
                                           "asynchronous global -> shared copy of 4, 8 or 16 bytes; bytes past "
                                           "src_bytes are zero-filled (predication).")
@@ -366,5 +379,6 @@ ldmatrix_x4 = _ldmatrix(4)
 
 __all__ = ["FULL_MASK", "all_sync", "any_sync", "atomic_add", "atomic_cas", "atomic_exch", "atomic_max",
            "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
-           "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "shfl_down_sync",
+           "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "prefetch",
+           "shfl_down_sync",
            "shfl_sync", "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id", "warp_size"]

@@ -70,6 +70,7 @@ from .matmul_cpu import (
     vector_registers,
 )
 from .matmul_problem import WORKSPACE
+from .panels import PREFETCH_BYTES
 
 #: Seconds per element the implicit GEMM spends gathering img2col into its packed B panels
 #: (measured on Zen 4: index arithmetic and masked gathers, ~4 cycles an element).
@@ -147,7 +148,7 @@ class ConvCpuTemplate(KernelFamily):
     where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
-    version = 7  # keys the tuning cache: bump when the kernels change (7: Winograd U packed in reading order)
+    version = 8  # keys the tuning cache: bump when the kernels change (8: a transformed U prefetched)
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -292,7 +293,7 @@ class ConvCpuTemplate(KernelFamily):
         s, p = schedule.as_dict(), problem
         if s.get("vec") == "winograd":
             return WinoConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], 3, 3, 1, 1, 1, 1, p.pt, p.pl, s["m"],
-                              s["packed"])
+                              s["packed"], PREFETCH_BYTES // 4)
         if s.get("vec") == "channels":
             return CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
                               p.pt, p.pl, s["kc"], s["packed"])

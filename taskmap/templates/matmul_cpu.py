@@ -47,6 +47,7 @@ from .matmul_cpu_dot import DotConfig, build_dot_kernel
 from .matmul_cpu_kernel import CpuConfig, build_kernel, pack_a_panels, pack_b_panels
 from .matmul_cpu_rows import ROW_BLOCK, build_rows_kernel
 from .matmul_problem import WORKSPACE, MatmulProblem, operand_views
+from .panels import PREFETCH_BYTES
 
 #: Register tiles (MR, NR in vectors) by vector register count.
 TILES = {32: ((6, 4), (8, 3), (12, 2), (14, 2)), 16: ((6, 2), (4, 3), (8, 1))}
@@ -172,7 +173,7 @@ class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 9  # keys the tuning cache: bump when the kernels or the space change
+    version = 10  # keys the tuning cache: bump when the kernels or the space change (10: weight prefetch)
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -353,7 +354,7 @@ class MatmulCpuTemplate(KernelFamily):
         return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], pack_b,
                          mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
                          problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b,
-                         edge_lanes(problem.n, s["nr"], V))
+                         edge_lanes(problem.n, s["nr"], V), PREFETCH_BYTES // 4)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)

@@ -13,6 +13,9 @@ and ``NP = ceil(n / NR)`` column panels of B:
   ``[panel][k][MR]`` (rows past ``m`` repeat the last row; those results are never stored), so the
   micro-kernel streams both contiguously; K is cut into blocks of about ``KC`` (the B block of
   ``NCB`` panels, ``KC x NCB*NR``, stays in L2; the A micro-panel ``MR x KC`` in L1).
+* **prefetch**: the panels packed beforehand (``pre_a`` / ``pre_b``: a graph's weights, which come
+  from memory when a model runs) are prefetched ``pf`` elements ahead in the K loop (``prefetch``),
+  where the hardware prefetchers would stop at each 4 KiB page.
 * **cores**: ``spatial(P).parallel()``; ``split="m"`` gives each core a contiguous range of the
   ``batch * MP`` row panels (B packed once, in parallel, before; each core packs its own A
   panels while it first uses them), ``split="n"`` a range of the ``batch * NP`` column panels
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.mapping import repeat, spatial
-from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, transpose_block, unroll
+from ..lang import bool_, f32, func, i32, parallel, prefetch, register_tensor, symbol, transpose_block, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .panels import row_panels
@@ -74,6 +77,7 @@ class CpuConfig:
     pre_a: bool = False     # ``wa`` holds A packed beforehand (a constant: :func:`pack_a_panels`)
     pre_b: bool = False     # ``wb`` holds B packed beforehand (:func:`pack_b_panels`)
     ne: int = 0             # lanes of the narrow tile of a last column panel of at most ``ne`` columns (0: none)
+    pf: int = 0             # elements ahead the micro-kernel prefetches the ``pre_a`` / ``pre_b`` panels (0: none)
 
     def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
         """Elements of the two workspace buffers (packed A, packed B) — for ``pre_a`` / ``pre_b``,
@@ -107,6 +111,12 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     assert NR % V == 0
     NE = cfg.ne                                      # the narrow tile's width (see make_micro)
     assert NE % V == 0 and 0 <= NE < NR
+    # The panels packed beforehand (the weights) come from memory when a model runs: the micro-kernel
+    # prefetches them PF elements ahead, where the hardware prefetchers would stop at a page's end
+    # (one prefetch per step of K for A's MR elements, one per cache line of B's NR).
+    PF, LINE = cfg.pf, 64 // 4
+    PF_A, PF_B = PF and PRE_A, PF and PRE_B
+    B_LINES = -(-NR // LINE)
     row = spatial(NR)                                # one k-row of a B panel: one vector loop of NR lanes
                                                      # (gcc vectorizes predicated / gathered prologue loads
                                                      # in it; split into repeat x spatial it does not)
@@ -194,6 +204,11 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
             if PACK_B or n < NR:                  # B packed (or narrower than one panel)
                 if PACK_A:
                     for kk in range(kc):
+                        if PF_A:
+                            prefetch(wa[aoff + kk * MR + PF])
+                        if PF_B:
+                            for q in unroll(B_LINES):
+                                prefetch(wb[boff + kk * NR + PF + q * LINE])
                         for r, s in tile.vectorize():
                             acc[r, s] += wa[aoff + kk * MR + r] * wb[boff + kk * NR + s]
                 elif FULL and i < m // MR:
@@ -206,6 +221,8 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                             acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * wb[boff + kk * NR + s]
             elif PACK_A:                          # B in place: whole vectors of its rows
                 for kk in range(kc):
+                    if PF_A:
+                        prefetch(wa[aoff + kk * MR + PF])
                     for r, s in tile.vectorize():
                         acc[r, s] += wa[aoff + kk * MR + r] * b[bj, k0 + kk, c0 + s]
             else:

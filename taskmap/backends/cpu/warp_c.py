@@ -390,6 +390,8 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return f"tm_copy16({ref(a[0])}, {ref(a[1])})"
     if op is Prim.TRANSPOSE:
         return f"tm_transpose_block_f32({ref(a[0])}, {ref(a[1])}, {x(a[2])}, (long)({x(a[3])}), (long)({x(a[4])}))"
+    if op is Prim.PREFETCH:      # gcc's locality 3: all levels (prefetcht0), 2: L2 and beyond (prefetcht1)
+        return f"__builtin_prefetch({ref(a[0])}, 0, {4 - int(a[1].value)})"
     if op is Prim.CP_ASYNC:
         return f"tm_cp_async({ref(a[0])}, {ref(a[1])}, {x(a[2])}, (int)({x(a[3])}))"
     if op is Prim.CP_ASYNC_COMMIT:

@@ -1,0 +1,142 @@
+"""``prefetch(t[i], level=1)``: a cache hint.  It changes no result, may point past the end of
+its tensor (a prefetch never faults), and renders as the CPU's prefetch instructions (gcc's
+``__builtin_prefetch``), CUDA's ``prefetch.L1`` / ``prefetch.L2`` and nothing on HIP; the DSL's
+argument errors; fusion dropping the hint on a tensor a prologue replaces."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prim_checks import DEVICES, built_for_cuda, built_for_hip, run_on
+
+import taskmap
+from taskmap.compute import compute, tensor_input
+from taskmap.errors import DSLError
+from taskmap.fusion import fuse
+from taskmap.ir import Var, const, f32, i32, tensor_type
+from taskmap.ir.primitives import Prim, PrimCall, problem
+from taskmap.lang import attrs, prefetch, register_tensor, threadIdx, transpile
+from taskmap.lang import f32 as lf32
+from taskmap.lang import i32 as li32
+
+
+@taskmap.kernel
+def scaled_sum(x: lf32["n"], y: lf32["n"], ahead: li32):
+    """y[i] = 2 x[i] + x[n - 1 - i], prefetching ``ahead`` elements on (past the end near the
+    last elements) into L1 and L2."""
+    n = x.shape[0]
+    for i in range(n):
+        prefetch(x[i + ahead])
+        prefetch(x[n - 1 - i - ahead], level=2)
+        y[i] = 2.0 * x[i] + x[n - 1 - i]
+
+
+@given(n=st.integers(1, 3000), ahead=st.sampled_from([0, 16, 256, 4096, 1 << 20]), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=10, deadline=None)
+def test_cpu_results_do_not_change_even_past_the_end(n, ahead, seed):
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    y = np.full(n, np.nan, np.float32)
+    scaled_sum(x, y, ahead)
+    np.testing.assert_array_equal(y, 2.0 * x + x[::-1])
+
+
+def test_cpu_source_prefetches_into_each_level():
+    source = scaled_sum.build("cpu").source
+    assert "__builtin_prefetch((&x[" in source
+    assert ", 0, 3)" in source and ", 0, 2)" in source      # L1 (prefetcht0) and L2 (prefetcht1)
+
+
+@taskmap.kernel
+def per_thread(x: lf32["n"], y: lf32["n"]):
+    """Each of 64 threads prefetches its next element (the last one past the end), then doubles its own."""
+    attrs.block_dim = 64
+    t = threadIdx.x
+    prefetch(x[t + 1])
+    prefetch(x[t + 1], level=2)
+    y[t] = x[t] * 2.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpu_kernel(device):
+    x = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    (_, y) = run_on(device, per_thread, x, np.zeros_like(x))
+    np.testing.assert_array_equal(y, 2.0 * x)
+
+
+def test_built_for_cuda_and_hip():
+    built_for_cuda(per_thread, "sm_80", ["prefetch.L1", "prefetch.L2"])
+    built_for_cuda(per_thread, "sm_90", ["prefetch.L1", "prefetch.L2"])
+    built = built_for_hip(per_thread, "gfx90a")
+    assert "prefetch" not in built.source.split("tm_kernel_per_thread", 1)[-1].split("{", 1)[1].split("}")[0]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def expect_dsl_error(fn, message):
+    with pytest.raises(DSLError) as info:
+        transpile(fn)
+    assert message in info.value.msg, info.value.msg
+    line = fn.__code__.co_firstlineno + 1
+    assert info.value.lineno == line, (info.value.lineno, line)
+
+
+def level_three(a: lf32[64]):
+    prefetch(a[0], level=3)
+
+
+def level_not_constant(a: lf32[64], k: li32):
+    prefetch(a[0], k)
+
+
+def not_a_reference(a: lf32[64]):
+    prefetch(1.0)
+
+
+def a_register(a: lf32[64]):
+    r = register_tensor(lf32, [4])
+    prefetch(r[0])
+
+
+def test_dsl_errors():
+    expect_dsl_error(level_three, "the cache level of prefetch() must be a compile-time 1 or 2, got 3")
+    expect_dsl_error(level_not_constant, "the cache level of prefetch() must be a compile-time 1 or 2")
+    expect_dsl_error(not_a_reference, "argument 1 of prefetch() must be a tensor element such as t[i, j]")
+
+
+def test_register_tensors_have_nothing_to_fetch():
+    with pytest.raises(DSLError) as info:
+        transpile(a_register)
+    assert "prefetch() needs an element of a global or shared tensor; 'r' is a register tensor" in info.value.msg
+    assert info.value.lineno == a_register.__code__.co_firstlineno + 2
+
+
+def test_ir_checks():
+    a = Var("a", tensor_type(f32, (64,)))
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1)))) is None
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(3))))[0] == 1
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], Var("k", i32))))[0] == 1
+    assert problem(PrimCall(Prim.PREFETCH, (a[0],)))[0] is None
+
+
+# ----------------------------------------------------------------------------- fusion
+
+
+@taskmap.kernel
+def copier(a: lf32[64], c: lf32[64]):
+    for i in range(64):
+        prefetch(a[i + 8])
+        c[i] = a[i]
+
+
+def test_fusion_drops_the_hint_on_a_fused_input():
+    """A prologue on the prefetched input: the fused kernel computes it per element and no longer
+    reads ``a``; its prefetch goes with it."""
+    x = np.random.default_rng(5).standard_normal(64).astype(np.float32)
+    a0 = tensor_input("a0", "float32", [64])
+    k = fuse(copier, prologues={"a": compute("a", [64], lambda i: a0[i] * 3.0)})
+    c = np.zeros(64, np.float32)
+    k(x, c)
+    np.testing.assert_array_equal(c, x * 3.0)
+    assert "__builtin_prefetch" not in k.build("cpu").source
