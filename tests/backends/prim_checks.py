@@ -47,3 +47,16 @@ def run_on(device: str, kernel: Callable[..., Any], *arrays: Any) -> list[np.nda
     kernel(*tensors)
     torch.cuda.synchronize()
     return [t.cpu().numpy() for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def expect_dsl_error(fn: Callable[..., Any], message: str) -> Any:
+    """Transpiling ``fn`` raises a DSLError containing ``message``, at the line after its ``def``."""
+    from taskmap.errors import DSLError
+    from taskmap.lang import transpile
+
+    with pytest.raises(DSLError) as info:
+        transpile(fn)
+    assert message in info.value.msg, info.value.msg
+    line = fn.__code__.co_firstlineno + 1
+    assert info.value.lineno == line, (info.value.lineno, line)
+    return info.value

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prim_checks import DEVICES, built_for_cuda, built_for_hip, run_on
+from prim_checks import DEVICES, built_for_cuda, built_for_hip, expect_dsl_error, run_on
 
 import taskmap
 from taskmap.compute import compute, tensor_input
@@ -73,13 +73,6 @@ def test_built_for_cuda_and_hip():
 
 # ----------------------------------------------------------------------------- errors
 
-
-def expect_dsl_error(fn, message):
-    with pytest.raises(DSLError) as info:
-        transpile(fn)
-    assert message in info.value.msg, info.value.msg
-    line = fn.__code__.co_firstlineno + 1
-    assert info.value.lineno == line, (info.value.lineno, line)
 
 
 def level_three(a: lf32[64]):

@@ -16,16 +16,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prim_checks import DEVICES, built_for_cuda, built_for_hip, run_on
+from prim_checks import DEVICES, built_for_cuda, built_for_hip, expect_dsl_error, run_on
 
 import taskmap
 from taskmap.backends.cpu.runtime_c import RUNTIME_C
 from taskmap.compute import compute, tensor_input
-from taskmap.errors import DSLError
 from taskmap.fusion import fuse
 from taskmap.ir import Var, const, f16, f32, i32, tensor_type
 from taskmap.ir.primitives import Prim, PrimCall, problem
-from taskmap.lang import attrs, register_tensor, threadIdx, transpile, transpose_block
+from taskmap.lang import attrs, register_tensor, threadIdx, transpose_block
 from taskmap.lang import f16 as lf16
 from taskmap.lang import f32 as lf32
 from taskmap.lang import i32 as li32
@@ -153,14 +152,6 @@ def test_built_for_cuda_and_hip():
 
 # ----------------------------------------------------------------------------- errors
 
-
-def expect_dsl_error(fn, message):
-    with pytest.raises(DSLError) as info:
-        transpile(fn)
-    assert message in info.value.msg, info.value.msg
-    line = fn.__code__.co_firstlineno + 1
-    assert info.value.lineno == line, (info.value.lineno, line)
-    return info.value
 
 
 def n_not_constant(a: lf32[64], b: lf32[64], n: li32):
