@@ -26,7 +26,8 @@ from .builtins import (DeviceFunction, acos, acosh, asin, asinh, atan, atan2, at
 from .gpu_builtins import (FULL_MASK, all_sync, any_sync, atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
                            ballot_sync, copy16, cp_async, cp_async_commit, cp_async_wait, lane_id, ldmatrix_x1,
                            ldmatrix_x2, ldmatrix_x4, mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, prefetch,
-                           shfl_down_sync, shfl_sync, shfl_up_sync, shfl_xor_sync, syncwarp, transpose_block, warp_id, warp_size)
+                           shfl_down_sync, shfl_sync, shfl_up_sync, shfl_xor_sync, syncwarp, transpose_block, warp_id,
+                           warp_size)
 from .kernel import kernel
 from .mma import (MMA_K, MMA_M, MMA_N, MMA_TF32_K, ldmatrix_x1_rows, ldmatrix_x2_rows, ldmatrix_x4_rows,
                   ldmatrix_x4_rows_b32, mma_a_layout, mma_b_layout, mma_c_layout, mma_tf32_a_layout, mma_tf32_b_layout, round_tf32,
