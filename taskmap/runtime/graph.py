@@ -23,6 +23,11 @@ compiled graph runs one call at a time.  A batch-1 concat's inputs are written i
 their ranges of its buffer, and its copy step is dropped (:mod:`.concat_inplace`).
 Values of other steps are dropped after their last use.  Graph outputs are always fresh arrays.
 
+On the CPU, from the second call on, each run of consecutive kernel steps is one call into C
+(:class:`taskmap.backends.cpu.chain.HostChain`: the bound launches' arguments packed once, only
+the addresses of the graph's inputs and outputs and of the runners' results written again per
+call); ``TASKMAP_HOST_CHAIN=0`` launches step by step, as the first call and ``profile`` do.
+
 On a GPU (torch CUDA tensors) the second call captures the whole run as one CUDA graph and later
 calls replay it (:meth:`CompiledGraph._replay`; ``cuda_graph=False`` or ``TASKMAP_CUDA_GRAPHS=0``:
 launch step by step).
@@ -48,6 +53,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..backends import TargetKind
+from ..backends.cpu.chain import HostChain
 from ..compute.nodes import graph_inputs, tensor_input
 from ..errors import LaunchError
 from ..graph.derived import derived, shared_by
@@ -64,7 +70,7 @@ from .args import aligned, in_place
 from .args import data_ptr as _ptr
 from .args import view
 from .concat_inplace import elide_concats
-from .kernel import CompiledKernel, HostLaunch, Kernel
+from .kernel import CompiledKernel, HostLaunch, Kernel, status_error
 
 #: One kernel argument of a step: (a slot of the graph's values or -1, the fixed array or scalar
 #: of a -1, the shape the kernel sees the slot's array with or None).
@@ -75,6 +81,17 @@ _KERNELS: dict[tuple[Any, ...], tuple[Kernel, tuple[int, ...]]] = {}
 #: least the clock of today's data-center GPUs (H100 / H200: 1.98 GHz), so the spin lasts at
 #: least as long as asked.
 SPIN_CYCLES_PER_SECOND = 2.0e9
+
+
+@dataclass(frozen=True)
+class HostWork:
+    """What a CPU kernel step does, for a chain (:class:`HostChain`): make its output array
+    (``out``, of ``shape`` / ``dtype``) when the memory plan has none, then run its ``sites``."""
+
+    out: int
+    shape: tuple[int, ...]
+    dtype: str
+    sites: tuple["_HostSite", ...]
 
 
 @dataclass
@@ -90,6 +107,7 @@ class Step:
     kernel: Any = field(default=None, repr=False)
     planned: bool = False  # writes into the memory plan
     more: tuple[Any, ...] = field(default=(), repr=False)     # kernels launched after ``kernel`` (split-K)
+    host: HostWork | None = field(default=None, repr=False)    # a CPU kernel step: what a chain runs
 
     @property
     def kernels(self) -> tuple[Any, ...]:
@@ -164,7 +182,9 @@ class CompiledGraph:
                 else (steps, {})
             self._plan()
         self._by_slot = {k: t for t, k in self.slots.items()}
-        self._carved: list[list[tuple[int, Any]]] | None = None    # per step: (slot, its view of a buffer)
+        self._template: list[Any] | None = None    # per slot: its constant or its view of a planned buffer
+        self._segments: list[Any] | None = None    # the steps as run after the first call (CPU)
+        self.host_chain = os.environ.get("TASKMAP_HOST_CHAIN", "1") != "0"
         self.runs = 0
         # CUDA graph capture (torch CUDA tensors): the second call captures, later calls replay
         if cuda_graph is None:
@@ -260,26 +280,50 @@ class CompiledGraph:
                 raise LaunchError(f"input {k} ({t.name}) of {g.name}: expected {t.dtype.name}{list(t.shape)} on "
                                   f"{self.kind.device}, got {dtype}{list(shape)} on {dev}")
 
-    def _carve_buffers(self) -> list[list[tuple[int, Any]]]:
-        """Allocate the memory plan's buffers; per step, the views its planned outputs write."""
+    def _prefilled(self) -> list[Any]:
+        """Allocate the memory plan's buffers; per slot, the constant or the view of a buffer that
+        every run starts with (None for the others)."""
         buffers = [empty_like_kind(self.kind, (n,), "uint8") for n in self.buffer_sizes]
-        carved = []
-        made: set[int] = set()
+        values: list[Any] = [None] * len(self.slots)
+        for k, c in self.constants.items():
+            values[k] = c
         for step in self.steps:
-            views = []
             for k in step.outputs:
                 out, offset = self.aliases.get(k, (k, 0))
                 b = self.assign.get(out)
                 if b is None:
                     continue
-                if out != k and out not in made:          # the concat's output, before its first part
+                if out != k and values[out] is None:          # the concat's output, before its first part
                     t = self._by_slot[out]
-                    views.append((out, _carve(buffers[b], t.shape, t.dtype.name)))
-                made.add(out)
+                    values[out] = _carve(buffers[b], t.shape, t.dtype.name)
                 t = self._by_slot[k]
-                views.append((k, _carve(buffers[b][offset:], t.shape, t.dtype.name)))
-            carved.append(views)
-        return carved
+                values[k] = _carve(buffers[b][offset:], t.shape, t.dtype.name)
+        return values
+
+    def _chained(self) -> list[Any]:
+        """The steps as later calls run them: each run of consecutive CPU kernel steps (all bound,
+        with packed entries) as ``(chain, outputs to make, slots to drop)``, any other step as its
+        index."""
+        planned = {k for k, v in enumerate(self._template or ()) if v is not None}
+        segments: list[Any] = []
+        run: list[int] = []
+
+        def close() -> None:
+            if run:
+                works = [self.steps[i].host for i in run]
+                launches = [site.chained() for w in works for site in w.sites]
+                chain = HostChain(self.target, launches, self._template, planned, _ptr)
+                segments.append((chain, [(w.out, w.shape, w.dtype) for w in works if w.out not in planned],
+                                 [k for i in run for k in self.free_after[i]]))
+                run.clear()
+        for i, step in enumerate(self.steps):
+            if step.host is not None and all(site.chained() is not None for site in step.host.sites):
+                run.append(i)
+            else:
+                close()
+                segments.append(i)
+        close()
+        return segments
 
     def __call__(self, *inputs: Any) -> list[Any]:
         if self.cuda_graph and self.runs > 0:
@@ -363,30 +407,48 @@ class CompiledGraph:
 
     def _run_locked(self, inputs: Sequence[Any], timed: Callable[[int, Step, list[Any]], None] | None) -> list[Any]:
         self._check(inputs)
-        if self._carved is None:
-            self._carved = self._carve_buffers()
-        values: list[Any] = [None] * len(self.slots)
+        if self._template is None:
+            self._template = self._prefilled()
+        values = list(self._template)
         gpu = self.target.kind is not TargetKind.CPU
         for t, a in zip(self.graph.inputs, inputs):
             # GPU kernels read 16-byte chunks (cp_async, ldmatrix): a view off that alignment is copied
             values[self.slots[t]] = a if _contiguous(a) and not (gpu and _ptr(a) % 16) else _copy(a)
-        for k, c in self.constants.items():
-            values[k] = c
-        for i, (step, carved, free) in enumerate(zip(self.steps, self._carved, self.free_after)):
-            for k, v in carved:
-                values[k] = v
-            if timed is None:
-                step.run(values)
-            else:
-                timed(i, step, values)
-            for k in free:
-                values[k] = None
+        if timed is None and self._segments is not None:
+            self._run_segments(values)
+        else:
+            for i, (step, free) in enumerate(zip(self.steps, self.free_after)):
+                if timed is None:
+                    step.run(values)
+                else:
+                    timed(i, step, values)
+                for k in free:
+                    values[k] = None
+            if self._segments is None and self.host_chain and not gpu:
+                self._segments = self._chained()
         self.runs += 1
         outs = []
         for t in self.graph.outputs:
             v = values[self.slots[t]]
             outs.append(v.clone() if t.is_constant and hasattr(v, "clone") else v)
         return outs
+
+    def _run_segments(self, values: list[Any]) -> None:
+        for seg in self._segments or ():
+            if isinstance(seg, int):
+                self.steps[seg].run(values)
+                for k in self.free_after[seg]:
+                    values[k] = None
+                continue
+            chain, make, drop = seg
+            for k, shape, dtype in make:
+                if values[k] is None:
+                    values[k] = empty_like_kind(self.kind, shape, dtype)
+            failed = chain(values)
+            if failed is not None:
+                raise status_error(*failed)
+            for k in drop:
+                values[k] = None
 
 
 def _contiguous(a: Any) -> bool:
@@ -518,7 +580,7 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
             launch(values)
     ins = tuple(slots[t] for t in kg.inputs)
     return Step(kg.name, kg.ops[-1].kind, ins, tuple(slots[t] for t in kg.outputs), run, kg.kernel, True,
-                tuple(k for k, _, _ in kg.launches[1:]))
+                tuple(k for k, _, _ in kg.launches[1:]), _host_work(o, out, launches))
 
 
 def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: Any, kind: ArrayKind,
@@ -529,7 +591,7 @@ def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: An
         def run_empty(values: list[Any]) -> None:
             if values[o] is None:
                 values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
-        return Step(op.name, op.kind, ins, outs, run_empty, None, True)
+        return Step(op.name, op.kind, ins, outs, run_empty, None, True, host=_host_work(o, out, []))
     kernel, used = compute_kernel(op, target)
     plan = [_slot_arg(ins[k], kernel_shape(op.inputs[k].shape), constants) for k in used]
     plan.append((o, None, kernel_shape(out.shape)))
@@ -539,7 +601,14 @@ def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: An
         if values[o] is None:
             values[o] = empty_like_kind(kind, out.shape, out.dtype.name)
         launch(values)
-    return Step(op.name, op.kind, ins, outs, run, kernel, True)
+    return Step(op.name, op.kind, ins, outs, run, kernel, True, host=_host_work(o, out, [launch]))
+
+
+def _host_work(o: int, out: Tensor, launches: list[Any]) -> HostWork | None:
+    """A kernel step's work for a chain: None unless every launch is a CPU one."""
+    if not all(isinstance(launch, _HostSite) for launch in launches):
+        return None
+    return HostWork(o, out.shape, out.dtype.name, tuple(launches))
 
 
 def _slot_arg(k: int, shape: tuple[int, ...] | None, constants: dict[int, Any]) -> _Arg:
@@ -559,7 +628,7 @@ def _launch(compiled: CompiledKernel, plan: list[_Arg], volatile: tuple[int, ...
     by their steps, and its kernels' outputs are made here.  GPU builds launch prepared
     (``CompiledKernel.prepare``), prepared again whenever the array of a ``volatile`` slot moved."""
     if compiled.target.kind is TargetKind.CPU:
-        return _host_launch(compiled, plan)
+        return _HostSite(compiled, plan)
     state: list[Any] = [None, None]          # the prepared launch, the volatile pointers it was made for
 
     def prepared(values: list[Any]) -> None:
@@ -570,18 +639,38 @@ def _launch(compiled: CompiledKernel, plan: list[_Arg], volatile: tuple[int, ...
     return prepared
 
 
-def _host_launch(compiled: CompiledKernel, plan: list[_Arg]) -> Callable[[list[Any]], None]:
-    tensors = [a for a, p in zip(plan, compiled.func.params) if isinstance(p.type, TensorType)]
-    bound: HostLaunch | None = None
-    ptrs: list[tuple[int, int]] = []        # per tensor parameter: (slot, 0) or (-1, the fixed address)
+class _HostSite:
+    """A CPU launch of a step: bound at its first call (the arguments checked once), then
+    launched by the addresses of the slots' arrays."""
 
-    def launch(values: list[Any]) -> None:
-        nonlocal bound
-        if bound is None:
-            ptrs[:] = [(k, 0) if k >= 0 else (-1, _ptr(fixed)) for k, fixed, _ in tensors]
-            bound = compiled.bind_host(*_arrays(plan, values))
-        bound(*[p if k < 0 else _ptr(values[k]) for k, p in ptrs])
-    return launch
+    __slots__ = ("_compiled", "_plan", "_tensors", "bound", "ptrs")
+
+    def __init__(self, compiled: CompiledKernel, plan: list[_Arg]) -> None:
+        self._compiled, self._plan = compiled, plan
+        self._tensors = [a for a, p in zip(plan, compiled.func.params) if isinstance(p.type, TensorType)]
+        self.bound: HostLaunch | None = None
+        self.ptrs: list[tuple[int, int]] = []     # per tensor parameter: (slot, 0) or (-1, the fixed address)
+
+    def __call__(self, values: list[Any]) -> None:
+        if self.bound is None:
+            self.ptrs = [(k, 0) if k >= 0 else (-1, _ptr(fixed)) for k, fixed, _ in self._tensors]
+            self.bound = self._compiled.bind_host(*_arrays(self._plan, values))
+        self.bound(*[p if k < 0 else _ptr(values[k]) for k, p in self.ptrs])
+
+    def chained(self) -> tuple[int, str, list[int], list[tuple[int, int]]] | None:
+        """This launch in a :class:`HostChain` (its packed entry, name, words, and the words of
+        its slots), or None before its first call or without a packed entry."""
+        b = self.bound
+        if b is None or b.packed is None:
+            return None
+        words, positions = b.words()
+        slots = []
+        for pos, (k, p) in zip(positions, self.ptrs):
+            if k < 0:
+                words[pos] = p
+            else:
+                slots.append((pos, k))
+        return b.packed, b.name, words, slots
 
 
 def _arrays(plan: list[_Arg], values: list[Any]) -> list[Any]:

@@ -10,6 +10,7 @@ device.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 from collections.abc import Mapping
@@ -167,14 +168,17 @@ def status_error(name: str, status: int) -> TaskmapError:
 class HostLaunch:
     """A CPU kernel launched by the addresses of its tensors (``CompiledKernel.bind_host``)."""
 
-    __slots__ = ("_fn", "_infos", "_slots", "_tail", "_values", "_written", "arity", "name")
+    __slots__ = ("_fn", "_infos", "_slots", "_tail", "_values", "_written", "_all", "_positions", "arity", "name",
+                 "packed")
 
     def __init__(self, kernel: CompiledKernel, values: tuple[Any, ...], infos: list[ArrayInfo]) -> None:
         func = kernel.func
         self._fn = kernel.launcher.fn       # the ctypes entry: parameters, then the sizes
+        self.packed: int | None = getattr(kernel.launcher, "packed", None)    # its packed entry's address
         self.name = func.name
         slots = [i for i, p in enumerate(func.params) if isinstance(p.type, TensorType)]
         self.arity = len(slots)
+        self._all, self._positions = values, tuple(slots)
         prefix = slots == list(range(len(slots)))   # tensors first (the templates' kernels): no shuffling
         self._tail = values[len(slots):] if prefix else ()
         self._slots, self._values = (None, ()) if prefix else (slots, values)
@@ -194,6 +198,14 @@ class HostLaunch:
             status = self._fn(*values)
         if status:
             raise status_error(self.name, status)
+
+    def words(self) -> tuple[list[int], tuple[int, ...]]:
+        """The packed entry's arguments (``tm_packed_<kernel>``): one 64-bit word per argument
+        (the bound scalars' bytes; 0 for a tensor), and the words of the tensor parameters."""
+        out = []
+        for v, t in zip(self._all, self._fn.argtypes):
+            out.append(0 if t is ctypes.c_void_p else int.from_bytes(bytes(t(v)).ljust(8, b"\0"), "little"))
+        return out, self._positions
 
     def checked(self, *arrays: Any) -> None:
         """Launch on ``arrays`` after checking that each is like the one bound: the same shape,

@@ -18,10 +18,11 @@ from taskmap.graph import (
     UnaryFn,
     kinds,
 )
+from taskmap.graph.attrs import InputRef, TorchAttrs
 from taskmap.ir.dtypes import f32
 from taskmap.runtime.args import data_ptr
 from taskmap.runtime.graph import CompiledGraph
-from taskmap.runtime.kernel import CompiledKernel
+from taskmap.runtime.kernel import CompiledKernel, HostLaunch
 
 RNG = np.random.default_rng(17)
 
@@ -114,6 +115,42 @@ def test_a_runner_result_of_another_dtype_is_an_error(monkeypatch):
     assert [s.kernel is None for s in cg.steps] == [True, False]
     with pytest.raises(LaunchError, match=r"returned float64\[3, 8\], expected float32\[3, 8\]"):
         cg(torch.randn(3, 8))
+
+
+@pytest.mark.parametrize("chain", ["1", "0"])
+def test_later_runs_chain_the_kernel_steps_between_the_runners(monkeypatch, chain):
+    """From the second run on, each run of consecutive kernel steps is one call into C (a
+    ``HostChain``), the runner steps between them run as before; the graph's inputs and outputs
+    and the runners' results are new arrays each run.  ``TASKMAP_HOST_CHAIN=0``: step by step."""
+    monkeypatch.setenv("TASKMAP_HOST_CHAIN", chain)
+    b = GraphBuilder()
+    x = b.input((4, 16), f32)
+    w1, w2 = (RNG.standard_normal((16, 16)).astype(np.float32) / 4 for _ in range(2))
+    y = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [x, b.constant(w1)])], UnaryAttrs(UnaryFn.TANH))
+    s = b.op(OpKind.TORCH, [y], TorchAttrs(torch.softmax, (InputRef(0), 1), ()))     # a runner: PyTorch
+    z = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [s, b.constant(w2)])], UnaryAttrs(UnaryFn.EXP))
+    cg = CompiledGraph(b.build([y, z]), "cpu", "torch")           # y: an output a runner reads
+    runner = [s.kernel is None for s in cg.steps].index(True)
+    assert 0 < runner < len(cg.steps) - 1
+    outs = []
+    for run in range(4):
+        xv = RNG.standard_normal((4, 16)).astype(np.float32)
+        got = [o.numpy() for o in cg(torch.from_numpy(xv))]
+        yr = np.tanh(xv @ w1.T)
+        e = np.exp(yr - yr.max(1, keepdims=True))
+        np.testing.assert_allclose(got[0], yr, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[1], np.exp((e / e.sum(1, keepdims=True)) @ w2.T), rtol=1e-5, atol=1e-6)
+        outs.extend(got)
+        if run == 0 and chain == "1":     # chained: the bound launches are not called from Python again
+            segments = [seg if isinstance(seg, int) else len(seg[0]) for seg in cg._segments]
+            assert segments[runner] == runner and len(segments) == 3
+            assert sum(segments[:runner]) + sum(segments[runner + 1:]) == sum(len(s.kernels) for s in cg.steps)
+
+            def not_called(*args):
+                raise AssertionError("a chained launch ran from Python")
+            monkeypatch.setattr(HostLaunch, "__call__", not_called)
+    assert (cg._segments is None) == (chain == "0")
+    assert len({data_ptr(o) for o in outs}) == len(outs)
 
 
 def test_profile_times_every_step_and_leaves_results_intact():

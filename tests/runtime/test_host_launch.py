@@ -5,7 +5,9 @@ import torch
 
 import taskmap
 from taskmap.errors import LaunchError, TaskmapError, UnsupportedError
-from taskmap.lang import attrs, copy16, f32, i32, symbol, threadIdx
+from taskmap.backends import resolve_target
+from taskmap.backends.cpu.chain import HostChain
+from taskmap.lang import attrs, bf16, bool_, cast, copy16, f16, f32, f64, i8, i32, i64, symbol, threadIdx
 from taskmap.runtime.args import data_ptr, numpy_ptr
 
 n = symbol("n")
@@ -127,3 +129,65 @@ def test_bind_host_needs_a_cpu_build():
     x = np.ones(24, np.float32)
     with pytest.raises(UnsupportedError, match="bind_host\\(\\) launches CPU builds"):
         built.bind_host(x, x.copy(), 0)
+
+
+@taskmap.kernel
+def mixed_scalars(a: f32[n], k: i32, big: i64, s: f64, h: f16, neg: i8, flag: bool_, c: f32[n], b16: bf16):
+    for i in range(n):
+        c[i] = a[i] * cast(s, f32) + cast(k, f32) + cast(big - 4000000000, f32) + cast(h, f32) + cast(neg, f32) \
+            + cast(flag, f32) + cast(b16, f32)
+
+
+def _chain(*bound_and_ptrs):
+    """A HostChain of ``(bound launch, addresses of its tensors)`` pairs, all stable slots."""
+    launches, values = [], []
+    for launch, ptrs in bound_and_ptrs:
+        words, positions = launch.words()
+        slots = []
+        for pos, p in zip(positions, ptrs):
+            slots.append((pos, len(values)))
+            values.append(p)
+        launches.append((launch.packed, launch.name, words, slots))
+    return HostChain(resolve_target("cpu"), launches, values, set(range(len(values))), lambda p: p), values
+
+
+def test_a_chain_runs_packed_entries_with_every_scalar_type():
+    """The packed entry (``tm_packed_<kernel>``) reads each scalar from the start of its word:
+    int32 sizes, i64 beyond 32 bits, f64, f16 and bf16 (passed as float), negative i8, bool."""
+    a, c, c2 = _data(29), np.zeros(29, np.float32), np.zeros(29, np.float32)
+    args = (a, -7, 4000000003, 0.25, 1.5, -3, True, c, 2.0)
+    kernel = mixed_scalars.build("cpu")
+    launch = kernel.bind_host(*args)
+    assert launch.packed is not None
+    chain, _ = _chain((launch, [data_ptr(a), data_ptr(c2)]))
+    assert chain([]) is None
+    np.testing.assert_allclose(c2, a * 0.25 - 7 + 3 + 1.5 - 3 + 1 + 2, rtol=1e-6, atol=1e-6)
+    kernel(*args)                                        # the plain entry agrees
+    np.testing.assert_array_equal(c, c2)
+
+
+def test_a_chain_runs_in_order_and_stops_at_a_failure():
+    x, y, z = _data(24), np.zeros(24, np.float32), np.zeros(24, np.float32)
+    first = axpy.build("cpu").bind_host(x, x, y)          # y = 3x
+    ok = shifted_copy.build("cpu").bind_host(y, z, 0)    # z[:16] = y[:16]: reads what ran before it
+    chain, _ = _chain((first, [data_ptr(x), data_ptr(x), data_ptr(y)]), (ok, [data_ptr(y), data_ptr(z)]))
+    assert len(chain) == 2 and chain([]) is None
+    np.testing.assert_allclose(z[:16], 3 * x[:16], rtol=1e-6)
+    bad = shifted_copy.build("cpu").bind_host(x, y, 1)   # misaligned: the GPU would fault
+    z2 = np.zeros(24, np.float32)
+    after = shifted_copy.build("cpu").bind_host(x, z2, 0)
+    chain, _ = _chain((bad, [data_ptr(x), data_ptr(y)]), (after, [data_ptr(x), data_ptr(z2)]))
+    assert chain([]) == ("shifted_copy", 3)
+    assert not z2.any()                                  # nothing after the failure ran
+
+
+def test_a_chain_writes_the_volatile_addresses_before_each_run():
+    a, b = _data(11), _data(11)
+    launch = axpy.build("cpu").bind_host(a, b, np.zeros(11, np.float32))
+    words, positions = launch.words()
+    chain = HostChain(resolve_target("cpu"), [(launch.packed, launch.name, words, list(zip(positions, range(3))))],
+                      [a, b, None], {0, 1}, data_ptr)          # slot 2 (the output) is new every run
+    for _ in range(3):
+        out = np.zeros(11, np.float32)
+        assert chain([a, b, out]) is None
+        np.testing.assert_allclose(out, 2 * a + b, rtol=1e-6)

@@ -17,3 +17,8 @@ def scalar_abi_type(t: ScalarType) -> str:
 
 def entry_name(kernel: str) -> str:
     return f"tm_entry_{kernel}"
+
+
+def packed_name(kernel: str) -> str:
+    """The entry taking the arguments as one array of 64-bit words (``codegen.packed_entry``)."""
+    return f"tm_packed_{kernel}"

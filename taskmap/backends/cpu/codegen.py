@@ -5,7 +5,10 @@ CPU kernels become plain C functions: parallel loops are ``omp parallel for``, v
 ``runtime_c``): a thread function per kernel, blocks spread over cores, and the threads of a
 block executed either one after another (no barrier anywhere) or as fibers switching at each
 ``syncthreads()``.  Every module gets one exported entry ``tm_entry_<kernel>`` taking the
-kernel's parameters followed by its symbolic sizes, and returning a status code.
+kernel's parameters followed by its symbolic sizes, and returning a status code; and a *packed*
+entry ``tm_packed_<kernel>(const uint64_t *words)`` taking the same arguments as one array of
+64-bit words (a tensor's address, or a scalar's bytes at the start of its word), which the
+chain runner of a compiled graph calls (:mod:`taskmap.backends.cpu.chain`).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from ...ir.primitives import Prim, PrimCall, is_warp_synchronous
 from ...ir.types import MemScope, TensorType
 from ..base import Target
 from ..clike import CLikeFuncGen, const_extent, element_bytes, func_name, numel, smem_layout, written_tensors
-from .cnames import ctype, entry_name, scalar_abi_type
+from .cnames import ctype, entry_name, packed_name, scalar_abi_type
 from .runtime_c import RUNTIME_C
 from .warp_c import render_prim_c
 
@@ -132,7 +135,16 @@ class CGen:
             out.append(self.cpu_kernel(entry))
         else:
             raise UnsupportedError(f"cannot launch a {entry.kind.value} function ({entry.name})")
+        out.append(self.packed_entry(entry))
         return "\n\n".join(out) + "\n"
+
+    def packed_entry(self, f: Function) -> str:
+        """``tm_packed_<kernel>(words)``: the entry, its arguments read from an array of words."""
+        args = [f"(void *)(uintptr_t)tm_w[{i}]" if isinstance(p.type, TensorType) else
+                f"TM_WORD({scalar_abi_type(p.type)}, tm_w[{i}])" for i, p in enumerate(f.params)]
+        args += [f"TM_WORD(int32_t, tm_w[{len(f.params) + i}])" for i in range(len(f.size_vars))]
+        return (f"int {packed_name(f.name)}(const uint64_t *tm_w) {{\n"
+                f"  return {entry_name(f.name)}({', '.join(args)});\n}}")
 
     def signature(self, f: Function, g: CpuFuncGen) -> str:
         params = [g.param_decl(p, self.written) for p in f.params]

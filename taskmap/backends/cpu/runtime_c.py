@@ -45,6 +45,8 @@ RUNTIME_C = SYSTEM_HEADER + r"""
 #define TM_ERR_DIVERGED 5
 #define TM_FN static inline
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
+/* A scalar argument of a packed entry: the first bytes of its 64-bit word. */
+#define TM_WORD(T, w) ({ T tm_v_; memcpy(&tm_v_, &(w), sizeof tm_v_); tm_v_; })
 """ + HELPERS + r"""
 /* Bit-casts (the IR's BitCast) through a union: no call, a register move (or nothing) for gcc,
    so loops of them stay vectorized. */
