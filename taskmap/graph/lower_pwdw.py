@@ -27,11 +27,13 @@ from .lower_anchor import Workspace
 from .lower_template import TemplateProblem
 from .partition import FusionGroup, GroupKind
 
-#: Fused only when the expanded tensor is at least this share of a core's L2: smaller, the two
-#: kernels pass it through L2 anyway and the fused kernel's pixel tiles fit small images worse.
-#: Measured in MobileNetV2 on Zen 4 (1 MB L2 per core, two cores, each pair in its place in the
-#: model): 1.08-1.38x faster from 28x28x192 (0.6 MB) up, 0.88-0.97x at 14x14 (0.3-0.45 MB) and
-#: 0.66-0.70x at 7x7 (0.19 MB).
+#: Fused only when one image's expanded tensor is at least this share of a core's L2: smaller,
+#: the two kernels pass it through L2 anyway and the fused kernel's pixel tiles fit small images
+#: worse.  Measured in MobileNetV2 on Zen 4 (1 MB L2 per core, two cores, each pair in its place
+#: in the model): 1.08-1.38x faster from 28x28x192 (0.6 MB) up, 0.88-0.97x at 14x14 (0.3-0.45 MB)
+#: and 0.66-0.70x at 7x7 (0.19 MB).  Per image, because the fused kernel works an image at a time:
+#: at batch 8 (Zen 5) fusing the 14x14 and 7x7 pairs too (their whole batch over the threshold)
+#: made MobileNetV2 1.16x slower than this rule.
 L2_SHARE = 0.5
 #: The activations the kernel applies between the two convolutions.
 ACTIVATIONS = {UnaryFn.RELU: "relu", UnaryFn.RELU6: "relu6", UnaryFn.HARDSWISH: "hardswish", UnaryFn.SILU: "silu"}
@@ -87,7 +89,7 @@ def pair_problem(graph: Graph, pw: FusionGroup, dw: FusionGroup, target: Target)
     p = PwDwProblem(n, cin, h, w, cexp, kh, kw, sh, sw, ph, ph, pw_, pw_, act)
     if not PWDW_CPU.applies(p, target) or (p.oh, p.ow) != tuple(b.output.shape[2:]):
         return None
-    if e.nbytes < l2_per_core(target) * L2_SHARE:        # the two kernels pass it through L2 anyway
+    if e.nbytes // n < l2_per_core(target) * L2_SHARE:   # the two kernels pass an image through L2 anyway
         return None
     operands = {"x": (a.inputs[0], (n, cin, h * w)), "w1": (a.inputs[1], (cexp, cin)),
                 "wd": (b.inputs[1], (cexp, kh * kw))}

@@ -1,7 +1,7 @@
 """A 1x1 convolution feeding a depthwise one, lowered to ONE kernel (taskmap.graph.lower_pwdw):
 MobileNet-style blocks compiled from PyTorch against eager, the launches counted; the pair is
 kept as two kernels where it does not qualify (the expanded tensor read twice or returned, an
-activation the kernel lacks (GELU), a small expanded tensor, ``TASKMAP_FUSE_PWDW=0``)."""
+activation the kernel lacks (GELU), an image's expanded tensor too small, ``TASKMAP_FUSE_PWDW=0``)."""
 import sys
 from pathlib import Path
 
@@ -75,13 +75,14 @@ def test_no_bias_at_all():
     assert len(fused(compiled_steps(model, torch.randn(1, 6, 32, 32)))) == 1
 
 
-@pytest.mark.parametrize("why", ["reuse", "gelu", "small", "env"])
+@pytest.mark.parametrize("why", ["reuse", "gelu", "small", "small-images", "env"])
 def test_pairs_that_stay_two_kernels(why, monkeypatch):
     torch.manual_seed(0)
     if why == "env":
         monkeypatch.setenv("TASKMAP_FUSE_PWDW", "0")
     model = Block(act=nn.GELU if why == "gelu" else nn.ReLU6, extra="reuse" if why == "reuse" else None)
-    x = torch.randn(1, 8, 8 if why == "small" else 28, 8 if why == "small" else 28)  # 8x8x192: 48 KB
+    side = {"small": 8, "small-images": 14}.get(why, 28)           # 8x8x192: 48 KB
+    x = torch.randn(8 if why == "small-images" else 1, 8, side, side)    # 8 x 150 KB: small per image
     names = compiled_steps(randomize_bn(model).eval(), x)
     assert not fused(names)
 
