@@ -148,7 +148,7 @@ class ConvCpuTemplate(KernelFamily):
     where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
-    version = 8  # keys the tuning cache: bump when the kernels change (8: a transformed U prefetched)
+    version = 9  # keys the tuning cache: bump when the kernels change (9: batches swept image by image)
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -296,7 +296,7 @@ class ConvCpuTemplate(KernelFamily):
                               s["packed"], PREFETCH_BYTES // 4)
         if s.get("vec") == "channels":
             return CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
-                              p.pt, p.pl, s["kc"], s["packed"])
+                              p.pt, p.pl, s["kc"], s["packed"], s["packed"] and not s["kc"] and p.n > 1)
         return self._window(p, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
 
     def instantiate(self, problem: ConvProblem, target: Target, schedule: Schedule) -> Kernel:

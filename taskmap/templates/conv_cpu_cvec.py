@@ -26,6 +26,12 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   loads a per-channel scalar, such as a bias.)
 * **Cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``CP x N x OH x OWT``
   tiles (channel panels outermost: a core packs a panel once and sweeps the image with it).
+  With packed panels and no reduction blocks, a batch is swept **image by image** (``by_image``:
+  ``N x CP x OH x OWT``): a core's images are the ones it padded, each read by every panel
+  while it is in the core's caches, instead of every image once per panel.  Measured at batch 8
+  (Zen 5, two cores, alternating in one process): Inception-V3 1.04x, ResNet-50 1.04x,
+  MobileNetV2 1.12x faster; the 17x17 1x7 layers of Inception ran at 400-500 GFLOP/s in
+  panel order, changing from run to run, and at 500 image by image.
 """
 from dataclasses import dataclass
 
@@ -46,6 +52,7 @@ class CvecConfig(ConvKernelConfig):
 
     kc: int = 0               # input channels per reduction block (0: all of them, no partial sums)
     prepacked: bool = False   # ``wt`` holds the packed panels (:func:`pack_weights`), not NCHW weights
+    by_image: bool = False    # tiles ordered image, panel, row (prepacked, kc 0): a core's images
 
     @property
     def taps(self) -> int:
@@ -90,6 +97,7 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     MR, NR, V, P, KC, PRE = cfg.mr, cfg.nr, cfg.lanes, cfg.cores, cfg.kc, cfg.prepacked
     KH, KW, SH, SW, DH, DW, PT, PL = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.dh, cfg.dw, cfg.pt, cfg.pl
     TAPS = cfg.taps
+    BY_IMAGE = cfg.by_image and PRE and not KC
     PAR = parallel if P > 1 else range
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NR // V) * spatial(1, V)
@@ -224,9 +232,22 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
         for p in CORES:
             u0 = p * units // P
             u1 = (p + 1) * units // P
+            if BY_IMAGE:
+                PI = oh * OWT                  # tiles of a panel in one image
+                CP = (cout + NR - 1) // NR
+                for u in range(u0, u1):
+                    b = u // (CP * PI)
+                    i = u // PI % CP
+                    v = u % PI
+                    if direct:
+                        micro_x(c, x, xp, wt, i * PANEL, 0, b, i * NR, v // OWT, v % OWT * MR, HP, WP, 0, cin,
+                                True, True)
+                    else:
+                        micro_xp(c, x, xp, wt, i * PANEL, 0, b, i * NR, v // OWT, v % OWT * MR, HP, WP, 0, cin,
+                                 True, True)
             wb = n * cin * HP * WP + p * (0 if PRE else STAGE)
             cwb = n * cin * HP * WP + P * (0 if PRE else STAGE) + p * PU * MR * NR
-            if u1 > u0:
+            if u1 > u0 and not BY_IMAGE:
                 for i in range(u0 // PU, (u1 - 1) // PU + 1):
                     lo = max(u0, i * PU)
                     hi = min(u1, i * PU + PU)

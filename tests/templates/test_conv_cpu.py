@@ -198,18 +198,21 @@ CHANNEL_WINDOWS = [(3, 1, 1, 1), (3, 2, 1, 1), (7, 2, 3, 1), (1, 2, 0, 1), (3, 3
 
 
 @pytest.mark.parametrize("window", CHANNEL_WINDOWS, ids=lambda v: "k{}s{}p{}d{}".format(*v))
-@pytest.mark.parametrize("sched", [channel_schedule(7, 2), channel_schedule(6, 1, kc=3, packed=True)],
-                         ids=["7x2v", "6x1v-kc3-packed"])
-@given(n=st.integers(1, 2), cin=st.integers(1, 9), h=st.integers(1, 19), w=st.integers(1, 23),
+@pytest.mark.parametrize("sched", [channel_schedule(7, 2), channel_schedule(6, 1, kc=3, packed=True),
+                                   channel_schedule(5, 2, packed=True)],
+                         ids=["7x2v", "6x1v-kc3-packed", "5x2v-packed"])
+@given(n=st.integers(1, 3), cin=st.integers(1, 9), h=st.integers(1, 19), w=st.integers(1, 23),
        cout=st.integers(1, 37))
 @FEW
 def test_channel_kernel_matches_torch(window, sched, n, cin, h, w, cout):
     """Lanes along the output channels: last panels and row tiles partial, reduction blocks
-    (``kc`` = 3: partial sums in the workspace), weights packed by the kernel or beforehand."""
+    (``kc`` = 3: partial sums in the workspace), weights packed by the kernel or beforehand;
+    packed weights without reduction blocks sweep a batch image by image."""
     k, s, pad, d = window
     span = d * (k - 1) + 1 - 2 * pad
     h, w = max(h, span), max(w, span)
     p = ConvProblem(n, cin, h, w, cout, k, k, s, s, pad, pad, pad, pad, d, d, 1, "float32", False, sched["packed"])
+    assert CONV_CPU.config(p, CPU, sched).by_image == (sched["packed"] and not sched["kc"] and n > 1)
     run_direct(p, sched)
 
 
@@ -222,11 +225,12 @@ def test_pack_weights_layout():
     assert not packed[1][:, 1:].any()
 
 
-def test_channel_kernel_fused_epilogue_and_asymmetric_padding():
+@pytest.mark.parametrize("kc", [2, 0], ids=["kc2", "by-image"])
+def test_channel_kernel_fused_epilogue_and_asymmetric_padding(kc):
     """A bias + ReLU epilogue spliced into the transposed stores; bottom / right padding larger
     than top / left (ceil-style)."""
     p = ConvProblem(2, 5, 11, 9, 19, 3, 3, 2, 2, 0, 2, 1, 2, 1, 1, 1, "float32", True, True)
-    sched = channel_schedule(7, 1, kc=2, packed=True)
+    sched = channel_schedule(7, 1, kc=kc, packed=True)
     x, w, b = data(p)
     shape = [p.n, p.cout, p.oh, p.ow]
     c = tensor_input("c", "float32", shape)
