@@ -29,9 +29,10 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   With packed panels and no reduction blocks, a batch is swept **image by image** (``by_image``:
   ``N x CP x OH x OWT``): a core's images are the ones it padded, each read by every panel
   while it is in the core's caches, instead of every image once per panel.  Measured at batch 8
-  (Zen 5, two cores, alternating in one process): Inception-V3 1.04x, ResNet-50 1.04x,
-  MobileNetV2 1.12x faster; the 17x17 1x7 layers of Inception ran at 400-500 GFLOP/s in
-  panel order, changing from run to run, and at 500 image by image.
+  (Zen 5, two cores, separate processes alternating): Inception-V3 1.05x, ResNet-50 1.02-1.04x,
+  MobileNetV2 0.97-1.0x (its channel-kernel steps each faster, the whole run not); the 17x17
+  1x7 layers of Inception ran at 400-500 GFLOP/s in panel order, changing from run to run, and
+  at 500 image by image (onnxruntime: 490).
 """
 from dataclasses import dataclass
 
