@@ -214,3 +214,38 @@ def test_in_place_on_one_output_of_topk_leaves_the_other(capture):
     # Mixtral's router: topk's values and indices are tensors of their own, not views of one another
     fast, _ = compiled(TopkRouter(), torch.randn(5, 8), capture=capture)
     assert "run by PyTorch" not in fast.summary()
+
+
+class TracedOtherwise(nn.Module):
+    """Runs eagerly, raises when traced (a branch on torch.compiler.is_compiling())."""
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            return x + torch.ones(3)
+        return x - 1
+
+
+class CountsCalls(nn.Module):
+    """Raises eagerly too, after changing a buffer: the model's own error."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return x + torch.ones(3)
+
+
+def test_errors_of_the_forward_under_dynamo():
+    """dynamo's trace raising inside the forward: a CaptureError naming the traced error and the
+    line when the forward runs eagerly, else the forward's own eager error (its buffers put
+    back as they were)."""
+    x = torch.randn(2, 4)
+    with pytest.raises(CaptureError, match=r"runs eagerly but raises when traced(?s:.*)must match the size"
+                                           r"(?s:.*)line \d+, in forward"):
+        taskmap.compile(TracedOtherwise().eval(), (x,), progress=False, capture="dynamo")
+    model = CountsCalls().eval()
+    with pytest.raises(RuntimeError, match=r"^The size of tensor a \(4\) must match the size of tensor b \(3\)"):
+        taskmap.compile(model, (x,), progress=False, capture="dynamo")
+    assert float(model.calls) == 0

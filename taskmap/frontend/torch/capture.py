@@ -25,6 +25,7 @@ import itertools
 import io
 import linecache
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -187,9 +188,13 @@ def _no_fastpaths() -> Any:
 
 
 def _dynamo_reason(exc: Exception) -> str:
-    """Dynamo's reason in short: its first line and the user's frames ("from user code")."""
+    """Dynamo's reason in short: its first line (or the error a traced op raised) and the user's
+    frames ("from user code")."""
     text = str(exc)
     head = next((ln for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    raised = re.search(r"^\s*Explanation: .*?: got (.+)$", text, re.M)
+    if raised:
+        head = raised.group(1)
     where = text.split("from user code:", 1)[1].strip("\n").split("\n\n", 1)[0] if "from user code:" in text else ""
     return head + ("\n" + where if where else "")
 
@@ -228,12 +233,34 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
             exported = torch._dynamo.export(model)(*args, **kwargs)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not the model's own errors
             raise CaptureError(name, _dynamo_reason(exc)) from exc
+        except torch._dynamo.exc.TorchRuntimeError as exc:    # the forward's own code raised on fake tensors
+            eager = _eager_error(model, args, kwargs)
+            if eager is not None:
+                raise eager        # the model's own error, as PyTorch raises it
+            raise CaptureError(name, "the forward runs eagerly but raises when traced (does it branch on "
+                               "torch.compiler.is_compiling() or on tracing?): " + _dynamo_reason(exc)) from exc
     gm = exported.graph_module
     codegen = gm.graph._codegen
     orig = tuple(getattr(codegen, "pytree_info").orig_args) if hasattr(codegen, "pytree_info") else fs.named
     cap = Capture("export", orig, codegen, fs.var_positional, "torch._dynamo.export")
     examples = cap.flat_inputs(arguments)
     return _stateless(import_fx(gm, examples, fallback=fallback, name=name), name), cap
+
+
+def _eager_error(model: torch.nn.Module, args: list[Any], kwargs: dict[str, Any]) -> Exception | None:
+    """What the forward raises when run eagerly on the call's arguments (None: nothing), its
+    buffers put back as they were."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    with _state_kept(model), torch.no_grad():
+        try:
+            model(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any error of the model's is what the user sees
+            return exc
+        finally:
+            for n, b in model.named_buffers():
+                if n in saved and b.shape == saved[n].shape:
+                    b.copy_(saved[n])
+    return None
 
 
 @contextlib.contextmanager
