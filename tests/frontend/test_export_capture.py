@@ -239,8 +239,8 @@ class CountsCalls(nn.Module):
 
 def test_errors_of_the_forward_under_dynamo():
     """dynamo's trace raising inside the forward: a CaptureError naming the traced error and the
-    line when the forward runs eagerly, else the forward's own eager error (its buffers put
-    back as they were)."""
+    line when the forward runs eagerly, else the forward's own eager error (its buffers put back
+    as they were)."""
     x = torch.randn(2, 4)
     with pytest.raises(CaptureError, match=r"runs eagerly but raises when traced(?s:.*)must match the size"
                                            r"(?s:.*)line \d+, in forward"):
@@ -249,3 +249,22 @@ def test_errors_of_the_forward_under_dynamo():
     with pytest.raises(RuntimeError, match=r"^The size of tensor a \(4\) must match the size of tensor b \(3\)"):
         taskmap.compile(model, (x,), progress=False, capture="dynamo")
     assert float(model.calls) == 0
+
+
+def test_tracing_loggers_are_silent_while_capturing(monkeypatch):
+    """torch's fake-tensor logger prints a whole traceback when an op fails on fake tensors
+    (Nystromformer: 34 lines) before dynamo raises: silenced during the capture, restored after."""
+    import logging
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    enabled = []
+
+    def failing_export(model):
+        def run(*args, **kwargs):
+            enabled.append(logger.isEnabledFor(logging.ERROR))
+            raise torch._dynamo.exc.TorchRuntimeError("RuntimeError when making fake tensor call")
+        return run
+    monkeypatch.setattr(torch._dynamo, "export", failing_export)
+    with pytest.raises(CaptureError, match="runs eagerly but raises when traced"):
+        taskmap.compile(TracedOtherwise().eval(), (torch.randn(2, 4),), progress=False, capture="dynamo")
+    assert enabled == [False] and logger.level == level and logger.isEnabledFor(logging.ERROR)

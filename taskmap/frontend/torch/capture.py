@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import io
 import linecache
+import logging
 import os
 import re
 import sys
@@ -200,6 +201,8 @@ def _dynamo_reason(exc: Exception) -> str:
 
 
 CAPTURES = ("auto", "export", "dynamo")
+#: Loggers of torch's tracing machinery silenced while a forward is captured.
+_TRACING_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
 
 
 def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, arguments: dict[str, Any], *,
@@ -265,10 +268,20 @@ def _eager_error(model: torch.nn.Module, args: list[Any], kwargs: dict[str, Any]
 
 @contextlib.contextmanager
 def _quiet() -> Any:
-    """Tracing prints and warns about the model's Python (``TracerWarning``s, dynamo's logs)."""
+    """Tracing prints and warns about the model's Python (``TracerWarning``s, dynamo's logs, and
+    the loggers of torch's tracing machinery, whose handlers write to the process's stderr: a
+    forward that raises on fake tensors logs the whole traceback before the error is raised)."""
+    loggers = [logging.getLogger(name) for name in _TRACING_LOGGERS]
+    levels = [lg.level for lg in loggers]
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        yield
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
 
 
 def _aten_capture(model: torch.nn.Module, fs: Any, args: list[Any], kwargs: dict[str, Any],
