@@ -307,18 +307,21 @@ class CompiledGraph:
         planned = {k for k, v in enumerate(self._template or ()) if v is not None}
         segments: list[Any] = []
         run: list[int] = []
+        launches: list[Any] = []
 
         def close() -> None:
             if run:
                 works = [self.steps[i].host for i in run]
-                launches = [site.chained() for w in works for site in w.sites]
                 chain = HostChain(self.target, launches, self._template, planned, _ptr)
                 segments.append((chain, [(w.out, w.shape, w.dtype) for w in works if w.out not in planned],
                                  [k for i in run for k in self.free_after[i]]))
                 run.clear()
+                launches.clear()
         for i, step in enumerate(self.steps):
-            if step.host is not None and all(site.chained() is not None for site in step.host.sites):
+            chained = [site.chained() for site in step.host.sites] if step.host is not None else [None]
+            if all(c is not None for c in chained):
                 run.append(i)
+                launches.extend(chained)
             else:
                 close()
                 segments.append(i)
