@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import taskmap
+from taskmap.frontend.torch import taskmap_backend
+from taskmap.frontend.torch.dynamo import SplitDynamoGraph
 from vit_def import ViT
 
 transformers = pytest.importorskip("transformers")
@@ -119,8 +121,14 @@ def test_model_families_with_masks_and_caches(name):
 def test_generate_with_a_kv_cache_through_torch_compile():
     """A common serving loop: transformers' greedy ``generate`` with its forward under
     ``torch.compile(backend="taskmap")``: a prefill, then decode steps whose key / value cache grows
-    by one position per step (dynamo recompiles, then marks the length dynamic)."""
+    by one position per step (dynamo recompiles, then marks the length dynamic: from then on one
+    split graph serves every length, its static regions compiled once)."""
     torch.manual_seed(0)
+    runners = []
+
+    def backend(gm, example_inputs):
+        runners.append(taskmap_backend(gm, example_inputs, options={"progress": False}))
+        return runners[-1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -132,9 +140,12 @@ def test_generate_with_a_kv_cache_through_torch_compile():
         with torch.no_grad():
             want = model.generate(ids, **kw)
             torch._dynamo.reset()
-            model.forward = torch.compile(model.forward, backend="taskmap")
+            model.forward = torch.compile(model.forward, backend=backend)
             got = model.generate(ids, **kw)
     assert torch.equal(got.sequences, want.sequences)
+    split = [r for r in runners if isinstance(r, SplitDynamoGraph)]
+    assert len(split) == 1 and split[0].compiles == 1 and len(split[0].split[1].compiled) >= 2
+    assert all(r.compiles == 1 for r in split[0].split[1].compiled)
     assert len(got.scores) == len(want.scores) == 6
     for a, b in zip(got.scores, want.scores):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

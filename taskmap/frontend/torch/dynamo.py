@@ -28,6 +28,7 @@ import torch
 
 from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
+from .dynamic import MODES, SPLIT_SHARE, SplitGraph, is_dynamic, regions, static_share
 from .importer import Imported, import_fx
 
 
@@ -73,6 +74,42 @@ def freeze(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: tuple[int, ...
     return torch.fx.GraphModule(attrs, graph)
 
 
+def unlift_scalars(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, tuple[int, ...]]:
+    """Dynamo passes Python floats it did not specialize (a norm's ``eps``, a scale) as 0-d
+    tensors that the graph reads back with ``.item()``.  Those placeholders become plain values
+    (the caller passes ``.item()`` of the tensor: :func:`scalars`), compiled in like other values
+    and part of the compiled graphs' key.  Returns the new graph and the placeholders' indices."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for i, node in enumerate(places):
+        value = node.meta.get("example_value")
+        users = list(node.users)
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and users and \
+                all(u.op == "call_method" and u.target == "item" and not u.args[1:] for u in users):
+            out.append(i)
+    if not out:
+        return gm, ()
+    lifted = {places[i] for i in out}
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.args[0] in lifted:      # .item()
+            env[node] = env[node.args[0]]
+            continue
+        env[node] = graph.node_copy(node, lambda n: env[n])
+        if node in lifted:
+            env[node].meta.pop("example_value", None)
+    return torch.fx.GraphModule(gm, graph), tuple(out)
+
+
+def scalars(args: Sequence[Any], indices: tuple[int, ...]) -> list[Any]:
+    """``args`` with the unlifted 0-d tensors (:func:`unlift_scalars`) as Python numbers."""
+    args = list(args)
+    for i in indices:
+        args[i] = args[i].item()
+    return args
+
+
 def _attr(root: Any, target: str) -> Any:
     for part in target.split("."):
         root = getattr(root, part)
@@ -94,8 +131,11 @@ class DynamoGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, fallback: bool, progress: bool | None,
                  frozen: tuple[int, ...] = (), fp32_precision: str | None = None,
-                 max_graphs: int = MAX_GRAPHS) -> None:
+                 max_graphs: int = MAX_GRAPHS, attrs: dict[str, torch.Tensor] | None = None,
+                 scalars: tuple[int, ...] = ()) -> None:
         self.gm = gm
+        self.scalars = scalars      # inputs passed as Python numbers (:func:`unlift_scalars`)
+        self.attrs = attrs          # frozen get_attr name -> the tensor it was (a split graph's regions)
         self.fallback = fallback
         self.fp32_precision = fp32_precision
         self.progress = progress
@@ -150,6 +190,8 @@ class DynamoGraph:
         return hit
 
     def __call__(self, *args: Any) -> Any:
+        if self.scalars:
+            args = tuple(scalars(args, self.scalars))
         if needs_grad(args):
             if not self.warned:
                 self.warned = True
@@ -158,15 +200,44 @@ class DynamoGraph:
                               "inference: call the model under torch.no_grad() or torch.inference_mode() to run "
                               "taskmap's kernels", stacklevel=2)
             return self.gm(*args)
+        with torch.no_grad():
+            return self._run(args)
+
+    def _run(self, args: Sequence[Any]) -> Any:
         imported, cg = self.compile_for(args)
         live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
         tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
-        with torch.no_grad():
-            values = cg(*tensors)
-            if imported.mutated:       # in place on an input, or on a frozen buffer (the module's own)
-                imported.write_back(values, live, lambda name: args[int(name.rsplit("_", 1)[1])]
-                                    if name.startswith(_FROZEN) else None)
-            return imported.outputs(values)
+        values = cg(*tensors)
+        if imported.mutated:       # in place on an input, or on a frozen buffer (the module's own)
+            imported.write_back(values, live, self.attrs.get if self.attrs is not None else
+                                lambda name: args[int(name.rsplit("_", 1)[1])] if name.startswith(_FROZEN) else None)
+        return imported.outputs(values)
+
+
+class SplitDynamoGraph(DynamoGraph):
+    """A graph with symbolic sizes run by :class:`.dynamic.SplitGraph`: what depends on them in
+    PyTorch, each static region compiled once (by a :class:`DynamoGraph` of its own).  Frozen
+    parameters are compiled in as with :class:`DynamoGraph`; an in-place update of one splits
+    and compiles again (kernels come from the cache)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.split: tuple[tuple[Any, ...], SplitGraph] | None = None      # (frozen state, split graph)
+
+    def _run(self, args: Sequence[Any]) -> Any:
+        state = tuple((args[i].data_ptr(), args[i]._version) for i in self.frozen)
+        split = self.split
+        if split is None or split[0] != state:
+            with self.lock:
+                if self.split is None or self.split[0] != state:
+                    gm = freeze(self.gm, args, self.frozen) if self.frozen else self.gm
+                    attrs = {f"{_FROZEN}{i}": args[i] for i in self.frozen}
+                    self.split = (state, SplitGraph(gm, lambda sub: DynamoGraph(
+                        sub, self.fallback, self.progress, (), self.fp32_precision, self.max_graphs, attrs)))
+                    self.compiles += 1
+                split = self.split
+        live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
+        return split[1](*live)
 
 
 def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -182,14 +253,21 @@ def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     max_graphs = opts.pop("max_graphs", MAX_GRAPHS)
     if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
         raise ValueError(f"taskmap backend option max_graphs: a positive int, not {max_graphs!r}")
+    sizes = opts.pop("dynamic_sizes", "auto")
+    if sizes not in MODES:
+        raise ValueError(f"taskmap backend option dynamic_sizes: one of {', '.join(MODES)}, not {sizes!r}")
     if opts:
         raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze, "
-                        "fp32_precision, max_graphs")
-    runner = DynamoGraph(gm, fallback, progress, frozen, fp32, max_graphs)
-    if all(isinstance(a, torch.Tensor) for a in example_inputs) and not needs_grad(example_inputs) and \
+                        "fp32_precision, max_graphs, dynamic_sizes")
+    gm, lifted = unlift_scalars(gm)
+    split = is_dynamic(gm) and (sizes == "split" or sizes == "auto" and static_share(regions(gm)) >= SPLIT_SHARE)
+    runner = (SplitDynamoGraph if split else DynamoGraph)(gm, fallback, progress, frozen, fp32, max_graphs,
+                                                          scalars=lifted)
+    if not split and not lifted and all(isinstance(a, torch.Tensor) for a in example_inputs) and \
+            not needs_grad(example_inputs) and \
             not any(isinstance(s, torch.SymInt) for a in example_inputs for s in a.shape):
         runner.compile_for(list(example_inputs))
     return runner
 
 
-__all__ = ["DynamoGraph", "taskmap_backend"]
+__all__ = ["DynamoGraph", "SplitDynamoGraph", "taskmap_backend"]
