@@ -3,10 +3,11 @@
 Registered through the ``torch_dynamo_backends`` entry point (``pyproject.toml``), so it works
 without importing taskmap first.  Dynamo hands over an ``fx.GraphModule`` of torch-level calls
 (parameters and buffers arrive as inputs); unsupported operators run in PyTorch (``fallback=True``, the
-default here).  Graphs are compiled per input signature: when dynamo marks sizes dynamic, each
-concrete shape gets its own graph, and the :data:`MAX_GRAPHS` used most recently are kept (a
-decode loop meets a new key / value length every step: every graph kept, its memory would grow
-with the square of the tokens generated).
+default here).  Graphs are compiled per input signature.  When dynamo marks sizes dynamic, the
+graph is split (:mod:`.dynamic`: what depends on a symbolic size runs in PyTorch, each static
+region compiles once) when its static regions hold most of the work, as in a decode step;
+otherwise each concrete shape gets its own graph, and the :data:`MAX_GRAPHS` used most recently
+are kept (a loop over many shapes would otherwise keep a graph and its memory per shape).
 
 The model's parameters and buffers (which dynamo also passes as inputs) are compiled in as
 constants — batch norms fold into the convolutions, weights are packed for the templates — and
@@ -14,8 +15,9 @@ an in-place change of any of them compiles again (``options={"freeze": False}`` 
 inputs).
 
 Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "freeze": True,
-"fp32_precision": "3xtf32", "max_graphs": 16})`` (``fp32_precision`` as ``taskmap.compile``'s:
-:mod:`.precision`).
+"fp32_precision": "3xtf32", "max_graphs": 16, "dynamic_sizes": "auto"})`` (``fp32_precision`` as
+``taskmap.compile``'s: :mod:`.precision`; ``dynamic_sizes``: ``"auto"``, ``"split"`` or
+``"specialize"``, :mod:`.dynamic`).
 """
 from __future__ import annotations
 
@@ -244,7 +246,8 @@ def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                     options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """Dynamo backend entry point (see the module docstring).  ``options``: ``fallback`` (default
     True), ``progress`` (a progress bar; default: on a terminal), ``freeze`` (parameters and
-    buffers as constants; default True) and ``fp32_precision`` (as ``taskmap.compile``'s)."""
+    buffers as constants; default True), ``fp32_precision`` (as ``taskmap.compile``'s),
+    ``max_graphs`` (graphs kept per dynamo graph when specializing) and ``dynamic_sizes``."""
     opts = dict(options or {})
     fallback = bool(opts.pop("fallback", True))
     progress = opts.pop("progress", None)
