@@ -4,6 +4,7 @@ forward under ``torch.compile(backend="taskmap")``, against PyTorch eager and ``
 
     python benchmarks/generate.py                                  # GPT-2 124M, 32 + 32 tokens
     python benchmarks/generate.py --model llama --prompt 64 --new 32 --rounds 3 --peers eager taskmap
+    python benchmarks/generate.py --device cuda --peers eager taskmap
 
 Random weights (the architectures' default sizes; ``llama`` is a 12-layer, 768-wide Llama with
 grouped key / value heads).  Per peer:
@@ -49,13 +50,16 @@ def make_model(name: str) -> torch.nn.Module:
 class Timed:
     """A forward that records each call's wall time."""
 
-    def __init__(self, forward):
+    def __init__(self, forward, device: str):
         self.forward = forward
         self.times: list[float] = []
+        self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def __call__(self, *args, **kwargs):
+        self.sync()
         t0 = time.perf_counter()
         out = self.forward(*args, **kwargs)
+        self.sync()
         self.times.append(time.perf_counter() - t0)
         return out
 
@@ -68,21 +72,23 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
     base = make_model(args.model).eval()
-    ids = torch.randint(10, 1000, (args.batch, args.prompt))
+    ids = torch.randint(10, 1000, (args.batch, args.prompt), device=args.device)
     kw = dict(max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False, pad_token_id=0)
     timers, first, reference = {}, {}, None
     with torch.no_grad():
         for peer in args.peers:
             model = make_model(args.model).eval()
             model.load_state_dict(base.state_dict())
+            model.to(args.device)
             torch._dynamo.reset()
             if peer != "eager":
                 model.forward = torch.compile(model.forward, backend="taskmap" if peer == "taskmap" else "inductor")
-            timers[peer] = model.forward = Timed(model.forward)
+            timers[peer] = model.forward = Timed(model.forward, args.device)
             t0 = time.perf_counter()
             out = model.generate(ids, **kw)
             first[peer] = time.perf_counter() - t0
@@ -103,8 +109,10 @@ def main() -> None:
                 decode[peer].append(statistics.median(timer.times[1:]))
     pre = {p: statistics.median(v) * 1e3 for p, v in prefill.items()}
     dec = {p: statistics.median(v) * 1e3 for p, v in decode.items()}
-    print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens; {machine_description()}, "
-          f"{torch.get_num_threads()} threads, {args.rounds} rounds\n")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else \
+        f"{machine_description()}, {torch.get_num_threads()} threads"
+    print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens; {where}, "
+          f"{args.rounds} rounds\n")
     rows = [[p, f"{first[p]:.1f}", f"{pre[p]:.1f}", f"{dec[p]:.2f}",
              f"{dec[p] / dec['taskmap']:.2f}" if "taskmap" in dec else "-"] for p in args.peers]
     print_table(["peer", "first generate s", "prefill ms", "decode ms/token", "decode ratio vs taskmap"], rows)

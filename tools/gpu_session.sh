@@ -7,7 +7,8 @@
 #   linears on 3xTF32 and SIMT against cuBLAS f32, and the SIMT padding A/B; models_3xtf32: the
 #   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request:
 #   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
-#   TF32 for every side — and gpu_exhaustive — the GPU matmul cost model against exhaustive tuning)
+#   TF32 for every side —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
+#   and generate — transformers' generate under the backend against eager and inductor)
 #   The default stages' limits add up to more than one call's 600 s (session 17's times plus the
 #   3xTF32 stage: ~550 s); to be safe, split them: "cuda_tests matmul_gpu models_3xtf32", then
 #   "models profile".
@@ -68,5 +69,6 @@ stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmark
 [[ "$WANT" == *" models_tuned "* ]] && python3 -m taskmap records export "$OUT/records"   # to ship: taskmap/schedule/records
 stage gpu_exhaustive ${EXHAUSTIVE_SECONDS:-240} python3 benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda \
     --only ${EXHAUSTIVE_ONLY:-128x768x768 512x4608x49 1x2048x1000}
+stage generate ${GENERATE_SECONDS:-200} python3 benchmarks/generate.py --device cuda --rounds 3 --model ${GENERATE_MODEL:-gpt2}
 stage profile ${PROFILE_SECONDS:-90} python3 benchmarks/profile_model.py --device cuda --top 25 --batch ${PROFILE_BATCH:-8} \
     ${PROFILE_MODELS:-bert vit}
