@@ -93,14 +93,15 @@ def test_in_place_weight_update_splits_again():
 def test_auto_specializes_when_the_work_depends_on_the_size():
     """``dynamic=True`` makes the batch symbolic too: every matmul's shape is, so splitting
     would leave nothing to compile; ``auto`` compiles a graph per shape instead.  ``split``
-    forced runs it all in PyTorch.  (Dynamo passes the layer norms' ``eps`` as 0-d tensors read
+    forced runs it all in PyTorch.  Specialized, a shape met once runs in PyTorch: a prompt
+    length is not worth a compile until it comes again.  (Dynamo passes the layer norms' ``eps`` as 0-d tensors read
     by ``.item()`` here: they are compiled in as values.)"""
     torch.manual_seed(2)
     model = Decoder(layers=2).eval()
     for mode, kind in (("auto", DynamoGraph), ("split", SplitDynamoGraph), ("specialize", DynamoGraph)):
         fast, runners = _compiled(model, dynamic=True, dynamic_sizes=mode)
         with torch.no_grad():
-            for batch, length in ((3, 5), (2, 7)):
+            for batch, length in ((3, 5), (2, 7), (3, 5), (2, 7), (3, 5)):
                 x, cache = torch.randn(batch, 1, 32), _cache(2, length, batch)
                 for a, b in zip(fast(x, *cache), model(x, *cache)):
                     torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
@@ -108,10 +109,12 @@ def test_auto_specializes_when_the_work_depends_on_the_size():
         assert type(runner) is kind and len(runner.scalars) == 2, mode
         if kind is SplitDynamoGraph:
             assert runner.split[1].compiled == []
-        else:
-            assert runner.compiles == 2
+        else:   # a shape compiles at its second call (COMPILE_AT): its first ran in PyTorch
+            assert runner.compiles == 2 and runner.eager_calls == 2 and len(runner.graphs) == 2
     with pytest.raises(Exception, match="dynamic_sizes: one of auto, split, specialize"):
         _compiled(model, dynamic_sizes="always")[0](x, *cache)
+    with pytest.raises(Exception, match="compile_at: a positive int"):
+        _compiled(model, compile_at=0)[0](x, *cache)
     torch._dynamo.reset()
 
 

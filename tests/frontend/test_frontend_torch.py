@@ -601,7 +601,8 @@ def test_torch_compile_keeps_the_most_recently_used_graphs():
     runners = []
 
     def backend(gm, example_inputs):
-        runners.append(taskmap.frontend.torch.taskmap_backend(gm, example_inputs, options={"max_graphs": 2}))
+        runners.append(taskmap.frontend.torch.taskmap_backend(   # every shape compiles at its first call
+            gm, example_inputs, options={"max_graphs": 2, "compile_at": 1}))
         return runners[-1]
     torch._dynamo.reset()
     fast = torch.compile(model, backend=backend, dynamic=True)

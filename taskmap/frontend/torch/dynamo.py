@@ -37,6 +37,9 @@ from .importer import Imported, import_fx
 _FROZEN = "_taskmap_frozen_"     # get_attr names of the frozen inputs: this prefix and the input's index
 #: Compiled graphs kept per dynamo graph (the most recently used; ``options={"max_graphs": n}``).
 MAX_GRAPHS = 16
+#: With symbolic sizes, specialized per shape: a shape compiles at its second call, the first runs
+#: in PyTorch (``options={"compile_at": n}``) — a prompt length met once is not worth a compile.
+COMPILE_AT = 2
 
 
 def module_state(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[int, ...]:
@@ -134,8 +137,11 @@ class DynamoGraph:
     def __init__(self, gm: torch.fx.GraphModule, fallback: bool, progress: bool | None,
                  frozen: tuple[int, ...] = (), fp32_precision: str | None = None,
                  max_graphs: int = MAX_GRAPHS, attrs: dict[str, torch.Tensor] | None = None,
-                 scalars: tuple[int, ...] = ()) -> None:
+                 scalars: tuple[int, ...] = (), compile_at: int = 1) -> None:
         self.gm = gm
+        self.compile_at = compile_at    # a shape's calls before it compiles (the earlier ones: PyTorch)
+        self.seen: collections.OrderedDict[tuple[Any, ...], int] = collections.OrderedDict()
+        self.eager_calls = 0
         self.scalars = scalars      # inputs passed as Python numbers (:func:`unlift_scalars`)
         self.attrs = attrs          # frozen get_attr name -> the tensor it was (a split graph's regions)
         self.fallback = fallback
@@ -205,7 +211,25 @@ class DynamoGraph:
         with torch.no_grad():
             return self._run(args)
 
+    def _due(self, args: Sequence[Any]) -> bool:
+        """Whether this call's shape has a graph or has now been met ``compile_at`` times; if
+        not, the call is counted (and runs in PyTorch)."""
+        key = self._key(args)
+        if key in self.graphs:
+            return True
+        with self.lock:
+            calls = self.seen.pop(key, 0) + 1
+            if calls >= self.compile_at:
+                return True
+            self.seen[key] = calls
+            while len(self.seen) > 4 * self.max_graphs:
+                self.seen.popitem(last=False)
+            self.eager_calls += 1
+        return False
+
     def _run(self, args: Sequence[Any]) -> Any:
+        if self.compile_at > 1 and not self._due(args):
+            return self.gm(*args)
         imported, cg = self.compile_for(args)
         live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
         tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
@@ -242,30 +266,37 @@ class SplitDynamoGraph(DynamoGraph):
         return split[1](*live)
 
 
+def _positive(opts: dict[str, Any], name: str, default: int) -> int:
+    value = opts.pop(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"taskmap backend option {name}: a positive int, not {value!r}")
+    return value
+
+
 def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                     options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """Dynamo backend entry point (see the module docstring).  ``options``: ``fallback`` (default
     True), ``progress`` (a progress bar; default: on a terminal), ``freeze`` (parameters and
     buffers as constants; default True), ``fp32_precision`` (as ``taskmap.compile``'s),
-    ``max_graphs`` (graphs kept per dynamo graph when specializing) and ``dynamic_sizes``."""
+    ``max_graphs`` (graphs kept per dynamo graph when specializing), ``dynamic_sizes`` and
+    ``compile_at`` (:data:`COMPILE_AT`)."""
     opts = dict(options or {})
     fallback = bool(opts.pop("fallback", True))
     progress = opts.pop("progress", None)
     frozen = module_state(gm, example_inputs) if opts.pop("freeze", True) else ()
     fp32 = precision.check(opts.pop("fp32_precision", None))
-    max_graphs = opts.pop("max_graphs", MAX_GRAPHS)
-    if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
-        raise ValueError(f"taskmap backend option max_graphs: a positive int, not {max_graphs!r}")
+    max_graphs, compile_at = _positive(opts, "max_graphs", MAX_GRAPHS), _positive(opts, "compile_at", COMPILE_AT)
     sizes = opts.pop("dynamic_sizes", "auto")
     if sizes not in MODES:
         raise ValueError(f"taskmap backend option dynamic_sizes: one of {', '.join(MODES)}, not {sizes!r}")
     if opts:
         raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze, "
-                        "fp32_precision, max_graphs, dynamic_sizes")
+                        "fp32_precision, max_graphs, dynamic_sizes, compile_at")
     gm, lifted = unlift_scalars(gm)
     split = is_dynamic(gm) and (sizes == "split" or sizes == "auto" and static_share(regions(gm)) >= SPLIT_SHARE)
-    runner = (SplitDynamoGraph if split else DynamoGraph)(gm, fallback, progress, frozen, fp32, max_graphs,
-                                                          scalars=lifted)
+    runner = (SplitDynamoGraph if split else DynamoGraph)(
+        gm, fallback, progress, frozen, fp32, max_graphs, scalars=lifted,
+        compile_at=compile_at if is_dynamic(gm) and not split else 1)
     if not split and not lifted and all(isinstance(a, torch.Tensor) for a in example_inputs) and \
             not needs_grad(example_inputs) and \
             not any(isinstance(s, torch.SymInt) for a in example_inputs for s in a.shape):
