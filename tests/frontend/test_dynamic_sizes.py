@@ -146,3 +146,19 @@ def test_regions_as_soon_as_possible():
     assert "linear" in kinds[0][2] and "cat" in kinds[1][2] and "linear" in kinds[2][2]
     assert parts[0].compiled and parts[2].compiled and not parts[1].compiled
     torch._dynamo.reset()
+
+
+def test_debug_prints_the_regions(monkeypatch, capsys):
+    monkeypatch.setenv("TASKMAP_DEBUG", "dynamic")
+    torch.manual_seed(3)
+    model = Decoder(layers=2).eval()
+    fast, _ = _compiled(model)
+    with torch.no_grad():
+        for length in (5, 6):
+            fast(torch.randn(2, 1, 32), *_cache(2, length))
+    err = capsys.readouterr().err
+    assert "a graph with symbolic sizes: split; the compiled regions hold" in err
+    lines = [line for line in err.splitlines() if line.strip().startswith("region")]
+    assert len(lines) == 5 and "compiled" in lines[0] and "linear" in lines[0]
+    assert "PyTorch" in lines[1] and "cat, scaled_dot_product_attention" in lines[1]
+    torch._dynamo.reset()

@@ -17,7 +17,9 @@ two ways to run such a graph (``options={"dynamic_sizes": ...}``):
 
 Regions are formed as early as their inputs allow (a call joins the first region of its kind
 after everything it reads), so consecutive layers' static parts share one region.  A region
-without real work (views, indexing, size arithmetic) runs in PyTorch too.
+without real work (views, indexing, size arithmetic) or with less than :data:`MIN_SHARE` of it
+runs in PyTorch too.
+``TASKMAP_DEBUG=dynamic`` prints the choice and the regions.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ import torch.fx
 
 #: ``"auto"`` splits when the static regions hold at least this share of the estimated work.
 SPLIT_SHARE = 0.8
+#: A static region with less of the work than this runs in PyTorch (a call costs more than it).
+MIN_SHARE = 0.005
 MODES = ("auto", "split", "specialize")
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -93,18 +97,18 @@ def is_dynamic(gm: torch.fx.GraphModule) -> bool:
 
 @dataclass
 class Region:
-    """Consecutive calls of one kind: ``static`` (compiled) or not (run by PyTorch)."""
+    """Consecutive calls of one kind: ``static`` or not; ``compiled`` when static and worth a
+    compiled graph (set by :func:`regions`)."""
 
     index: int
     static: bool
     nodes: list[torch.fx.Node]
     work: int = 0
+    compiled: bool = False
 
-    @property
-    def compiled(self) -> bool:
-        return self.static and any(n.op == "call_function" and _name(n) not in _VIEWS or
-                                   n.op == "call_method" and _name(n) not in _VIEWS or n.op == "call_module"
-                                   for n in self.nodes)
+
+def _real(node: torch.fx.Node) -> bool:
+    return node.op == "call_module" or node.op in ("call_function", "call_method") and _name(node) not in _VIEWS
 
 
 def regions(gm: torch.fx.GraphModule) -> list[Region]:
@@ -136,7 +140,24 @@ def regions(gm: torch.fx.GraphModule) -> list[Region]:
         region = out.setdefault(k, Region(k, is_static, []))
         region.nodes.append(node)
         region.work += work(node)
-    return [out[k] for k in sorted(out)]
+    parts = [out[k] for k in sorted(out)]
+    total = sum(r.work for r in parts)
+    for r in parts:
+        r.compiled = r.static and any(_real(n) for n in r.nodes) and r.work >= MIN_SHARE * total
+    return parts
+
+
+def describe(parts: Sequence[Region], mode: str) -> str:
+    """What :func:`regions` made of a graph, one line per region (``TASKMAP_DEBUG=dynamic``)."""
+    total = sum(r.work for r in parts) or 1
+    lines = [f"taskmap: a graph with symbolic sizes: {mode}; the compiled regions hold "
+             f"{100 * static_share(parts):.1f}% of the estimated work"]
+    for r in parts:
+        kinds = sorted({_name(n) for n in r.nodes if n.op != "get_attr"})
+        where = "compiled" if r.compiled else "PyTorch "
+        lines.append(f"  region {r.index:3} {where} {len(r.nodes):4} calls {100 * r.work / total:5.1f}%  "
+                     f"{', '.join(kinds)[:100]}")
+    return "\n".join(lines)
 
 
 def static_share(parts: Sequence[Region]) -> float:
@@ -217,5 +238,5 @@ class SplitGraph:
                                      lambda n: env[n] if n in env else _attr(self.gm, str(n.target)))
 
 
-__all__ = ["MODES", "SPLIT_SHARE", "Region", "SplitGraph", "is_dynamic", "regions", "static_share", "symbolic",
-           "work"]
+__all__ = ["MODES", "SPLIT_SHARE", "Region", "SplitGraph", "describe", "is_dynamic", "regions", "static_share",
+           "symbolic", "work"]

@@ -22,15 +22,17 @@ Options: ``torch.compile(m, backend="taskmap", options={"fallback": False, "free
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 
+from ...graph.passes import debug_enabled
 from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
-from .dynamic import MODES, SPLIT_SHARE, SplitGraph, is_dynamic, regions, static_share
+from .dynamic import MODES, SPLIT_SHARE, SplitGraph, describe, is_dynamic, regions, static_share
 from .importer import Imported, import_fx
 
 
@@ -293,10 +295,16 @@ def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         raise TypeError(f"unknown taskmap backend options: {sorted(opts)}; known: fallback, progress, freeze, "
                         "fp32_precision, max_graphs, dynamic_sizes, compile_at")
     gm, lifted = unlift_scalars(gm)
-    split = is_dynamic(gm) and (sizes == "split" or sizes == "auto" and static_share(regions(gm)) >= SPLIT_SHARE)
+    dynamic = is_dynamic(gm)
+    parts = regions(gm) if dynamic and sizes != "specialize" else []
+    split = dynamic and (sizes == "split" or sizes == "auto" and static_share(parts) >= SPLIT_SHARE)
+    if dynamic and debug_enabled("dynamic"):
+        print(describe(parts, "split") if split else "taskmap: a graph with symbolic sizes: specialized per shape "
+              f"(dynamic_sizes={sizes!r}" + (f", compiled regions would hold {100 * static_share(parts):.1f}% of the "
+                                            "work)" if parts else ")"), file=sys.stderr)
     runner = (SplitDynamoGraph if split else DynamoGraph)(
         gm, fallback, progress, frozen, fp32, max_graphs, scalars=lifted,
-        compile_at=compile_at if is_dynamic(gm) and not split else 1)
+        compile_at=compile_at if dynamic and not split else 1)
     if not split and not lifted and all(isinstance(a, torch.Tensor) for a in example_inputs) and \
             not needs_grad(example_inputs) and \
             not any(isinstance(s, torch.SymInt) for a in example_inputs for s in a.shape):
