@@ -70,6 +70,7 @@ def freeze(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: tuple[int, ...
                 name = f"{_FROZEN}{index}"
                 attrs[name] = args[index].detach()
                 env[node] = graph.get_attr(name)
+                env[node].meta = dict(node.meta)        # its example_value: the split's work estimates
             else:
                 env[node] = graph.node_copy(node, lambda n: env[n])
             index += 1
