@@ -24,7 +24,6 @@ runs in PyTorch too.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -42,7 +41,8 @@ _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _VIEWS = {"view", "reshape", "transpose", "permute", "contiguous", "unsqueeze", "squeeze", "flatten",
           "expand", "size", "dim", "t", "split", "chunk", "unbind", "getitem", "to", "type_as", "dropout",
           "clone", "detach", "numel", "float", "half", "bfloat16"}
-_MATMULS = {"linear": 0, "addmm": 1, "mm": 0, "matmul": 0, "bmm": 0, "baddbmm": 1, "einsum": None}
+#: matmul-like calls: which tensor argument's last dimension is the reduction
+_MATMULS = {"linear": 0, "addmm": 1, "mm": 0, "matmul": 0, "bmm": 0, "baddbmm": 1}
 
 
 def symbolic(value: Any) -> bool:
@@ -79,7 +79,7 @@ def work(node: torch.fx.Node) -> int:
     name = _name(node)
     tensors = [a.meta.get("example_value") for a in node.args if isinstance(a, torch.fx.Node)]
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-    if name in _MATMULS and _MATMULS[name] is not None and len(tensors) > _MATMULS[name]:
+    if name in _MATMULS and len(tensors) > _MATMULS[name]:
         a = tensors[_MATMULS[name]]
         return _numel(out) * (_hint(a.shape[-1]) if a.dim() else 1)
     if name.startswith("conv") and len(tensors) >= 2:
@@ -178,7 +178,7 @@ def _subgraph(gm: torch.fx.GraphModule, region: Region, used_later: set[torch.fx
     def outside(n: torch.fx.Node) -> torch.fx.Node:
         if n not in env:
             if n.op == "get_attr":
-                attrs[str(n.target)] = _attr(gm, str(n.target))
+                attrs[str(n.target)] = attr(gm, str(n.target))
                 env[n] = graph.get_attr(str(n.target))
             else:
                 env[n] = graph.placeholder(n.name)
@@ -198,7 +198,8 @@ def _subgraph(gm: torch.fx.GraphModule, region: Region, used_later: set[torch.fx
     return torch.fx.GraphModule(attrs, graph), inputs, outputs
 
 
-def _attr(root: Any, target: str) -> Any:
+def attr(root: Any, target: str) -> Any:
+    """The attribute a ``get_attr`` target names (dotted)."""
     for part in target.split("."):
         root = getattr(root, part)
     return root
@@ -235,8 +236,8 @@ class SplitGraph:
             values = run(*[env[n] for n in inputs])
             env.update(zip(outputs, values))
         return torch.fx.node.map_arg(self.output.args[0],
-                                     lambda n: env[n] if n in env else _attr(self.gm, str(n.target)))
+                                     lambda n: env[n] if n in env else attr(self.gm, str(n.target)))
 
 
-__all__ = ["MODES", "SPLIT_SHARE", "Region", "SplitGraph", "describe", "is_dynamic", "regions", "static_share",
+__all__ = ["MODES", "SPLIT_SHARE", "Region", "SplitGraph", "attr", "describe", "is_dynamic", "regions", "static_share",
            "symbolic", "work"]

@@ -32,7 +32,7 @@ import torch
 from ...graph.passes import debug_enabled
 from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
-from .dynamic import MODES, SPLIT_SHARE, SplitGraph, describe, is_dynamic, regions, static_share
+from .dynamic import MODES, SPLIT_SHARE, SplitGraph, attr, describe, is_dynamic, regions, static_share
 from .importer import Imported, import_fx
 
 
@@ -77,7 +77,7 @@ def freeze(gm: torch.fx.GraphModule, args: Sequence[Any], frozen: tuple[int, ...
             continue
         if node.op in ("get_attr", "call_module"):
             attrs[str(node.target)] = gm.get_submodule(str(node.target)) if node.op == "call_module" else \
-                _attr(gm, str(node.target))
+                attr(gm, str(node.target))
         env[node] = graph.node_copy(node, lambda n: env[n])
     return torch.fx.GraphModule(attrs, graph)
 
@@ -116,12 +116,6 @@ def scalars(args: Sequence[Any], indices: tuple[int, ...]) -> list[Any]:
     for i in indices:
         args[i] = args[i].item()
     return args
-
-
-def _attr(root: Any, target: str) -> Any:
-    for part in target.split("."):
-        root = getattr(root, part)
-    return root
 
 
 def needs_grad(args: Sequence[Any]) -> bool:
