@@ -150,7 +150,7 @@ def regions(gm: torch.fx.GraphModule) -> list[Region]:
 def describe(parts: Sequence[Region], mode: str) -> str:
     """What :func:`regions` made of a graph, one line per region (``TASKMAP_DEBUG=dynamic``)."""
     total = sum(r.work for r in parts) or 1
-    lines = [f"taskmap: a graph with symbolic sizes: {mode}; the compiled regions hold "
+    lines = [f"taskmap: a graph with symbolic sizes: {mode}; the compiled regions would hold "
              f"{100 * static_share(parts):.1f}% of the estimated work"]
     for r in parts:
         kinds = sorted({_name(n) for n in r.nodes if n.op != "get_attr"})

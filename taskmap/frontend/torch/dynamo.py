@@ -294,9 +294,8 @@ def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     parts = regions(gm) if dynamic and sizes != "specialize" else []
     split = dynamic and (sizes == "split" or sizes == "auto" and static_share(parts) >= SPLIT_SHARE)
     if dynamic and debug_enabled("dynamic"):
-        print(describe(parts, "split") if split else "taskmap: a graph with symbolic sizes: specialized per shape "
-              f"(dynamic_sizes={sizes!r}" + (f", compiled regions would hold {100 * static_share(parts):.1f}% of the "
-                                            "work)" if parts else ")"), file=sys.stderr)
+        mode = "split" if split else f"specialized per shape (dynamic_sizes={sizes!r})"
+        print(describe(parts, mode) if parts else f"taskmap: a graph with symbolic sizes: {mode}", file=sys.stderr)
     runner = (SplitDynamoGraph if split else DynamoGraph)(
         gm, fallback, progress, frozen, fp32, max_graphs, scalars=lifted,
         compile_at=compile_at if dynamic and not split else 1)
