@@ -521,7 +521,8 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
         if kg.kernel is not None:
             steps.append(_group_step(kg, slots, kind, ws, zeros, stable, constants))
         elif len(kg.ops) == 1 and not kg.ops[0].definition.category.is_injective:
-            steps.append(_runner_step(kg.ops[0], ins, outs))
+            # the op's own inputs: a group lists a tensor read twice (f(w, w)) once
+            steps.append(_runner_step(kg.ops[0], tuple(slots[t] for t in kg.ops[0].inputs), outs))
         else:
             steps.append(_kernel_step(kg.ops[-1], ins, outs, target, kind, constants))   # an empty result
     return steps

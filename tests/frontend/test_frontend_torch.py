@@ -228,6 +228,22 @@ def test_fallback_runs_in_pytorch():
     assert "run by PyTorch: torch.cummax, torch.digamma, torch.kthvalue" in fast.summary()
 
 
+def test_fallback_op_reading_one_tensor_twice():
+    """A PyTorch-run op given the same tensor twice gets it twice (WavLM's
+    ``multi_head_attention_forward`` reads one zero-size bias in two places)."""
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            a = self.lin(x).abs() + 1.0
+            return torch.igamma(a, a) * 2.0
+
+    fast = check(Twice(), torch.randn(4, 8), fallback=True)
+    assert "run by PyTorch: torch.igamma" in fast.summary()
+
+
 class RandomShuffle(nn.Module):
     """ViT-MAE's random masking: noise drawn in the forward (with sizes only: foldable but random)."""
 
@@ -629,6 +645,18 @@ def test_structured_outputs_and_creation_ops():
     fast = check(M(), torch.randn(3, 5), fallback=True)
     got = fast(torch.randn(3, 5), scale=3.0)  # another value of a non-tensor argument: another graph
     assert len(fast.entries) == 2 and got["n"] == 3
+
+
+def test_new_tensors_with_sizes_as_arguments():
+    """``x.new_ones(2, 3)`` (sizes as separate arguments, Longformer's masks) as well as
+    ``x.new_zeros((3, 4))`` and ``x.new_full((2, 3), v)``."""
+    class M(nn.Module):
+        def forward(self, x):
+            a = x.new_ones(x.shape[0], x.shape[1] + 1).tril().flip(dims=[0])
+            b = x.new_zeros((x.shape[1], 4)) + x.new_full((1, 4), 0.5, dtype=torch.float32)
+            return x @ a[:, :-1].T + 1, b * x.new_empty(2, 3).shape[1]
+
+    check(M(), torch.randn(3, 5))
 
 
 def test_advanced_indexing_and_logical_ops():

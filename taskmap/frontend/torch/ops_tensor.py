@@ -174,10 +174,10 @@ def _like(value: Any) -> Any:
 
 def _new(value: Any) -> Any:
     def handler(cv: Converter, x: Tensor, size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
-        fill = args[0] if value is None else value
+        fill = (args[0] if args else kwargs["fill_value"]) if value is None else value
         if isinstance(fill, Tensor):
             raise NotConvertible("a fill value computed by the model")
-        shape = _sizes((size,))
+        shape = _sizes((size,) if value is None else (size, *args))     # new_ones(2, 3) or new_ones((2, 3))
         return cv.const(torch.full(shape, fill, dtype=dtype or getattr(torch, x.dtype.name)))
     return handler
 
