@@ -149,6 +149,12 @@ class CaptureError(UnsupportedError):
                 "runs the rest).")
 
 
+class EagerFallbackWarning(UserWarning):
+    """Under ``torch.compile(backend="taskmap")`` with ``fallback`` (the default), a graph (or a
+    region of a split graph) that taskmap could not compile runs in PyTorch; the warning names
+    the error."""
+
+
 class UnsupportedOpsError(UnsupportedError):
     """A model uses operators the frontend cannot convert.  ``ops`` lists them all (one
     ``(op, where, reason)`` triple each); the message names every one and how to run the model

@@ -113,6 +113,7 @@ ARITHMETIC = [
     lambda a, b: a + b * 2 - 1, lambda a, b: a / (b.abs() + 1), lambda a, b: torch.maximum(a, b) ** 2,
     lambda a, b: (a > b).float() + (a <= 0.5).to(torch.float32), lambda a, b: torch.where(a > b, a, b),
     lambda a, b: torch.where(a > 0, a, 0.0), lambda a, b: a.masked_fill(b > 0, -1e4),
+    lambda a, b: a.where(a > b, b * 2), lambda a, b: (a + 1).where(b > 0, -1.0),   # the tensor is the value
     lambda a, b: 2.0 - a, lambda a, b: torch.add(a, b, alpha=0.5), lambda a, b: (a == a).int() * 3,
     lambda a, b: (a * 10) // b, lambda a, b: (a * 10) % b, lambda a, b: torch.fmod(a * 10, b) + a % 0.3,
     lambda a, b: torch.div(a * 10, b, rounding_mode="floor") + torch.div(a, 0.07, rounding_mode="trunc"),
@@ -593,6 +594,66 @@ def test_backend_registered_by_entry_point():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_torch_compile_runs_an_uncompilable_graph_in_pytorch():
+    """A dynamo graph taskmap cannot compile (here a size read from a tensor after a graph break,
+    as in LED's global attention) runs in PyTorch with a warning naming why; with
+    ``fallback=False`` the error is raised."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            n = (x > 0).sum()
+            torch._dynamo.graph_break()
+            y = self.lin(x)
+            return y * 2, torch.arange(n) * 3 + y.sum()
+
+    model = M().eval()
+    x = torch.randn(4, 8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fast = torch.compile(model, backend="taskmap")
+        with pytest.warns(taskmap.errors.EagerFallbackWarning, match=r"runs in PyTorch.*torch.arange at node"):
+            got = fast(x)
+        for a, b in zip(got, model(x)):
+            torch.testing.assert_close(a, b)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="torch.arange at node .*shape cannot be known"):
+            torch.compile(model, backend="taskmap", options={"fallback": False})(x)
+    torch._dynamo.reset()
+
+
+def test_torch_compile_write_through_a_view():
+    """BEiT's relative position index under dynamo: ``rel[:, :, 0] += k`` on a view that is read
+    after.  The torch-level import refuses it; the graph is traced again by torch.export (ATen
+    calls, the writes made functional) and compiled — not run in PyTorch."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(9, 9)
+
+        def forward(self, x):
+            coords = torch.stack(torch.meshgrid(torch.arange(3), torch.arange(3), indexing="ij")).flatten(1)
+            rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+            rel[:, :, 0] += 2
+            rel[:, :, 0] *= 5
+            return self.lin(x) + rel.sum(-1).float()
+
+    runners = []
+
+    def backend(gm, example_inputs):
+        runners.append(taskmap.frontend.torch.taskmap_backend(gm, example_inputs))
+        return runners[-1]
+    model, x = M().eval(), torch.randn(9, 9)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x), rtol=1e-4, atol=1e-5)
+    [runner] = runners
+    assert runner.compiles == 1 and all(g is not None for g in runner.graphs.values())
+    torch._dynamo.reset()
 
 
 def test_torch_compile_dynamic_and_options():

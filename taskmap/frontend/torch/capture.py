@@ -301,11 +301,8 @@ def _aten_capture(model: torch.nn.Module, fs: Any, args: list[Any], kwargs: dict
         sig = ep.graph_signature
         if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
             return None, "the forward changes inputs or buffers in place"
-        gm = ep.module()
+        gm = _unguarded(ep.module())
     graph = gm.graph
-    for node in list(graph.nodes):
-        if node.op == "call_module" and str(node.target).startswith("_guards"):
-            graph.erase_node(node)           # export's checks of the call's shapes (the signature key checks them)
     try:
         unsafe = aten.functional_writes(graph)
     except aten.AliasingError as exc:
@@ -321,6 +318,30 @@ def _aten_capture(model: torch.nn.Module, fs: Any, args: list[Any], kwargs: dict
     except UnsupportedError as exc:
         return None, str(exc).splitlines()[0]
     return (imported, cap), ""
+
+
+def _unguarded(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``torch.export``'s module without its checks of the call's shapes (the callers key
+    their graphs by shape)."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            gm.graph.erase_node(node)
+    return gm
+
+
+def reexport(gm: torch.fx.GraphModule, args: list[Any], name: str, fallback: bool) -> Imported:
+    """A dynamo graph that the torch-level import refused (a write through a view: BEiT's
+    relative position index), traced again by ``torch.export`` — ATen calls, whose in-place
+    writes :func:`.aten.functional_writes` makes functional — and imported."""
+    with _quiet():
+        ep = torch.export.export(gm, tuple(args), strict=False)
+    if ep.graph_signature.buffers_to_mutate or ep.graph_signature.user_inputs_to_mutate:
+        raise UnsupportedError(f"{name}: changes its inputs in place")
+    egm = _unguarded(ep.module())
+    unsafe = aten.functional_writes(egm.graph)
+    if unsafe:
+        raise UnsupportedError(f"{name}: {unsafe}")
+    return import_fx(egm, args, fallback=fallback, name=name)
 
 
 def _stateless(imported: Imported, name: str) -> Imported:

@@ -29,9 +29,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ...errors import EagerFallbackWarning, UnsupportedError
 from ...graph.passes import debug_enabled
 from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
+from .capture import reexport
 from .dynamic import MODES, SPLIT_SHARE, SplitGraph, attr, describe, is_dynamic, regions, static_share
 from .importer import Imported, import_fx
 
@@ -146,8 +148,8 @@ class DynamoGraph:
         self.progress = progress
         self.frozen = frozen
         self.max_graphs = max_graphs
-        # least recently used first
-        self.graphs: collections.OrderedDict[tuple[Any, ...], tuple[Imported, CompiledGraph]] = \
+        # least recently used first; None: the graph could not be compiled and runs in PyTorch
+        self.graphs: collections.OrderedDict[tuple[Any, ...], tuple[Imported, CompiledGraph] | None] = \
             collections.OrderedDict()
         self.compiles = 0
         self._last: tuple[Any, ...] | None = None
@@ -160,17 +162,16 @@ class DynamoGraph:
                     for a in args)
         return key + tuple((args[i].data_ptr(), args[i]._version) for i in self.frozen)
 
-    def compile_for(self, args: Sequence[Any]) -> tuple[Imported, CompiledGraph]:
+    def compile_for(self, args: Sequence[Any]) -> tuple[Imported, CompiledGraph] | None:
         key = self._key(args)
-        hit = self.graphs.get(key)
-        if hit is not None and key == self._last:
-            return hit                         # the last one used (a loop of one shape): no lock
+        if key == self._last and key in self.graphs:
+            return self.graphs[key]            # the last one used (a loop of one shape): no lock
         with self.lock:                        # threads calling at once compile a graph once
             return self._compile(key, args)
 
-    def _compile(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[Imported, CompiledGraph]:
-        hit = self.graphs.get(key)
-        if hit is not None:
+    def _compile(self, key: tuple[Any, ...], args: Sequence[Any]) -> tuple[Imported, CompiledGraph] | None:
+        if key in self.graphs:
+            hit = self.graphs[key]
             self.graphs.move_to_end(key)
         else:
             gm, live = self.gm, list(args)
@@ -184,11 +185,26 @@ class DynamoGraph:
                 for old in [k for k in self.graphs if k[:len(args)] == shapes]:
                     del self.graphs[old]
             with precision.chosen(self.fp32_precision), gc_paused():
-                imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
-                g = imported.graph
-                device = next((x.device for x in g.inputs), "cpu")
-                hit = self.graphs[key] = (imported, CompiledGraph(g, device, "torch", self.progress))
-            self.compiles += 1
+                try:
+                    try:
+                        imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
+                    except UnsupportedError as first:      # writes through views: ATen's graph may do
+                        try:
+                            imported = reexport(gm, live, "dynamo_graph", self.fallback)
+                        except Exception:  # noqa: BLE001 - the first error says more
+                            raise first from None
+                    g = imported.graph
+                    device = next((x.device for x in g.inputs), "cpu")
+                    hit = (imported, CompiledGraph(g, device, "torch", self.progress))
+                except Exception as exc:  # noqa: BLE001 - with fallback, any failure: run in PyTorch
+                    if not self.fallback:
+                        raise
+                    warnings.warn(f"taskmap: a graph of {len(gm.graph.nodes)} nodes runs in PyTorch, taskmap could "
+                                  f"not compile it: {type(exc).__name__}: {str(exc)[:1000]}", EagerFallbackWarning,
+                                  stacklevel=2)
+                    hit = None
+            self.graphs[key] = hit
+            self.compiles += hit is not None
             while len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
         self._last = key
@@ -225,9 +241,10 @@ class DynamoGraph:
         return False
 
     def _run(self, args: Sequence[Any]) -> Any:
-        if self.compile_at > 1 and not self._due(args):
+        hit = self.compile_for(args) if self.compile_at == 1 or self._due(args) else None
+        if hit is None:                # not compiled (yet), or could not be: PyTorch runs it
             return self.gm(*args)
-        imported, cg = self.compile_for(args)
+        imported, cg = hit
         live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
         tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
         values = cg(*tensors)

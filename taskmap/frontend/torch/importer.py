@@ -276,11 +276,14 @@ class Importer:
         specs = [(tuple(m.shape), from_torch_dtype(m.dtype)) for m in leaves] if leaves else None
         try:
             outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=specs)
-        except NotImplementedError as e:       # no meta kernel: its sizes depend on the values
+        except (NotImplementedError, RuntimeError) as e:   # no meta kernel, or `.item()`: sizes from values
+            if not isinstance(e, NotImplementedError) and "meta tensors" not in str(e) and \
+                    "data-dependent" not in str(e):
+                raise                                       # a real error (bad sizes), as PyTorch reports it
             raise UnsupportedError(f"{self.builder.name}: {target_name(node)} at {where(node)}: its output's shape "
                                    f"cannot be known before it runs ({type(e).__name__}: {str(e).splitlines()[0]}); a "
                                    "compiled graph has static shapes (torch.compile(model, backend=\"taskmap\") "
-                                   "breaks the graph there)") from e
+                                   "runs such graphs in PyTorch)") from e
         if len(outs) > 1 or (leaves and not hasattr(meta, "shape")):
             return tuple(outs)
         return outs[0]

@@ -215,7 +215,14 @@ def rsub(cv: Converter, a: Any, b: Any, alpha: Any = 1) -> Tensor:
     return cv.binary(BinaryFn.SUB, b, a if alpha == 1 else cv.binary(BinaryFn.MUL, a, alpha))
 
 
-@register(torch.where, "where")
+@register("where")
+def where_method(cv: Converter, x: Any, condition: Any, y: Any) -> Tensor:
+    """``x.where(condition, y)``: ``x`` where the condition holds, else ``y`` (the tensor is the
+    first value, not the condition)."""
+    return where(cv, condition, x, y)
+
+
+@register(torch.where)
 def where(cv: Converter, cond: Any, a: Any = None, b: Any = None) -> Tensor:
     if a is None or b is None:
         raise NotConvertible("where(cond) with one argument (data-dependent shape)")
