@@ -656,6 +656,34 @@ def test_torch_compile_write_through_a_view():
     torch._dynamo.reset()
 
 
+class Chunks(nn.Module):
+    """Longformer's overlapping chunks: ``as_strided`` over a view whose memory is laid out
+    differently from its shape (PyTorch's strides, not a contiguous tensor's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x):
+        q = self.lin(x).view(16, 2, 4, 16).transpose(0, 1).transpose(1, 2).reshape(8, 16, 16)   # a view
+        h = q.view(8, 4, 4, 16)
+        size, stride = list(h.size()), list(h.stride())
+        size[1], stride[1] = 7, stride[1] // 2
+        c = h.as_strided(size=size, stride=stride)
+        return torch.einsum("bcxd,bcyd->bcxy", c, c)
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "taskmap.compile"])
+def test_as_strided_reads_pytorch_layout(how):
+    model, x = Chunks().eval(), torch.randn(16, 2, 64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fast = torch.compile(model, backend="taskmap") if how == "torch.compile" else \
+            taskmap.compile(model, (x,), progress=False)
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
 def test_torch_compile_dynamic_and_options():
     model = Unsupported().eval()
     fast = torch.compile(model, backend="taskmap", dynamic=True, options={"fallback": True})

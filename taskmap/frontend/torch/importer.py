@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.fx
 from torch.utils import _pytree as pytree
@@ -214,6 +215,9 @@ class Importer:
             return result
         if isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields"):
             return target(*args, **kwargs)      # a namedtuple (of graph tensors): structure, not an op
+        if target in _AS_STRIDED and isinstance(node.args[0], torch.fx.Node) and \
+                isinstance(_meta(node.args[0]), torch.Tensor):       # its layout in PyTorch is known
+            return self._as_strided(node, *args, **kwargs)
         handler = lookup(node.op, target)
         if handler is None and aten.is_aten(target):
             handler = aten.handler(target)
@@ -236,6 +240,27 @@ class Importer:
         result = self._torch_op(node, _FUNCTIONAL.get(target, target), args, kwargs)
         self._rebind_inplace(node, target, result)
         return result
+
+    def _as_strided(self, node: torch.fx.Node, x: Tensor, size: Sequence[int], stride: Sequence[int],
+                    storage_offset: int | None = None) -> Tensor:
+        """``x.as_strided(size, stride, offset)`` indexes ``x``'s storage, laid out as PyTorch had
+        it (a transpose's, a view's of a permuted tensor: Longformer's overlapping chunks), where a
+        graph tensor is contiguous: a gather from ``x`` at the logical positions of those storage
+        elements (a constant index)."""
+        xm = _meta(node.args[0])
+        xs, xo = tuple(xm.stride()), int(xm.storage_offset())
+        spots = _storage_positions(tuple(x.shape), xs, xo)
+        where_is = {int(p): i for i, p in enumerate(spots.reshape(-1))}
+        if len(where_is) != spots.size:
+            raise UnsupportedError(f"{where(node)}: as_strided of a tensor whose elements overlap in memory")
+        want = _storage_positions(tuple(int(v) for v in size), tuple(int(v) for v in stride),
+                                  xo if storage_offset is None else int(storage_offset))
+        if not all(int(p) in where_is for p in want.reshape(-1)):
+            raise UnsupportedError(f"{where(node)}: as_strided reads memory outside its input's elements")
+        index = np.vectorize(where_is.__getitem__, otypes=[np.int64])(want) if want.size else want.astype(np.int64)
+        cv = Converter(self.builder, f"{where(node)}: {target_name(node)}", "", self.consts, self.tf32)
+        flat = lookup("call_method", "reshape")(cv, x, -1)
+        return lookup("call_function", operator.getitem)(cv, flat, cv.const(torch.from_numpy(index)))
 
     def _rebind_inplace(self, node: torch.fx.Node, target: Any, result: Any) -> None:
         """After an in-place op (``x.add_(y)``, ``x += y``, ``relu(x, inplace=True)``) later uses
@@ -297,6 +322,17 @@ class Importer:
             if hasattr(m, "shape") and isinstance(g, Tensor) and tuple(m.shape) != g.shape:
                 raise IRError(f"frontend bug: {target_name(node)} at {where(node)} gives shape {g.shape}, PyTorch "
                               f"{tuple(m.shape)}")
+
+
+_AS_STRIDED = {torch.as_strided, "as_strided", torch.ops.aten.as_strided.default}
+
+
+def _storage_positions(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
+    """The storage position of every element of a strided view, in logical order."""
+    pos = np.full(shape, offset, dtype=np.int64)
+    for axis, (n, st) in enumerate(zip(shape, strides)):
+        pos += (np.arange(n, dtype=np.int64) * st).reshape([n if a == axis else 1 for a in range(len(shape))])
+    return pos
 
 
 def _meta(node: torch.fx.Node) -> Any:
