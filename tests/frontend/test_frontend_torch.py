@@ -626,6 +626,25 @@ def test_torch_compile_runs_an_uncompilable_graph_in_pytorch():
     torch._dynamo.reset()
 
 
+def test_torch_compile_vmap_runs_in_pytorch():
+    """Dynamo inlines ``torch.vmap`` as functorch's batching calls (Mamba's reference scan):
+    that graph runs in PyTorch, with the warning saying why."""
+    class V(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.vmap(lambda r: self.lin(r).sum())(x) * 2
+
+    model, x = V().eval(), torch.randn(4, 8)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.warns(taskmap.errors.EagerFallbackWarning, match="torch.vmap"):
+        got = torch.compile(model, backend="taskmap")(x)
+    torch.testing.assert_close(got, model(x))
+    torch._dynamo.reset()
+
+
 def test_torch_compile_write_through_a_view():
     """BEiT's relative position index under dynamo: ``rel[:, :, 0] += k`` on a view that is read
     after.  The torch-level import refuses it; the graph is traced again by torch.export (ATen

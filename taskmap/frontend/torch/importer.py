@@ -209,6 +209,11 @@ class Importer:
         args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
         target = self.gm.get_submodule(node.target) if node.op == "call_module" else node.target
+        if str(getattr(target, "__module__", "")).startswith(("torch._C._functorch", "torch._functorch")):
+            # before folding: running functorch's level changes here would break dynamo's guards
+            raise UnsupportedError(f"{where(node)}: {target_name(node)}: dynamo traced a torch.vmap (or another "
+                                   "torch.func transform) into this graph; taskmap's graph ops cannot hold "
+                                   "functorch's batching levels")
         if not _has_dynamic((args, kwargs)) and not _random(target):
             result = self._fold(node, target, args, kwargs)
             self._rebind_inplace(node, target, result)
