@@ -253,16 +253,19 @@ class Importer:
         graph tensor is contiguous: a gather from ``x`` at the logical positions of those storage
         elements (a constant index)."""
         xm = _meta(node.args[0])
-        xs, xo = tuple(xm.stride()), int(xm.storage_offset())
-        spots = _storage_positions(tuple(x.shape), xs, xo)
-        where_is = {int(p): i for i, p in enumerate(spots.reshape(-1))}
-        if len(where_is) != spots.size:
-            raise UnsupportedError(f"{where(node)}: as_strided of a tensor whose elements overlap in memory")
+        spots = _storage_positions(tuple(x.shape), tuple(xm.stride()), int(xm.storage_offset())).reshape(-1)
         want = _storage_positions(tuple(int(v) for v in size), tuple(int(v) for v in stride),
-                                  xo if storage_offset is None else int(storage_offset))
-        if not all(int(p) in where_is for p in want.reshape(-1)):
+                                  int(xm.storage_offset()) if storage_offset is None else int(storage_offset))
+        base = int(spots.min()) if spots.size else 0
+        logical = np.full(int(spots.max()) - base + 1 if spots.size else 0, -1, dtype=np.int64)
+        logical[spots - base] = np.arange(spots.size)       # storage position -> x's logical index
+        if np.count_nonzero(logical >= 0) != spots.size:
+            raise UnsupportedError(f"{where(node)}: as_strided of a tensor whose elements overlap in memory")
+        inside = (want >= base) & (want < base + logical.size)
+        index = np.where(inside, logical[np.clip(want - base, 0, max(logical.size - 1, 0))], -1) \
+            if logical.size else np.full(want.shape, -1, dtype=np.int64)
+        if want.size and index.min() < 0:
             raise UnsupportedError(f"{where(node)}: as_strided reads memory outside its input's elements")
-        index = np.vectorize(where_is.__getitem__, otypes=[np.int64])(want) if want.size else want.astype(np.int64)
         cv = Converter(self.builder, f"{where(node)}: {target_name(node)}", "", self.consts, self.tf32)
         flat = lookup("call_method", "reshape")(cv, x, -1)
         return lookup("call_function", operator.getitem)(cv, flat, cv.const(torch.from_numpy(index)))
