@@ -176,3 +176,31 @@ def test_debug_prints_the_regions(monkeypatch, capsys):
     assert len(lines) == 5 and "compiled" in lines[0] and "linear" in lines[0]
     assert "PyTorch" in lines[1] and "cat, scaled_dot_product_attention" in lines[1]
     torch._dynamo.reset()
+
+
+def test_a_graph_writing_in_place_is_not_split():
+    """RWKV's reference recurrence: a zero tensor of the dynamic length written step by step
+    (``out[:, t] = ...``) and read after.  Split, a reader placed before the writes read zeros;
+    such graphs are specialized per shape, even when a split is asked for."""
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            out = torch.zeros_like(x)
+            state = torch.zeros_like(x[:, 0])
+            for t in range(4):
+                state = torch.tanh(self.lin(x[:, t]) + state)
+                out[:, t] = state
+            return out * 2 + 1
+
+    torch.manual_seed(4)
+    model = Recurrent().eval()
+    fast, runners = _compiled(model, dynamic_sizes="split")
+    with torch.no_grad():
+        for length in (6, 7, 7, 9):
+            x = torch.randn(2, length, 8)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+    assert dynamic.writes(runners[-1].gm) and type(runners[-1]) is DynamoGraph
+    torch._dynamo.reset()

@@ -15,6 +15,9 @@ two ways to run such a graph (``options={"dynamic_sizes": ...}``):
 * ``"auto"`` (the default): split when the compiled regions hold at least :data:`SPLIT_SHARE`
   of the graph's estimated work at the sizes of the call that compiled it, else specialize.
 
+A graph that writes in place (``out[:, t] = v``, ``x.add_(y)``) is always specialized
+(:func:`writes`).
+
 Regions are formed as early as their inputs allow (a call joins the first region of its kind
 after everything it reads), so consecutive layers' static parts share one region.  A region
 without real work (views, indexing, size arithmetic) or with less than :data:`MIN_SHARE` of it
@@ -29,6 +32,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
+
+from .importer import writes_in_place
 
 #: ``"auto"`` splits when the static regions hold at least this share of the estimated work.
 SPLIT_SHARE = 0.8
@@ -88,6 +93,14 @@ def work(node: torch.fx.Node) -> int:
     if name == "scaled_dot_product_attention" and len(tensors) >= 2:
         return 2 * _numel(tensors[0]) * _hint(tensors[1].shape[-2])
     return _numel(out) if isinstance(out, torch.Tensor) else 0
+
+
+def writes(gm: torch.fx.GraphModule) -> bool:
+    """Whether any call of ``gm`` writes in place.  Such a graph is not split: a later reader of
+    the written tensor is tied to it by program order only (fx records no edge from the write),
+    and a view made in one region and written in another would not reach its base."""
+    return any(writes_in_place(n, gm.get_submodule(str(n.target)) if n.op == "call_module" else n.target)
+               for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
 
 def is_dynamic(gm: torch.fx.GraphModule) -> bool:
@@ -240,4 +253,4 @@ class SplitGraph:
 
 
 __all__ = ["MODES", "SPLIT_SHARE", "Region", "SplitGraph", "attr", "describe", "is_dynamic", "regions", "static_share",
-           "symbolic", "work"]
+           "symbolic", "work", "writes"]

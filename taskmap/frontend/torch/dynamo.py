@@ -34,7 +34,7 @@ from ...graph.passes import debug_enabled
 from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
 from .capture import reexport
-from .dynamic import MODES, SPLIT_SHARE, SplitGraph, attr, describe, is_dynamic, regions, static_share
+from .dynamic import MODES, SPLIT_SHARE, SplitGraph, attr, describe, is_dynamic, regions, static_share, writes
 from .importer import Imported, import_fx
 
 
@@ -308,10 +308,12 @@ def taskmap_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                         "fp32_precision, max_graphs, dynamic_sizes, compile_at")
     gm, lifted = unlift_scalars(gm)
     dynamic = is_dynamic(gm)
+    in_place = dynamic and writes(gm)
     parts = regions(gm) if dynamic and sizes != "specialize" else []
-    split = dynamic and (sizes == "split" or sizes == "auto" and static_share(parts) >= SPLIT_SHARE)
+    split = dynamic and not in_place and (sizes == "split" or sizes == "auto" and static_share(parts) >= SPLIT_SHARE)
     if dynamic and debug_enabled("dynamic"):
-        mode = "split" if split else f"specialized per shape (dynamic_sizes={sizes!r})"
+        mode = "split" if split else f"specialized per shape (dynamic_sizes={sizes!r}" + \
+            (", it writes in place)" if in_place else ")")
         print(describe(parts, mode) if parts else f"taskmap: a graph with symbolic sizes: {mode}", file=sys.stderr)
     runner = (SplitDynamoGraph if split else DynamoGraph)(
         gm, fallback, progress, frozen, fp32, max_graphs, scalars=lifted,

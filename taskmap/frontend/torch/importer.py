@@ -275,7 +275,7 @@ class Importer:
         of ``x`` read the result: graph ops are functional, the mutation becomes a rebinding."""
         if not isinstance(result, Tensor) or not node.args or not isinstance(node.args[0], torch.fx.Node):
             return
-        if _inplace(node, target) and isinstance(self.env.get(node.args[0]), Tensor):
+        if writes_in_place(node, target) and isinstance(self.env.get(node.args[0]), Tensor):
             if self.aliases is None:
                 self.aliases = Aliases(self.gm.graph)
             self.aliases.check_write(node, where(node))
@@ -283,7 +283,7 @@ class Importer:
 
     def _fold(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
         a, kw = _materialize(args, self.builder.device), _materialize(kwargs, self.builder.device)
-        if _inplace(node, target) and a and isinstance(a[0], torch.Tensor):
+        if writes_in_place(node, target) and a and isinstance(a[0], torch.Tensor):
             a = (a[0].clone(), *a[1:])       # constants share memory with the model's tensors
         if node.op == "call_method":
             out = getattr(a[0], target)(*a[1:], **kw)
@@ -359,7 +359,7 @@ def setitem_copy(x: torch.Tensor, idx: Any, value: Any) -> torch.Tensor:
 
 
 #: In-place Python operators run by PyTorch as functions returning the new value.
-def _inplace(node: torch.fx.Node, target: Any) -> bool:
+def writes_in_place(node: torch.fx.Node, target: Any) -> bool:
     """Whether the node is an in-place op on its first argument."""
     if node.op == "call_method":
         return str(target).endswith("_") and not str(target).startswith("_")
@@ -415,4 +415,4 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, fallba
     return Importer(gm, example_inputs, fallback, name).run()
 
 
-__all__ = ["Imported", "import_fx", "target_name"]
+__all__ = ["Imported", "import_fx", "target_name", "writes_in_place"]
