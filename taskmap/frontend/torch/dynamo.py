@@ -185,30 +185,34 @@ class DynamoGraph:
                 for old in [k for k in self.graphs if k[:len(args)] == shapes]:
                     del self.graphs[old]
             with precision.chosen(self.fp32_precision), gc_paused():
-                try:
-                    try:
-                        imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
-                    except UnsupportedError as first:      # writes through views: ATen's graph may do
-                        try:
-                            imported = reexport(gm, live, "dynamo_graph", self.fallback)
-                        except Exception:  # noqa: BLE001 - the first error says more
-                            raise first from None
-                    g = imported.graph
-                    device = next((x.device for x in g.inputs), "cpu")
-                    hit = (imported, CompiledGraph(g, device, "torch", self.progress))
-                except Exception as exc:  # noqa: BLE001 - with fallback, any failure: run in PyTorch
-                    if not self.fallback:
-                        raise
-                    warnings.warn(f"taskmap: a graph of {len(gm.graph.nodes)} nodes runs in PyTorch, taskmap could "
-                                  f"not compile it: {type(exc).__name__}: {str(exc)[:1000]}", EagerFallbackWarning,
-                                  stacklevel=2)
-                    hit = None
+                hit = self._build(gm, live)
             self.graphs[key] = hit
             self.compiles += hit is not None
             while len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
         self._last = key
         return hit
+
+    def _build(self, gm: torch.fx.GraphModule, live: list[Any]) -> tuple[Imported, CompiledGraph] | None:
+        """``gm`` imported and compiled.  A graph the torch-level import refuses (writes through
+        views) is traced again by ``torch.export``; with ``fallback``, one that cannot be
+        compiled at all gives None (PyTorch runs it) and an :class:`EagerFallbackWarning`."""
+        try:
+            try:
+                imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
+            except UnsupportedError as first:
+                try:
+                    imported = reexport(gm, live, "dynamo_graph", self.fallback)
+                except Exception:  # noqa: BLE001 - the first error says more
+                    raise first from None
+            device = next((x.device for x in imported.graph.inputs), "cpu")
+            return imported, CompiledGraph(imported.graph, device, "torch", self.progress)
+        except Exception as exc:  # noqa: BLE001 - with fallback, any failure: run in PyTorch
+            if not self.fallback:
+                raise
+            warnings.warn(f"taskmap: a graph of {len(gm.graph.nodes)} nodes runs in PyTorch, taskmap could not "
+                          f"compile it: {type(exc).__name__}: {str(exc)[:1000]}", EagerFallbackWarning, stacklevel=4)
+            return None
 
     def __call__(self, *args: Any) -> Any:
         if self.scalars:
