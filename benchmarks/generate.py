@@ -13,7 +13,9 @@ grouped key / value heads).  Per peer:
   backend's; taskmap's kernel cache as it is — clear it with ``python -m taskmap cache clear``
   for a cold number);
 * **prefill ms** and **decode ms/token**: later ``generate`` calls, each forward timed; the
-  prompt's forward and the median of the decode steps' (each decode step has a longer cache).
+  prompt's forward and the median of the decode steps' (each decode step has a longer cache);
+* with ``--prompts 20 27 35 27``: then the seconds of one ``generate`` per prompt of those
+  lengths, in turn — what a length not seen before costs, and one seen before.
 
 Peers take turns for ``--rounds`` rounds; the medians over rounds are reported, and ratios are
 peer time / taskmap time.
@@ -73,6 +75,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--prompts", type=int, nargs="*", default=[],
+                        help="then one generate per prompt of each length, in order (new lengths cost a compile, "
+                             "or run in PyTorch at first: dynamo's and taskmap's policies)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
@@ -116,6 +121,18 @@ def main() -> None:
     rows = [[p, f"{first[p]:.1f}", f"{pre[p]:.1f}", f"{dec[p]:.2f}",
              f"{dec[p] / dec['taskmap']:.2f}" if "taskmap" in dec else "-"] for p in args.peers]
     print_table(["peer", "first generate s", "prefill ms", "decode ms/token", "decode ratio vs taskmap"], rows)
+    if args.prompts:
+        print(f"\nseconds per generate of {args.new} tokens, prompts of these lengths in turn:\n")
+        rows = []
+        with torch.no_grad():
+            for peer in args.peers:
+                row = [peer]
+                for n in args.prompts:
+                    t0 = time.perf_counter()
+                    timers[peer].model.generate(torch.randint(10, 1000, (args.batch, n), device=args.device), **kw)
+                    row.append(f"{time.perf_counter() - t0:.2f}")
+                rows.append(row)
+        print_table(["peer", *(f"{n} tokens" for n in args.prompts)], rows)
 
 
 if __name__ == "__main__":
