@@ -160,7 +160,15 @@ class DynamoGraph:
     def _key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("value", a)
                     for a in args)
-        return key + tuple((args[i].data_ptr(), args[i]._version) for i in self.frozen)
+        return key + self._state(args)
+
+    def _state(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """The frozen inputs' storages and versions (an in-place update changes them)."""
+        return tuple((args[i].data_ptr(), args[i]._version) for i in self.frozen)
+
+    def _live(self, args: Sequence[Any]) -> Sequence[Any]:
+        """The arguments that are not frozen in."""
+        return [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
 
     def compile_for(self, args: Sequence[Any]) -> tuple[Imported, CompiledGraph] | None:
         key = self._key(args)
@@ -180,7 +188,7 @@ class DynamoGraph:
                 if self._frozen is None or self._frozen[0] != state:     # one freeze for every shape
                     self._frozen = (state, freeze(self.gm, args, self.frozen))
                 gm = self._frozen[1]
-                live = [a for i, a in enumerate(args) if i not in self.frozen]
+                live = list(self._live(args))
                 shapes = key[:len(args)]       # values changed in place: the old graph is stale
                 for old in [k for k in self.graphs if k[:len(args)] == shapes]:
                     del self.graphs[old]
@@ -249,7 +257,7 @@ class DynamoGraph:
         if hit is None:                # not compiled (yet), or could not be: PyTorch runs it
             return self.gm(*args)
         imported, cg = hit
-        live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
+        live = self._live(args)
         tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
         values = cg(*tensors)
         if imported.mutated:       # in place on an input, or on a frozen buffer (the module's own)
@@ -269,7 +277,7 @@ class SplitDynamoGraph(DynamoGraph):
         self.split: tuple[tuple[Any, ...], SplitGraph] | None = None      # (frozen state, split graph)
 
     def _run(self, args: Sequence[Any]) -> Any:
-        state = tuple((args[i].data_ptr(), args[i]._version) for i in self.frozen)
+        state = self._state(args)
         split = self.split
         if split is None or split[0] != state:
             with self.lock:
@@ -280,8 +288,7 @@ class SplitDynamoGraph(DynamoGraph):
                         sub, self.fallback, self.progress, (), self.fp32_precision, self.max_graphs, attrs)))
                     self.compiles += 1
                 split = self.split
-        live = [a for i, a in enumerate(args) if i not in self.frozen] if self.frozen else args
-        return split[1](*live)
+        return split[1](*self._live(args))
 
 
 def _positive(opts: dict[str, Any], name: str, default: int) -> int:

@@ -228,8 +228,7 @@ class Importer:
             handler = aten.handler(target)
         reason = ""
         if handler is not None:
-            cv = Converter(self.builder, f"{where(node)}: {target_name(node)}",
-                           str(node.target) if node.op == "call_module" else "", self.consts, self.tf32)
+            cv = self._converter(node)
             try:
                 if node.op == "call_module":
                     result = handler(cv, target, *args, **kwargs)
@@ -256,19 +255,21 @@ class Importer:
         spots = _storage_positions(tuple(x.shape), tuple(xm.stride()), int(xm.storage_offset())).reshape(-1)
         want = _storage_positions(tuple(int(v) for v in size), tuple(int(v) for v in stride),
                                   int(xm.storage_offset()) if storage_offset is None else int(storage_offset))
-        base = int(spots.min()) if spots.size else 0
-        logical = np.full(int(spots.max()) - base + 1 if spots.size else 0, -1, dtype=np.int64)
-        logical[spots - base] = np.arange(spots.size)       # storage position -> x's logical index
-        if np.count_nonzero(logical >= 0) != spots.size:
+        order = np.argsort(spots, kind="stable")             # x's logical indices by storage position
+        ordered = spots[order]
+        if np.any(ordered[1:] == ordered[:-1]):
             raise UnsupportedError(f"{where(node)}: as_strided of a tensor whose elements overlap in memory")
-        inside = (want >= base) & (want < base + logical.size)
-        index = np.where(inside, logical[np.clip(want - base, 0, max(logical.size - 1, 0))], -1) \
-            if logical.size else np.full(want.shape, -1, dtype=np.int64)
-        if want.size and index.min() < 0:
+        at = np.minimum(np.searchsorted(ordered, want), max(ordered.size - 1, 0))
+        if want.size and (not ordered.size or np.any(ordered[at] != want)):
             raise UnsupportedError(f"{where(node)}: as_strided reads memory outside its input's elements")
-        cv = Converter(self.builder, f"{where(node)}: {target_name(node)}", "", self.consts, self.tf32)
+        cv = self._converter(node)
         flat = lookup("call_method", "reshape")(cv, x, -1)
+        index = order[at] if ordered.size else at
         return lookup("call_function", operator.getitem)(cv, flat, cv.const(torch.from_numpy(index)))
+
+    def _converter(self, node: torch.fx.Node) -> Converter:
+        return Converter(self.builder, f"{where(node)}: {target_name(node)}",
+                         str(node.target) if node.op == "call_module" else "", self.consts, self.tf32)
 
     def _rebind_inplace(self, node: torch.fx.Node, target: Any, result: Any) -> None:
         """After an in-place op (``x.add_(y)``, ``x += y``, ``relu(x, inplace=True)``) later uses
