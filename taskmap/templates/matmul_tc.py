@@ -26,9 +26,12 @@ rounded to tf32 once for all the mma calls that read them (``tf32_operand``, ``r
 3xTF32 (``MatmulProblem.tf32x3``, ``TcConfig.x3``): f32 products at about f32's accuracy on the
 same tensor cores.  Each fragment element ``x`` is split once into ``hi = round_tf32(x)`` (exact in
 tf32) and ``lo = x - hi`` (exact in f32, then a tf32 operand), and each mma tile takes three
-calls — ``lo_a * hi_b``, ``hi_a * lo_b``, then ``hi_a * hi_b`` — into the same f32 accumulators;
-the dropped ``lo_a * lo_b`` is ~2^-22 of a product (CUTLASS's "3xTF32").  Three times the tensor-core
-work and ``MI * 4 + NI * 2`` more registers a lane.
+calls — ``lo_a * hi_b``, ``hi_a * lo_b``, then ``hi_a * hi_b``; the dropped ``lo_a * lo_b`` is
+~2^-22 of a product (CUTLASS's "3xTF32").  The three go into a zeroed fragment that an f32 add then
+folds into the accumulators: the tensor cores truncate their sums (round toward zero), and with the
+accumulators as the mma's C that bias grew with K — at 1024x768x3072 (split 2) the error was 14x
+the SIMT kernel's f32 FMAs on an H200, 0.3x of them in an emulation of the truncating sums with the
+partial fragment.  Three times the tensor-core work and ``MI * 4 + NI * 2 + 4`` more registers a lane.
 The row padding keeps the reads free of bank conflicts: 4 floats for A and an ``N x K`` B (the 8
 rows of a matrix start 20 or 36 words apart: distinct 4-bank groups), 8 floats for a ``K x N`` B
 (row ``t``, column ``g``: banks ``8t + g``).
@@ -145,6 +148,7 @@ def build_kernel(cfg: TcConfig) -> Kernel:
         bf = register_tensor(T, [NI, FB])
         af_lo = register_tensor(T, [MI if X3 else 1, FA])     # 3xTF32: the low parts
         bf_lo = register_tensor(T, [NI if X3 else 1, FB])
+        part = register_tensor(f32, [4])                      # 3xTF32: one k-step's three products
         for i in unroll(MI):
             for j in unroll(NI):
                 for q in unroll(4):
@@ -235,10 +239,16 @@ def build_kernel(cfg: TcConfig) -> Kernel:
                                     bf[ni, q] = tf32_operand(bf[ni, q])
                         for mi in unroll(MI):
                             for ni in unroll(NI):
-                                if X3:                # the small products first: lo x hi, hi x lo
-                                    mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af_lo[mi, 0], bf[ni, 0], rounded=True)
-                                    mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af[mi, 0], bf_lo[ni, 0], rounded=True)
-                                mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af[mi, 0], bf[ni, 0], rounded=True)
+                                if X3:                # the small products first: lo x hi, hi x lo, then hi x hi
+                                    for q in unroll(4):
+                                        part[q] = 0.0
+                                    mma_sync_m16n8k8_tf32(part[0], af_lo[mi, 0], bf[ni, 0], rounded=True)
+                                    mma_sync_m16n8k8_tf32(part[0], af[mi, 0], bf_lo[ni, 0], rounded=True)
+                                    mma_sync_m16n8k8_tf32(part[0], af[mi, 0], bf[ni, 0], rounded=True)
+                                    for q in unroll(4):   # rounded to nearest, not truncated as in the mma
+                                        acc[mi, ni, q] = acc[mi, ni, q] + part[q]
+                                else:
+                                    mma_sync_m16n8k8_tf32(acc[mi, ni, 0], af[mi, 0], bf[ni, 0], rounded=True)
                 else:
                     for kk in unroll(BK // MMA_K):
                         for mi in unroll(MI):
@@ -330,7 +340,7 @@ class MatmulTcTemplate(KernelFamily):
         global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
         w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes, cache_bytes=p.flops / 2 * size * (1 / bm + 1 / bn),
                      work_items=tiles, threads_per_item=threads,
-                     registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64 + (wtm // 4 + wtn // 4) * cfg.x3),
+                     registers_per_thread=min(255, 4 * wtm * wtn // 128 + 64 + (wtm // 4 + wtn // 4 + 4) * cfg.x3),
                      shared_per_item=cfg.smem_bytes(),
                      inner_bytes=size * bk, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
