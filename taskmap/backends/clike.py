@@ -16,7 +16,7 @@ from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, bf16, f32, f64
 from ..ir.func import FuncKind, Function, Module
 from ..ir.functor import collect, written_tensors as _written_under
-from ..ir.primitives import PrimCall
+from ..ir.primitives import Prim, PrimCall
 from ..ir.types import MemScope, TensorType
 
 _CTYPES = {
@@ -417,15 +417,22 @@ def element_bytes(t: TensorType) -> int:
     return 2 if t.dtype is bf16 else t.dtype.nbytes
 
 
+#: Alignment of the shared buffer and of the tiles wgmma reads through its 128-byte swizzle.
+SWIZZLE_ALIGN = 1024
+
+
 def smem_layout(func: Function) -> tuple[dict[int, int], int]:
     """Byte offsets (by variable id) of a kernel's shared tensors in its one shared buffer, 16-byte
-    aligned, and the buffer's size.  The CPU and GPU backends and the launcher all use this."""
+    aligned (1024 for the tiles ``wgmma`` reads: its swizzle works on address bits), and the
+    buffer's size.  The CPU and GPU backends and the launcher all use this."""
     offsets: dict[int, int] = {}
     total = 0
+    swizzled = {id(c.args[i].tensor) for c in collect(func.body, PrimCall) if c.op is Prim.WGMMA_TF32 for i in (1, 2)}
     for decl in collect(func.body, S.DeclTensor):
         t = decl.var.type
         if t.scope is MemScope.SHARED:
-            total = (total + 15) // 16 * 16
+            align = SWIZZLE_ALIGN if id(decl.var) in swizzled else 16
+            total = (total + align - 1) // align * align
             offsets[id(decl.var)] = total
             total += numel(t) * element_bytes(t)
     return offsets, total

@@ -88,6 +88,12 @@ TM_FN void NAME(void *dst, const void *src) { \
   asm volatile("ldmatrix.sync.aligned.m8n8." SHAPE ".shared.b16 " REGS ", [%" #N "];\n" \
                : __VA_ARGS__ : "r"(tm_smem_addr(src))); \
   memcpy(dst, r, 4 * N); }
+/* wgmma's shared-memory matrix descriptor of a K-major tile with 128-byte swizzled rows: the
+   start address (>> 4), leading byte offset 1 (unused by this layout), stride byte offset 1024
+   (from one 8-row atom to the next), layout type 1 (128-byte swizzle). */
+TM_FN unsigned long long tm_wgmma_desc_sw128(const void *p) {
+  return (unsigned long long)((tm_smem_addr(p) & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
 TM_LDMATRIX(tm_ldmatrix_x1, "x1", 1, "{%0}", "=r"(r[0]))
 TM_LDMATRIX(tm_ldmatrix_x2, "x2", 2, "{%0, %1}", "=r"(r[0]), "=r"(r[1]))
 TM_LDMATRIX(tm_ldmatrix_x4, "x4", 4, "{%0, %1, %2, %3}", "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]))
@@ -242,10 +248,48 @@ class CudaPrims(GpuPrims):
             if "mma_tf32" not in target.features:
                 raise UnsupportedError(f"{g.func.name}: mma_sync_m16n8k8_tf32() needs sm_80 or newer, not {target.name}")
             return f"tm_mma_m16n8k8_tf32<{int(a[3].value)}>({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])})"
+        if e.op is Prim.FENCE_PROXY_ASYNC:
+            if "tma" not in target.features:
+                raise UnsupportedError(f"{g.func.name}: fence_proxy_async() needs sm_90 or newer, not {target.name}")
+            return _WGMMA[e.op](g, a)
+        if e.op in _WGMMA:
+            if "wgmma" not in target.features:
+                raise UnsupportedError(f"{g.func.name}: {e.op.spec.name}() needs the arch-specific sm_90a "
+                                       f"(wgmma), not {target.name}")
+            return _WGMMA[e.op](g, a)
         if "ldmatrix" not in target.features:
             raise UnsupportedError(f"{g.func.name}: ldmatrix() needs sm_75 or newer, not {target.name}")
         trans = "_trans" if a[3].value else ""
         return f"tm_ldmatrix_x{a[2].value}{trans}({g.ref(a[0])}, {g.ref(a[1])})"
+
+
+def _wgmma_tf32(g: Any, a: tuple) -> str:
+    """The asm statement of one ``wgmma_tf32``: the accumulators as ``n / 2`` read-write operands."""
+    n, c = int(a[3].value), g.ref(a[0])
+    regs = ", ".join(f"%{i}" for i in range(n // 2))
+    outs = ", ".join(f'"+f"(({c})[{i}])' for i in range(n // 2))
+    k = n // 2
+    return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{regs}}}, %{k}, %{k + 1}, p, 1, 1;\\n}}\\n" '
+            f': {outs} : "l"(tm_wgmma_desc_sw128({g.ref(a[1])})), "l"(tm_wgmma_desc_sw128({g.ref(a[2])})), '
+            f'"r"({int(a[4].value)}))')
+
+
+def _wgmma_wait(g: Any, a: tuple) -> str:
+    """The wait, then an empty asm per accumulator that 'writes' it: the compiler cannot move their
+    reads above the wait (CUTLASS's warpgroup_fence_operand)."""
+    c = g.ref(a[1])
+    keep = "; ".join(f'asm volatile("" : "+f"(({c})[{i}]) :: "memory")' for i in range(int(a[2].value)))
+    return f'asm volatile("wgmma.wait_group.sync.aligned {int(a[0].value)};\\n" ::: "memory"); {keep}'
+
+
+_WGMMA = {
+    Prim.WGMMA_TF32: _wgmma_tf32,
+    Prim.WGMMA_FENCE: lambda g, a: 'asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory")',
+    Prim.WGMMA_COMMIT: lambda g, a: 'asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory")',
+    Prim.WGMMA_WAIT: _wgmma_wait,
+    Prim.FENCE_PROXY_ASYNC: lambda g, a: 'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory")',
+}
 
 
 class HipPrims(GpuPrims):

@@ -80,6 +80,20 @@ class Prim(enum.Enum):
                                 value=False)  # (c, a, b, rounded): c += tf32(a) @ tf32(b); rounded: a, b are tf32
     LDMATRIX = PrimSpec("ldmatrix", PrimKind.MMA, 4, refs=(0, 1), writes=(0,), consts=(2, 3),
                         value=False)                              # (dst, src_row, num, trans)
+    #: (c, a, b, n, accumulate): one warpgroup's (4 warps, from a warp index divisible by 4)
+    #: ``wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32``: c (f32[n / 2] a thread, as in
+    #: ``wgmma_c_layout``) = a (64 x 8) @ b (n x 8)^T (+ c when ``accumulate``), both operands in
+    #: shared memory in the 128-byte-swizzled K-major layout (``WGMMA_SW128``), read as tf32
+    #: (their low 13 bits ignored); asynchronous: complete after ``wgmma_commit`` + ``wgmma_wait``
+    WGMMA_TF32 = PrimSpec("wgmma_tf32", PrimKind.MMA, 5, refs=(0, 1, 2), writes=(0,), consts=(3, 4), value=False)
+    WGMMA_FENCE = PrimSpec("wgmma_fence", PrimKind.MEMORY, 0, value=False)    # before a warpgroup's first wgmma
+    WGMMA_COMMIT = PrimSpec("wgmma_commit", PrimKind.MEMORY, 0, value=False)  # closes a group of wgmma
+    #: (n, c, count): all but the newest n groups of wgmma done; c[0..count) (the accumulators they
+    #: write) are not read before it
+    WGMMA_WAIT = PrimSpec("wgmma_wait", PrimKind.MEMORY, 3, refs=(1,), writes=(1,), consts=(0, 2), value=False)
+    #: orders this thread's ordinary shared-memory writes before later reads by the tensor cores
+    #: (wgmma) or the copy engine (with a barrier after it)
+    FENCE_PROXY_ASYNC = PrimSpec("fence_proxy_async", PrimKind.MEMORY, 0, value=False)
     #: (ref, level): a hint to bring the cache line of ``ref`` into the cache of ``level`` (1 or 2);
     #: no effect on results, and ``ref`` may lie past the tensor's end (a prefetch never faults)
     PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 2, refs=(0,), consts=(1,), value=False)
@@ -108,6 +122,12 @@ PREFETCH_LEVELS = (1, 2)
 MMA_FRAGMENT = {0: 4, 1: 8, 2: 4}
 #: The same for mma_sync_m16n8k8_tf32 (C f32, A and B f32 rounded to tf32).
 MMA_TF32_FRAGMENT = {0: 4, 1: 4, 2: 2}
+#: ``wgmma_tf32``'s n: multiples of 8 up to 256.
+WGMMA_N = tuple(range(8, 257, 8))
+#: Bytes of one row of a 128-byte-swizzled K-major wgmma operand tile (32 f32), and of its
+#: 8-row atom: element (r, k) of a tile at byte offset ``o`` (1024-aligned in shared memory) lies at
+#: ``o + r * 128 + ((k // 4) ^ (r % 8)) * 16 + k % 4 * 4``.
+WGMMA_SW128 = (128, 1024)
 B16_TYPES = (f16, bf16, i16, u16)
 #: 32-bit elements ``ldmatrix`` moves untransposed (one per lane and matrix: the tf32 fragments).
 B32_TYPES = (f32, i32, u32)
@@ -142,8 +162,9 @@ def is_warp_synchronous(op: Prim) -> bool:
 def needs_gpu(op: Prim) -> bool:
     """Whether the primitive only exists in GPU kernels and device functions (atomics and
     ``copy16`` and ``transpose_block`` are also valid in CPU kernels)."""
-    return op.spec.kind in (PrimKind.WARP, PrimKind.MMA) or op in (Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT,
-                                                                 Prim.CP_ASYNC_WAIT)
+    return op.spec.kind in (PrimKind.WARP, PrimKind.MMA) or op in (
+        Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT, Prim.WGMMA_FENCE, Prim.WGMMA_COMMIT, Prim.WGMMA_WAIT,
+        Prim.FENCE_PROXY_ASYNC)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -257,9 +278,14 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
         if not src_bytes.dtype.is_integer:
             return 3, f"src_bytes of cp_async() must be an integer, got {src_bytes.dtype!r}"
         return None
-    if op is Prim.CP_ASYNC_WAIT:
+    if op in (Prim.CP_ASYNC_WAIT, Prim.WGMMA_WAIT):
         n = _int_const(args[0])
-        return None if n is not None and n >= 0 else (0, f"cp_async_wait() needs a group count >= 0, got {n}")
+        if n is None or n < 0:
+            return 0, f"{name}() needs a group count >= 0, got {n}"
+        if op is Prim.WGMMA_WAIT and (_scope(args[1]) is not MemScope.REGISTER or args[1].dtype is not f32
+                                      or (_int_const(args[2]) or 0) < 1):
+            return 1, f"{name}() takes the wgmma accumulators: an f32 register tensor element and a count >= 1"
+        return None
     if op is Prim.PREFETCH:
         if _scope(args[0]) is MemScope.REGISTER:
             return 0, f"prefetch() needs an element of a global or shared tensor; '{args[0].tensor.name}' is a " \
@@ -290,6 +316,21 @@ def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) ->
         if b.dtype is not a.dtype:
             return 2, f"the B operand of {name}() must have A's type {a.dtype!r}, got {b.dtype!r}"
         return None
+    if op is Prim.WGMMA_TF32:
+        c, a, b, n, acc = args
+        if _scope(c) is not MemScope.REGISTER:
+            return 0, f"the accumulator of {name}() is a register tensor; '{c.tensor.name}' is {_scope(c).value}"
+        if c.dtype is not f32:
+            return 0, f"the accumulator of {name}() must be f32, got {c.dtype!r}"
+        for i, ref in ((1, a), (2, b)):
+            if _scope(ref) is not MemScope.SHARED or ref.dtype is not f32:
+                return i, f"the {'AB'[i - 1]} operand of {name}() is an f32 shared tensor element; " \
+                          f"'{ref.tensor.name}' is {_scope(ref).value} {ref.dtype!r}"
+        if _int_const(n) not in WGMMA_N:
+            return 3, f"{name}() computes 64 x n tiles with n a multiple of 8 up to 256, got {_int_const(n)}"
+        if _int_const(acc) not in (0, 1):
+            return 4, f"accumulate of {name}() must be a compile-time bool"
+        return None
     if op is Prim.LDMATRIX:
         dst, src, num, trans = args
         if _scope(dst) is not MemScope.REGISTER:
@@ -313,6 +354,11 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return MMA_FRAGMENT[index]
     if op is Prim.MMA_M16N8K8_TF32:
         return MMA_TF32_FRAGMENT[index]
+    if op is Prim.WGMMA_TF32:  # c: n / 2 a thread; a, b: 64 or n rows of the swizzled tile from the start
+        rows = 64 if index == 1 else int(args[3].value)  # type: ignore[attr-defined]
+        return int(args[3].value) // 2 if index == 0 else (rows - 1) * 32 + 8  # type: ignore[attr-defined]
+    if op is Prim.WGMMA_WAIT:
+        return int(args[2].value)  # type: ignore[attr-defined]
     if op is Prim.LDMATRIX:    # per matrix: a 32-bit register of each lane; a 16-byte row
         width = args[index].dtype.nbytes
         return 4 * int(args[2].value) // width if index == 0 else 16 // width  # type: ignore[attr-defined]
@@ -328,10 +374,10 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
 
 def alignment(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
     """The byte alignment reference ``index`` must have (the GPU faults on misaligned ones)."""
-    if op in (Prim.COPY16, Prim.LDMATRIX) and (op is Prim.COPY16 or index == 1):
+    if op in (Prim.COPY16, Prim.LDMATRIX, Prim.WGMMA_TF32) and (op is Prim.COPY16 or index > 0):
         return 16
     if op is Prim.CP_ASYNC:
         return int(args[2].value)  # type: ignore[attr-defined]
-    if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32, Prim.LDMATRIX):
+    if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32, Prim.LDMATRIX, Prim.WGMMA_TF32):
         return 4
     return args[index].dtype.nbytes

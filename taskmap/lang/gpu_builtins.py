@@ -373,12 +373,72 @@ mma_sync_m16n8k8_tf32 = Builtin("mma_sync_m16n8k8_tf32", _mma_tf32,
                                 "every call.  ``rounded=True``: they already hold tf32 values (``round_tf32()`` when "
                                 "the fragment was loaded, once for all the calls that read it) and pass as they are "
                                 "(the tensor cores read their top 19 bits).")
+def _nullary(prim: Prim) -> Any:
+    name = prim.spec.name
+
+    def impl(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+        check_args(ctx, node, name, args, kwargs, 0, 0)
+        ctx.mark_gpu(node, f"{name}()")
+        return S.Evaluate(PrimCall(prim, ()))
+    return impl
+
+
+def _wgmma_wait(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+    check_args(ctx, node, "wgmma_wait", args, kwargs, 3, 3)
+    ctx.mark_gpu(node, "wgmma_wait()")
+    n, count = const_int(args[0]), const_int(args[2])
+    if n is None or n < 0:
+        raise ctx.error(node.args[0], f"wgmma_wait() needs a compile-time number of groups >= 0, got "
+                                      f"{ctx.value_str(args[0])}")
+    if count is None or count < 1:
+        raise ctx.error(node.args[2], f"wgmma_wait() needs a compile-time count of accumulators >= 1, got "
+                                      f"{ctx.value_str(args[2])}")
+    c = element_ref(ctx, node, 1, args[1], "wgmma_wait", whole=True)
+    return S.Evaluate(finish(ctx, node, PrimCall(Prim.WGMMA_WAIT, (E.const(n), c, E.const(count)))))
+
+
+def _wgmma_tf32(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+    name = "wgmma_tf32"
+    c_v, a_v, b_v, n_v, acc_v = take_args(ctx, node, name, args, kwargs, ("c", "a", "b", "n", "accumulate"), 4,
+                                          {"accumulate": True})
+    ctx.mark_gpu(node, f"{name}()")
+    n = const_int(n_v)
+    if is_ir(acc_v) or not isinstance(acc_v, (bool, int)):
+        raise ctx.error(arg_node(node, 4, "accumulate"), f"accumulate of {name}() must be a compile-time bool, got "
+                                                         f"{ctx.value_str(acc_v)}")
+    c = element_ref(ctx, node, 0, c_v, name, whole=True)
+    a = element_ref(ctx, node, 1, a_v, name)
+    b = element_ref(ctx, node, 2, b_v, name)
+    call = PrimCall(Prim.WGMMA_TF32, (c, a, b, E.const(-1 if n is None else n), E.const(int(bool(acc_v)))))
+    return S.Evaluate(finish(ctx, node, call, {4: "accumulate"}))
+
+
 ldmatrix_x1 = _ldmatrix(1)
 ldmatrix_x2 = _ldmatrix(2)
 ldmatrix_x4 = _ldmatrix(4)
+wgmma_tf32 = Builtin("wgmma_tf32", _wgmma_tf32,
+                     "``wgmma_tf32(c, a_smem[r, k], b_smem[r, k], n, accumulate=True)``: a warpgroup's (4 warps "
+                     "from a warp index divisible by 4, all 128 threads) tensor-core product c = a @ b^T (+ c): "
+                     "a 64 x 8 and b n x 8 (n a multiple of 8 up to 256) from shared memory, K-major with "
+                     "128-byte rows swizzled (``wgmma_sw128``; each tile 1024-byte aligned, the references at a "
+                     "tile's row 0 and k 0, 8, 16 or 24), read as tf32; c (f32[n / 2]) as in "
+                     "``wgmma_c_layout``.  Asynchronous: ``wgmma_fence()`` before, ``wgmma_commit()`` and "
+                     "``wgmma_wait(0)`` before c is read or the tiles are overwritten.  sm_90a.")
+wgmma_fence = Builtin("wgmma_fence", _nullary(Prim.WGMMA_FENCE),
+                      "``wgmma_fence()``: orders the warpgroup's register writes (its accumulators) before the "
+                      "wgmma that follow.")
+wgmma_commit = Builtin("wgmma_commit", _nullary(Prim.WGMMA_COMMIT),
+                       "``wgmma_commit()``: closes the group of the warpgroup's pending wgmma.")
+wgmma_wait = Builtin("wgmma_wait", _wgmma_wait, "``wgmma_wait(n, c, count)``: waits until at most n committed "
+                                                "wgmma groups are pending; c (a register tensor element) and the "
+                                                "count - 1 after it are the accumulators those groups write, kept "
+                                                "from being read before the wait.")
+fence_proxy_async = Builtin("fence_proxy_async", _nullary(Prim.FENCE_PROXY_ASYNC),
+                            "``fence_proxy_async()``: this thread's ordinary shared-memory writes become visible "
+                            "to the tensor cores' wgmma reads (put it before the barrier that precedes them).")
 
 __all__ = ["FULL_MASK", "all_sync", "any_sync", "atomic_add", "atomic_cas", "atomic_exch", "atomic_max",
            "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
            "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "prefetch",
            "shfl_down_sync", "shfl_sync", "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id",
-           "warp_size"]
+           "warp_size", "fence_proxy_async", "wgmma_commit", "wgmma_fence", "wgmma_tf32", "wgmma_wait"]

@@ -39,7 +39,7 @@ fragment of a 16x8 tile of f32 (row-major).
 """
 from __future__ import annotations
 
-from ..ir.dtypes import f32, u32
+from ..ir.dtypes import f32, i32, u32
 from ..ir.mapping import TaskMapping, custom_mapping, repeat, spatial
 from .builtins import bitcast, func, select
 
@@ -105,6 +105,24 @@ ldmatrix_x2_rows: TaskMapping = custom_mapping((16, 8), WARP_LANES, 1, _x2_row)
 ldmatrix_x1_rows: TaskMapping = custom_mapping((8, 8), WARP_LANES, 1, _x1_row)
 
 
+def wgmma_c_layout(n: int) -> TaskMapping:
+    """The accumulators of ``wgmma_tf32(c, a, b, n)`` over a 64 x n tile and the warpgroup's 128
+    threads: warp ``w`` holds rows ``16w .. 16w + 15`` as ``mma_c_layout`` does, for each 8-column
+    tile in turn (register ``4j + i`` in tile j)."""
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma tiles are 64 x n with n a multiple of 8 up to 256, got n = {n}")
+    return repeat(1, n // 8) * spatial(4, 1) * mma_c_layout
+
+
+@func
+def wgmma_sw128(row: i32, k: i32) -> i32:
+    """Where element ``(row, k)`` of a wgmma operand tile (K-major f32 rows of 32, 128-byte
+    swizzle) lies in a ``[rows, 32]`` shared tensor: 16-byte chunk ``k // 4`` of a row is stored as
+    chunk ``k // 4 ^ row % 8`` (the row's column index there; write ``tile[row, wgmma_sw128(row, k)]``).
+    ``k`` a multiple of 4 moves whole 16-byte chunks (cp_async's)."""
+    return (k // 4 ^ row % 8) * 4 + k % 4
+
+
 def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
     """The ``(row, col)`` of each register of ``operand`` ("a", "b" or "c") held by ``lane``,
     straight from the PTX ISA's formulas (the reference the mappings are tested against)."""
@@ -126,4 +144,4 @@ def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
 __all__ = ["MMA_K", "MMA_M", "MMA_N", "MMA_TF32_K", "ldmatrix_x1_rows", "ldmatrix_x2_rows", "ldmatrix_x4_rows",
            "ldmatrix_x4_rows_b32",
            "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_tf32_a_layout", "mma_tf32_b_layout", "ptx_fragment",
-           "round_tf32", "tf32_operand"]
+           "round_tf32", "tf32_operand", "wgmma_c_layout", "wgmma_sw128"]

@@ -124,7 +124,11 @@ def test_target_from_properties_uses_the_device_numbers():
     props = drv.DeviceProperties("NVIDIA H200", (9, 0), 132, 1024, 49152, 232448, 233472, 65536, 32,
                                  141 << 30, 60 << 20)
     t = target_from_properties(props)
-    assert (t.arch, t.num_cores, t.max_shared_memory_optin) == ("sm_90", 132, 232448)
+    assert (t.arch, t.num_cores, t.max_shared_memory_optin) == ("sm_90a", 132, 232448)   # wgmma: sm_90a
+    assert "wgmma" in t.features
+    ada = target_from_properties(drv.DeviceProperties("NVIDIA L40S", (8, 9), 142, 1024, 49152, 101376, 102400,
+                                                      65536, 32, 48 << 30, 96 << 20))
+    assert ada.arch == "sm_89" and "wgmma" not in ada.features
     newer = target_from_properties(drv.DeviceProperties("future", (99, 0), 200, 1024, 49152, 1 << 18,
                                                         1 << 18, 65536, 32, 1 << 40, 1 << 27))
     assert newer.num_cores == 200 and newer.arch.startswith("sm_")

@@ -400,3 +400,71 @@ def test_tensor_core_matmul_builds(arch):
 def test_ldmatrix_is_refused_before_sm_75():
     with pytest.raises(UnsupportedError, match=r"ldmatrix\(\) needs sm_75 or newer, not cuda:sm_70"):
         ldmatrix_all.build("cuda", arch="sm_70")
+
+
+# ----------------------------------------------------------------------------- wgmma (sm_90a): one warpgroup
+
+
+def wgmma_kernel(n: int, k: int):
+    """C[64, n] = A[64, k] @ B[n, k]^T by one warpgroup: the operands stored into 128-byte swizzled
+    K-major tiles (``wgmma_sw128``), one ``wgmma_tf32`` per 8 of k (the first without C), then
+    the accumulators out through ``wgmma_c_layout``."""
+    from taskmap.lang import (fence_proxy_async, wgmma_c_layout, wgmma_commit, wgmma_fence, wgmma_sw128,
+                              wgmma_tf32, wgmma_wait)
+    layout = wgmma_c_layout(n)
+    tiles = k // 32
+
+    @taskmap.kernel
+    def wgmma_tile(a: f32[64, k], b: f32[n, k], c: f32[64, n]):
+        attrs.block_dim = 128
+        sa = shared_tensor(f32, [tiles, 64, 32])
+        sb = shared_tensor(f32, [tiles, n, 32])
+        acc = register_tensor(f32, [n // 2])
+        for t in range(tiles):
+            for r in range(threadIdx.x // 32, 64, 4):
+                sa[t, r, wgmma_sw128(r, threadIdx.x % 32)] = a[r, t * 32 + threadIdx.x % 32]
+            for r in range(threadIdx.x // 32, n, 4):
+                sb[t, r, wgmma_sw128(r, threadIdx.x % 32)] = b[r, t * 32 + threadIdx.x % 32]
+        fence_proxy_async()
+        syncthreads()
+        wgmma_fence()
+        for t in range(tiles):
+            for kk in range(4):
+                if t == 0 and kk == 0:
+                    wgmma_tf32(acc, sa[t, 0, 0], sb[t, 0, 0], n, accumulate=False)
+                else:
+                    wgmma_tf32(acc, sa[t, 0, kk * 8], sb[t, 0, kk * 8], n)
+        wgmma_commit()
+        wgmma_wait(0, acc, n // 2)
+        for q, (i, j) in enumerate(layout.on(threadIdx.x)):
+            c[i, j] = acc[q]
+    return wgmma_tile
+
+
+def _tf32_truncated(x):
+    """What the tensor cores read of an f32 operand they take as it is: its top 19 bits."""
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(8, 32), (64, 64), (136, 32)])
+def test_wgmma_tf32_one_warpgroup(device, n, k):
+    a = RNG.standard_normal((64, k)).astype(np.float32)
+    b = RNG.standard_normal((n, k)).astype(np.float32)
+    c = np.full((64, n), np.nan, np.float32)       # every element written
+    out = run_on(device, wgmma_kernel(n, k), a, b, c)[2]
+    want = _tf32_truncated(a).astype(np.float64) @ _tf32_truncated(b).astype(np.float64).T
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    # a swizzle or layout mistake moves whole products: far beyond the tolerance
+    assert np.abs(out - a.astype(np.float64) @ b.astype(np.float64).T).max() > 1e-4
+
+
+def test_wgmma_builds_for_sm_90a_only():
+    kernel = wgmma_kernel(64, 32)
+    built = built_for_cuda(kernel, "sm_90a", ["wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32",
+                                              "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                                              "wgmma.wait_group.sync.aligned 0", "fence.proxy.async.shared::cta"])
+    assert "__align__(1024) unsigned char tm_smem[]" in built.source
+    with pytest.raises(UnsupportedError, match=r"wgmma_\w+\(\) needs the arch-specific sm_90a \(wgmma\), "
+                                                r"not cuda:sm_90$"):
+        kernel.build("cuda", arch="sm_90")

@@ -204,6 +204,30 @@ static void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b, int ro
     c[i] = tm_mma_sum(acc);
   }
 }
+/* wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 of this thread's accumulators, run at once
+   (a kernel waits before it reads them or overwrites the tiles): a (64 x 8) and b (n x 8) are
+   K-major tiles with 128-byte swizzled rows, element (r, k) at the logical byte
+   L = start + r / 8 * 1024 + r % 8 * 128 + 4 k, stored at L ^ ((L >> 7) & 7) << 4 — offsets from the
+   block's shared memory, whose base the GPU aligns to 1024 bytes.  Thread t of the warpgroup holds
+   rows 16 (t / 32 % 4) + (t % 32) / 4 (+8) and columns 8 j + 2 (t % 4) (+1) as register 4 j + i. */
+static inline float tm_wgmma_elem(const float *tile, int r, int k) {
+  const long start = (const char *)tile - tm_tls.smem;
+  const long l = start + (r >> 3) * 1024 + (r & 7) * 128 + 4 * k;
+  float v;
+  memcpy(&v, tm_tls.smem + (l ^ (((l >> 7) & 7) << 4)), 4);
+  return tm_tf32(v, 1);
+}
+static void tm_wgmma_tf32(float *c, const float *a, const float *b, int n, int accumulate) {
+  const int t = tm_tls.tid[0] + tm_tls.bdim[0] * (tm_tls.tid[1] + tm_tls.bdim[1] * tm_tls.tid[2]);
+  const int lane = t & 31, row0 = 16 * ((t >> 5) & 3) + (lane >> 2);
+  for (int j = 0; j < n / 8; ++j)
+    for (int i = 0; i < 4; ++i) {
+      const int row = row0 + 8 * (i >> 1), col = 8 * j + 2 * (lane & 3) + (i & 1);
+      double acc = accumulate ? c[4 * j + i] : 0.0;
+      for (int k = 0; k < 8; ++k) acc += (double)tm_wgmma_elem(a, row, k) * tm_wgmma_elem(b, col, k);
+      c[4 * j + i] = tm_mma_sum(acc);
+    }
+}
 /* ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16: lane 8j+r gives row r of matrix j. */
 static void tm_ldmatrix(void *dst, const void *row, int num, int trans) {
   tm_xchg x;
@@ -414,6 +438,10 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return f"tm_mma_m16n8k8_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])})"
     if op is Prim.LDMATRIX:
         return f"tm_ldmatrix({ref(a[0])}, {ref(a[1])}, {x(a[2])}, {x(a[3])})"
+    if op is Prim.WGMMA_TF32:    # at once; the fences and waits order nothing here
+        return f"tm_wgmma_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])}, {x(a[4])})"
+    if op in (Prim.WGMMA_FENCE, Prim.WGMMA_COMMIT, Prim.WGMMA_WAIT, Prim.FENCE_PROXY_ASYNC):
+        return "((void)0)"
     raise UnsupportedError(f"the C backend cannot render {op.spec.name}()")  # pragma: no cover
 
 

@@ -114,10 +114,14 @@ def _perf(spec: _ArchSpec) -> dict:
 
 
 def target_from_properties(props: DeviceProperties) -> Target:
-    """A Target for a live device, compiled for the newest arch NVRTC knows that fits it."""
+    """A Target for a live device, compiled for the newest arch NVRTC knows that fits it — the
+    arch-specific ``sm_90a`` / ``sm_100a`` on an exact match, so that its own instructions
+    (``wgmma``) are available."""
     major, minor = props.compute_capability
     arch = arch_for_capability(major, minor)
     cc = int(arch[3:])
+    if cc == major * 10 + minor and cc in (90, 100):
+        arch += "a"
     base = cuda_target(arch) if cc in _ARCHS else Target(TargetKind.CUDA, arch, features=_features(cc, ""))
     sms = props.multiprocessor_count
     scale = sms / base.num_cores if base.num_cores else 1.0  # a smaller part of the arch (e.g. H100 PCIe)
