@@ -3,7 +3,8 @@ buffered shared memory) against torch.matmul (cuBLAS, f32 with TF32 off), square
 NVIDIA GPU; then the matmul templates on the schedules their cost models choose — SIMT f32 against
 cuBLAS f32, the tensor-core template on TF32 (f32 data, ``MatmulProblem.tf32``) against cuBLAS
 with TF32 allowed, and on 3xTF32 (``MatmulProblem.tf32x3``: about f32's accuracy) against cuBLAS
-f32 — squares, then the linears of BERT / GPT-2 / ViT at batch 8.  Times are CUDA-event medians after warm-up, measured on PyTorch's current
+f32 — squares, then the linears of BERT / GPT-2 / ViT at batch 8; and on sm_90a the wgmma example
+(examples/matmul_wgmma.py) on those linears against the TF32 template and cuBLAS TF32.  Times are CUDA-event medians after warm-up, measured on PyTorch's current
 stream, on which taskmap launches; the example's time includes its Python launch path (argument
 checks); the templates and cuBLAS beside them are timed as CUDA graph replays (device time).
 
@@ -99,10 +100,11 @@ def main(sizes: list[int]) -> int:
           "|c - f64 product| / max |f64 product|")
     print_table(["m x n x k", "3xTF32 schedule", "3xTF32 ms", "SIMT ms", "cuBLAS ms", "3xTF32 TFLOP/s",
                  "cuBLAS/3xTF32", "cuBLAS/SIMT", "3xTF32 err", "SIMT err", "cuBLAS err"], x3_rows())
-    print(f"\nSIMT f32 linears (B = N x K weight, bias): shared tiles padded vs not, {name}; min of 3 alternating "
-          "rounds of CUDA graph replays")
-    print_table(["m x n x k", "schedule", "padded ms", "unpadded ms", "unpadded/padded", "padded TFLOP/s",
-                 "cuBLAS ms", "cuBLAS TFLOP/s", "padded/cuBLAS"], padding_rows())
+    print(f"\nTF32 linears (B = N x K weight): the wgmma example (sm_90a) vs the mma.sync template vs cuBLAS "
+          f"(TF32 allowed), {name}; min of 3 alternating rounds of CUDA graph replays; wgmma err: max |c - f64 "
+          "product of the truncated operands| / max |that product|")
+    print_table(["m x n x k", "wgmma ms", "wgmma TFLOP/s", "mma.sync ms", "mma.sync TFLOP/s", "cuBLAS ms",
+                 "cuBLAS TFLOP/s", "wgmma err"], wgmma_rows())
     return 0
 
 
@@ -226,48 +228,49 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
     return rows
 
 
-def padding_rows(rounds: int = 3) -> list[list[str]]:
-    """The SIMT template's padded shared tiles (``matmul_simt.PAD``) against unpadded ones, same
-    schedule (the model's), in alternating rounds of CUDA graph replays; cuBLAS beside them."""
+def wgmma_rows(rounds: int = 3) -> list[list[str]]:
+    """TF32 linears: the wgmma example (examples/matmul_wgmma.py: sm_90a, two warpgroups, 128 x 128
+    tiles) against the tensor-core template on TF32 (mma.sync, the model's schedule) and cuBLAS
+    with TF32 allowed, in alternating rounds of CUDA graph replays."""
+    import matmul_wgmma  # examples/matmul_wgmma.py
     import torch
 
     from taskmap.backends.cuda.target import current_cuda_target
     from taskmap.schedule import tune
-    from taskmap.templates import matmul_simt
     from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.matmul_tc import MATMUL_TC
 
     target = current_cuda_target(0)
-    template = matmul_simt.MATMUL_SIMT
+    if "wgmma" not in target.features:
+        return [[f"{target.name} has no wgmma"] + [""] * 7]
     rows = []
     for m, n, k in AB_SHAPES:
-        p = MatmulProblem(1, m, n, k, trans_b=True, bias=True)
-        s = tune.choose(template, p, target, mode="model")
-        cfg = template.config(p, target, s)
-        a, w, bias = torch.randn(1, m, k, device="cuda"), torch.randn(1, n, k, device="cuda"), torch.randn(n, device="cuda")
-        c = torch.empty(1, m, n, device="cuda")
-        args = template.arguments(p, [a, w, bias], [c], s)
-        launches = {}
-        for pad in (matmul_simt.PAD, 0):
-            saved, matmul_simt.PAD = matmul_simt.PAD, pad
-            try:
-                build = lambda: matmul_simt.chain(matmul_simt.build_kernel(cfg), cfg.split, "float32", cfg.bias)  # noqa: E731
-                launches[pad] = prepared(template, p, target, s, args, build)
-            finally:
-                matmul_simt.PAD = saved
-            launches[pad]()
-            torch.testing.assert_close(c[0], torch.nn.functional.linear(a[0], w[0], bias), rtol=1e-4, atol=1e-3)
-        ref = torch.empty(m, n, device="cuda")
-        times: dict[object, list[float]] = {key: [] for key in (*launches, "cublas")}
-        runs = {**launches, "cublas": lambda: torch.addmm(bias, a[0], w[0].t(), out=ref)}
-        for _ in range(rounds):
-            for key, fn in runs.items():
-                times[key].append(graph_median_ms(fn))
+        a, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        want = torch.from_numpy(matmul_wgmma.reference(a.cpu().numpy(), w.cpu().numpy())).cuda()
+        p = MatmulProblem(1, m, n, k, trans_b=True, tf32=True)
+        s = tune.choose(MATMUL_TC, p, target, mode="model")
+        outs = {key: torch.empty(m, n, device="cuda") for key in ("wgmma", "mma", "cublas")}
+        runs = {"wgmma": prepared(None, None, target, None, [a, w, outs["wgmma"]], lambda: matmul_wgmma.matmul_wgmma),
+                "mma": prepared(MATMUL_TC, p, target, s, MATMUL_TC.arguments(p, [a[None], w[None]],
+                                                                              [outs["mma"][None]], s)),
+                "cublas": lambda: torch.matmul(a, w.t(), out=outs["cublas"])}
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            for fn in runs.values():
+                fn()
+            torch.cuda.synchronize()
+            err = float((outs["wgmma"].double() - want).abs().max() / want.abs().max())
+            times: dict[str, list[float]] = {key: [] for key in runs}
+            for _ in range(rounds):
+                for key, fn in runs.items():
+                    times[key].append(graph_median_ms(fn))
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
         t = {key: min(v) for key, v in times.items()}
         flop = 2.0 * m * n * k
-        rows.append([f"{m}x{n}x{k}", ",".join(f"{x}={y}" for x, y in s.as_dict().items()),
-                     f"{t[matmul_simt.PAD]:.3f}", f"{t[0]:.3f}", f"{t[0] / t[matmul_simt.PAD]:.2f}",
-                     f"{flop / t[matmul_simt.PAD] / 1e9:.1f}", f"{t['cublas']:.3f}", f"{flop / t['cublas'] / 1e9:.1f}",
-                     f"{t[matmul_simt.PAD] / t['cublas']:.2f}"])
+        rows.append([f"{m}x{n}x{k}", f"{t['wgmma']:.3f}", f"{flop / t['wgmma'] / 1e9:.1f}", f"{t['mma']:.3f}",
+                     f"{flop / t['mma'] / 1e9:.1f}", f"{t['cublas']:.3f}", f"{flop / t['cublas'] / 1e9:.1f}",
+                     f"{err:.1e}"])
     return rows
 
 

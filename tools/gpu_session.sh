@@ -4,7 +4,7 @@
 #   run(command="bash tools/gpu_session.sh", timeout_s=600)   # cuda_tests, matmul_gpu, models_3xtf32, models, profile
 #   run(command="bash tools/gpu_session.sh cuda_tests ops_f32")     # stages by name
 #   (matmul_gpu: the example and the templates, SIMT f32, TF32 and 3xTF32, against cuBLAS, the
-#   linears on 3xTF32 and SIMT against cuBLAS f32, and the SIMT padding A/B; models_3xtf32: the
+#   linears on 3xTF32 and SIMT against cuBLAS f32, and the wgmma example on TF32; models_3xtf32: the
 #   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request:
 #   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
 #   TF32 for every side —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —

@@ -36,6 +36,7 @@ def _example(name):
 
 
 TC = _example("matmul_tensorcore")
+WG = _example("matmul_wgmma")
 
 
 # ----------------------------------------------------------------------------- one mma, fragments by mapping
@@ -468,3 +469,20 @@ def test_wgmma_builds_for_sm_90a_only():
     with pytest.raises(UnsupportedError, match=r"wgmma_\w+\(\) needs the arch-specific sm_90a \(wgmma\), "
                                                 r"not cuda:sm_90$"):
         kernel.build("cuda", arch="sm_90")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,k", [(100, 72, 130), (130, 136, 96), (7, 200, 36)],
+                         ids=["unaligned-k", "two-blocks", "thin"])
+def test_wgmma_example(device, m, n, k):
+    """The wgmma example (two warpgroups, 4-stage cp.async ring into swizzled tiles): every element
+    written, against the f64 product of the tf32-truncated operands."""
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((n, k)).astype(np.float32)
+    c = run_on(device, WG.matmul_wgmma, a, b, np.full((m, n), np.nan, np.float32))[2]
+    np.testing.assert_allclose(c, WG.reference(a, b), rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_wgmma_example_builds():
+    built_for_cuda(WG.matmul_wgmma, "sm_90a", ["wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32", "cp.async",
+                                               "fence.proxy.async.shared::cta"])
