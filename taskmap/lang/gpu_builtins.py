@@ -373,6 +373,8 @@ mma_sync_m16n8k8_tf32 = Builtin("mma_sync_m16n8k8_tf32", _mma_tf32,
                                 "every call.  ``rounded=True``: they already hold tf32 values (``round_tf32()`` when "
                                 "the fragment was loaded, once for all the calls that read it) and pass as they are "
                                 "(the tensor cores read their top 19 bits).")
+
+
 def _nullary(prim: Prim) -> Any:
     name = prim.spec.name
 

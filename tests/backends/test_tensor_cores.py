@@ -486,3 +486,25 @@ def test_wgmma_example(device, m, n, k):
 def test_wgmma_example_builds():
     built_for_cuda(WG.matmul_wgmma, "sm_90a", ["wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32", "cp.async",
                                                "fence.proxy.async.shared::cta"])
+
+
+def test_wgmma_misuse_is_a_clear_error():
+    from taskmap.errors import DSLError
+    from taskmap.lang import wgmma_tf32
+
+    def build(n, where="shared"):
+        @taskmap.kernel
+        def bad(c: f32[64, 64]):
+            attrs.block_dim = 128
+            sa = shared_tensor(f32, [64, 32])
+            sb = shared_tensor(f32, [64, 32]) if where == "shared" else register_tensor(f32, [64, 32])
+            acc = register_tensor(f32, [32])
+            wgmma_tf32(acc, sa[0, 0], sb[0, 0], n)
+            c[0, 0] = acc[0]
+        return bad
+
+    with pytest.raises(DSLError, match=r"test_tensor_cores.py:\d+:\d+: .*wgmma_tf32\(\) computes 64 x n tiles with n "
+                                       r"a multiple of 8 up to 256, got 12"):
+        build(12)
+    with pytest.raises(DSLError, match=r"the B operand of wgmma_tf32\(\) is an f32 shared tensor element"):
+        build(64, "register")
