@@ -386,3 +386,47 @@ def test_a_misaligned_input_view_is_copied_before_gpu_kernels_read_it():
     assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc"]
     want = x.astype(np.float32) @ w.astype(np.float32).T
     assert np.abs(got.astype(np.float32) - want).max() / np.abs(want).max() < 2e-3
+
+
+def test_tf32_anchors_on_wgmma_when_enabled(monkeypatch):
+    """On sm_90a with ``TASKMAP_WGMMA=1``, TF32 linear and conv anchors run the wgmma template —
+    the linear's bias + GELU and the conv's img2col (a K x N B, transposed into K-major tiles) and
+    bias + ReLU fused in — and match the products of the operands' top 19 bits; without the
+    variable they stay on the mma.sync template."""
+    import torch.nn.functional as F
+
+    from taskmap.backends import cuda_target
+    from taskmap.graph import Conv2dAttrs, GraphBuilder, MatmulAttrs, OpKind, UnaryAttrs, UnaryFn
+    from taskmap.graph.lower_anchor import gpu_template
+    from taskmap.ir.dtypes import f32
+    from taskmap.runtime.graph import CompiledGraph
+    from taskmap.templates.matmul_problem import MatmulProblem
+    from taskmap.templates.matmul_tc import MATMUL_TC
+    from taskmap.templates.matmul_wgmma import MATMUL_WGMMA
+
+    p = MatmulProblem(1, 1024, 3072, 768, trans_b=True, tf32=True)
+    assert gpu_template(p, cuda_target("sm_90a")) is MATMUL_TC
+    monkeypatch.setenv("TASKMAP_WGMMA", "1")
+    assert gpu_template(p, cuda_target("sm_90a")) is MATMUL_WGMMA
+    assert gpu_template(p, cuda_target("sm_90")) is MATMUL_TC
+
+    rng = np.random.default_rng(2)
+    r = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    w, bias, cw, cb = r(48, 96), r(48), r(16, 8, 3, 3), r(16)
+    b = GraphBuilder(device="cuda:0")
+    x, img = b.input((40, 96), f32), b.input((2, 8, 10, 10), f32)
+    y = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)], MatmulAttrs(tf32=True))],
+             UnaryAttrs(UnaryFn.GELU))
+    z = b.op(OpKind.UNARY, [b.op(OpKind.CONV2D, [img, b.constant(cw), b.constant(cb)],
+                                 Conv2dAttrs((1, 1), (1, 1), (1, 1), 1, tf32=True))], UnaryAttrs(UnaryFn.RELU))
+    xa, ia = r(40, 96), r(2, 8, 10, 10)
+    with emulate_gpu("sm_90a"):
+        cg = CompiledGraph(b.build([y, z]), "cpu", "numpy")
+        gy, gz = cg(xa, ia)
+    assert [st.kernel.func.name for st in cg.steps] == ["matmul_wgmma", "matmul_wgmma"]
+    top = lambda a: torch.from_numpy((a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64))  # noqa: E731
+    d = lambda a: torch.from_numpy(np.asarray(a, np.float64))  # noqa: E731
+    np.testing.assert_allclose(gy, F.gelu(F.linear(top(xa), top(w), d(bias))).numpy(), rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(gz, F.relu(F.conv2d(top(ia), top(cw), d(cb), padding=1)).numpy(), rtol=1e-5, atol=2e-5)
+    for st in cg.steps:
+        assert st.kernel.build("cuda", arch="sm_90a").binary

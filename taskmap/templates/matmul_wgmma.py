@@ -1,0 +1,235 @@
+"""TF32 matmul on Hopper's warpgroup tensor cores (``wgmma``, sm_90a), as a template: f32 in and out,
+products on tf32 where the problem allows TF32 (``MatmulProblem.tf32``).
+
+A block is ``BM / 64`` warpgroups (128 threads each); warpgroup ``g`` computes rows ``64 g ..
+64 g + 63`` of the block's ``BM x BN`` tile of C in ``BN / 2`` f32 accumulators a thread
+(``wgmma_c_layout(BN)``), with one ``wgmma_tf32`` per 8 of K that reads a 64 x 8 slice of A and a
+``BN x 8`` slice of B straight from shared memory.  Tiles of A (``BM x 32``) and B (``BN x 32``:
+one 128-byte row per row of A or column of C) stream through a ``stages``-deep ``cp_async`` ring,
+stored in wgmma's K-major layout with 128-byte swizzled rows (``wgmma_sw128``).  Per k-tile: wait
+for its copies, ``fence_proxy_async`` (they are ordinary writes; the tensor cores read through the
+async proxy), a barrier, ``wgmma_fence``, four ``wgmma_tf32``, ``wgmma_commit``, ``wgmma_wait(0)``.
+
+B stored ``N x K`` (a linear's weight, ``trans_b``) is K-major already: 16-byte chunks.  B stored
+``K x N`` is transposed on its way in: each element is its own 4-byte ``cp_async`` to its place in
+the K-major tile (tf32 wgmma reads K-major operands only).  Every access is predicated, so any m,
+n, k works: out-of-range chunks are zero-filled; rows that are not 16-byte aligned (k not a
+multiple of 4) are copied element by element.  With ``split > 1`` K is cut into ranges whose f32
+partial results an epilogue kernel sums (:mod:`.matmul_splitk`).
+
+The tensor cores read the operands' top 19 bits (tf32 by truncation; the mma.sync template rounds
+to nearest) and truncate their sums; the error is TF32's either way (``testing.TOLERANCES``).
+
+Not yet the default: :func:`enabled` (``TASKMAP_WGMMA=1``) until a GPU run has checked it against
+the mma.sync template; the tests and ``benchmarks/matmul_gpu.py`` call it directly.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..backends.base import Target, TargetKind
+from ..ir.mapping import auto_map
+from ..lang import (attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32, fence_proxy_async,
+                    register_tensor, shared_tensor, symbol, syncthreads, threadIdx, unroll, wgmma_c_layout,
+                    wgmma_commit, wgmma_fence, wgmma_sw128, wgmma_tf32, wgmma_wait)
+from ..lang.kernel import kernel
+from ..runtime.kernel import Kernel
+from ..schedule.cost_model import Workload, estimate_time
+from .base import KernelFamily, Schedule
+from .matmul_problem import MatmulProblem
+from .matmul_simt import chain, gpu_arguments
+from .matmul_splitk import ceil_div, splits_for
+
+BK = 32                       # floats: one 128-byte swizzled row
+WG_M = 64                     # rows of one wgmma (a warpgroup)
+WG_THREADS = 128
+VEC = 4                       # floats per 16-byte chunk
+BLOCK_M = (64, 128)           # one or two warpgroups
+BLOCK_N = (64, 128, 256)
+STAGES = (3, 4)
+
+
+def enabled() -> bool:
+    """Whether the graph compiler may pick this template (``TASKMAP_WGMMA=1``)."""
+    return os.environ.get("TASKMAP_WGMMA", "0") == "1"
+
+
+@dataclass(frozen=True)
+class WgConfig:
+    bm: int
+    bn: int
+    stages: int
+    split: int
+    a_batched: bool
+    b_batched: bool
+    trans_b: bool
+    bias: bool
+
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * BK * 4
+
+
+def build_kernel(cfg: WgConfig) -> Kernel:
+    BM, BN, STG, S = cfg.bm, cfg.bn, cfg.stages, cfg.split
+    THREADS = WG_THREADS * (BM // WG_M)
+    TRANS_B, A_BATCHED, B_BATCHED = cfg.trans_b, cfg.a_batched, cfg.b_batched
+    BIAS = cfg.bias and S == 1
+    C_LAYOUT = wgmma_c_layout(BN)
+    a_chunks = auto_map((BM, BK // VEC), THREADS)
+    b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN), THREADS)
+    batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
+    A_T = f32[batch if A_BATCHED else 1, m, k]
+    B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
+    BIAS_T = f32[n] if cfg.bias else f32[nbias]
+    C_T = f32[cz, m, n]
+
+    @kernel
+    def matmul_wgmma(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
+        attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
+        attrs.block_dim = THREADS
+        sa = shared_tensor(f32, [STG, BM, BK])
+        sb = shared_tensor(f32, [STG, BN, BK])
+        acc = register_tensor(f32, [BN // 2])
+        for q in unroll(BN // 2):
+            acc[q] = 0.0
+        wg = threadIdx.x // WG_THREADS
+        bi = blockIdx.z // S
+        ai = bi if A_BATCHED else 0
+        bj = bi if B_BATCHED else 0
+        row0 = blockIdx.y * BM
+        col0 = blockIdx.x * BN
+        aligned_a = k % VEC == 0                      # rows of A start 16-byte aligned
+        aligned_b = k % VEC == 0                      # rows of an N x K B
+        kt = (k + BK - 1) // BK
+        per = (kt + S - 1) // S
+        t0 = blockIdx.z % S * per
+        tiles = max(min(t0 + per, kt) - t0, 0)
+        for t in range(tiles + STG - 1):              # load tile t, multiply tile t - (STG - 1)
+            ct = t - (STG - 1)
+            if ct >= 0:
+                cp_async_wait(STG - 2)                # tile ct has landed ...
+                fence_proxy_async()                   # ... for the tensor cores' reads ...
+                syncthreads()                         # ... of every thread; tile ct-1 is consumed
+            if t < tiles:
+                st = t % STG
+                kb = (t0 + t) * BK
+                for r, ch in a_chunks.on(threadIdx.x):
+                    gr = row0 + r
+                    gk = kb + ch * VEC
+                    sw = wgmma_sw128(r, ch * VEC)
+                    if aligned_a:
+                        ok = gr < m and gk < k
+                        cp_async(sa[st, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                    else:
+                        for e in unroll(VEC):
+                            sa[st, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                if TRANS_B:
+                    for r, ch in b_chunks.on(threadIdx.x):
+                        gn = col0 + r
+                        gk = kb + ch * VEC
+                        sw = wgmma_sw128(r, ch * VEC)
+                        if aligned_b:
+                            ok = gn < n and gk < k
+                            cp_async(sb[st, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                        else:
+                            for e in unroll(VEC):
+                                sb[st, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                else:                                 # K x N: each element to its K-major place
+                    for kr, cn in b_chunks.on(threadIdx.x):
+                        gk = kb + kr
+                        gc = col0 + cn
+                        ok = gk < k and gc < n
+                        cp_async(sb[st, cn, wgmma_sw128(cn, kr)], b[bj, gk if ok else 0, gc if ok else 0], 4,
+                                 4 if ok else 0)
+            cp_async_commit()                         # one group per iteration, empty ones included
+            if ct >= 0:
+                st = ct % STG
+                wgmma_fence()
+                for kk in unroll(BK // 8):
+                    wgmma_tf32(acc, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                wgmma_commit()
+                wgmma_wait(0, acc, BN // 2)           # this stage is reloaded STG - 1 tiles later
+        for q, (i, j) in enumerate(C_LAYOUT.on(threadIdx.x % WG_THREADS)):
+            gr = row0 + wg * WG_M + i
+            gc = col0 + j
+            if gr < m and gc < n:
+                if BIAS:
+                    c[blockIdx.z, gr, gc] = acc[q] + bias[gc]
+                else:
+                    c[blockIdx.z, gr, gc] = acc[q]
+
+    return matmul_wgmma
+
+
+class MatmulWgmmaTemplate(KernelFamily):
+    """f32 matmul with TF32 products on Hopper's wgmma (sm_90a)."""
+
+    name = "matmul_wgmma"
+    version = 1
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        return (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and "wgmma" in target.features
+                and problem.dtype == "float32" and problem.out_dtype == "float32" and problem.tf32
+                and not problem.trans_c)
+
+    def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
+        if not self.applies(problem, target):
+            return []
+        p = problem
+        out = []
+        for bm in BLOCK_M:
+            for bn in BLOCK_N:
+                if (bm > WG_M and bm >= 2 * p.m) or (bn > BLOCK_N[0] and bn >= 2 * p.n):   # mostly outside C
+                    continue
+                for stages in STAGES:
+                    cfg = self._cfg(p, bm, bn, stages, 1)
+                    if cfg.smem_bytes() > target.max_shared_memory_optin:
+                        continue
+                    tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
+                    for split in splits_for(target, tiles, p.k, BK):
+                        out.append(Schedule.of(bm=bm, bn=bn, stages=stages, split=split))
+        return out
+
+    def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
+        p, s = problem, schedule.as_dict()
+        bm, bn, split = s["bm"], s["bn"], s["split"]
+        cfg = self._cfg(p, bm, bn, s["stages"], split)
+        tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
+        padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, BK) * BK
+        # TF32 at half the f16 rate; one wgmma group in flight per warpgroup (waited each k-tile)
+        eff = 0.5 * min(1.0, 0.55 + 0.1 * s["stages"]) * min(1.0, bn / 128) * (p.batch * p.m * p.n * p.k) / padded
+        if p.k % VEC:
+            eff *= 0.6                  # element-wise copies
+        if not p.trans_b:
+            eff *= 0.8                  # B's elements copied one by one into K-major tiles
+        global_bytes = 4 * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
+        global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else 4)
+        w = Workload(flops=p.flops, global_bytes=global_bytes, cache_bytes=p.flops / 2 * 4 * (1 / bm + 1 / bn),
+                     work_items=tiles, threads_per_item=WG_THREADS * bm // WG_M,
+                     registers_per_thread=min(255, bn // 2 + 48), shared_per_item=cfg.smem_bytes(),
+                     inner_bytes=4 * BK, matrix_units=True, compute_efficiency=eff)
+        return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
+
+    @staticmethod
+    def _cfg(p: MatmulProblem, bm: int, bn: int, stages: int, split: int) -> WgConfig:
+        return WgConfig(bm, bn, stages, split, p.a_batched, p.b_batched, p.trans_b, p.bias)
+
+    def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> WgConfig:
+        """Everything the kernel depends on (the key of its cache entries)."""
+        s = schedule.as_dict()
+        return self._cfg(problem, s["bm"], s["bn"], s["stages"], s["split"])
+
+    def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
+        cfg = self.config(problem, target, schedule)
+        return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, "float32", cfg.bias))
+
+    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
+                  schedule: Schedule | None = None) -> list[Any]:
+        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results."""
+        return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
+
+
+MATMUL_WGMMA = MatmulWgmmaTemplate()
+
+__all__ = ["MATMUL_WGMMA", "MatmulWgmmaTemplate", "WgConfig", "build_kernel", "enabled"]

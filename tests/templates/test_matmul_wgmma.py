@@ -1,0 +1,90 @@
+"""The wgmma (sm_90a) TF32 matmul template: numerics with GPU semantics on the CPU — aligned
+(cp.async chunks) and unaligned (element-wise) tiles, a stored N x K B and a K x N one (transposed
+into K-major tiles), split-K, bias, batches; its space and choice; builds with NVRTC for sm_90a;
+and on an H100 / H200 under the ``cuda`` marker."""
+import numpy as np
+import pytest
+
+from taskmap.backends import cuda_target
+from taskmap.schedule.tune import choose
+from taskmap.templates.base import Schedule
+from taskmap.templates.matmul_problem import MatmulProblem
+from taskmap.templates.matmul_wgmma import MATMUL_WGMMA
+from taskmap.testing import assert_close
+from test_matmul_simt import operands, run
+
+SM90A, SM90 = cuda_target("sm_90a"), cuda_target("sm_90")
+
+
+def wg(bm=64, bn=64, stages=3, split=1):
+    return Schedule.of(bm=bm, bn=bn, stages=stages, split=split)
+
+
+def truncated(x):
+    """The tensor cores' view of an f32 operand: its top 19 bits."""
+    return (np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("schedule,shape", [
+    (wg(), (37, 29, 45)),                                   # k % 4: element-wise copies
+    (wg(bm=128, bn=128, stages=4), (130, 72, 96)),          # two warpgroups, cp.async chunks
+    (wg(bn=256), (20, 260, 64)),                            # n = 256 accumulators, two column blocks
+    (wg(split=3), (19, 24, 200)),                           # split-K: partial sums, then the reduction
+], ids=["unaligned", "two-warpgroups", "n256", "splitk3"])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_wgmma_template_matches_the_truncated_product(schedule, shape, trans_b):
+    p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32=True)
+    c, full = run(MATMUL_WGMMA, p, schedule, SM90A)
+    a, b, bias = operands(p, np.float32)                    # the operands run() used
+    bm = np.swapaxes(b, 1, 2) if trans_b else b
+    want = truncated(a).astype(np.float64) @ truncated(bm).astype(np.float64) + bias
+    assert_close(c, want, rtol=1e-5, atol=1e-6 * np.sqrt(shape[2]))
+    assert np.abs(c - full).max() > 20 * np.abs(c - want).max()      # tf32 products, not f32 ones
+
+
+def test_wgmma_only_on_sm_90a_and_for_tf32():
+    p = MatmulProblem(1, 512, 512, 512, trans_b=True, tf32=True)
+    assert MATMUL_WGMMA.applies(p, SM90A) and MATMUL_WGMMA.space(p, SM90A)
+    assert not MATMUL_WGMMA.applies(p, SM90)                                  # plain sm_90: no wgmma
+    assert not MATMUL_WGMMA.applies(MatmulProblem(1, 512, 512, 512, trans_b=True), SM90A)   # IEEE f32
+    assert not MATMUL_WGMMA.applies(MatmulProblem(1, 64, 64, 64, "float16", "float16", tf32=True), SM90A)
+    # a large problem: two warpgroups on wide tiles, no split; a thin one: split K to fill the GPU
+    big = choose(MATMUL_WGMMA, MatmulProblem(1, 4096, 4096, 4096, trans_b=True, tf32=True), SM90A, mode="model")
+    assert (big["bm"], big["split"]) == (128, 1) and big["bn"] >= 128, big
+    thin = choose(MATMUL_WGMMA, MatmulProblem(1, 64, 768, 3072, trans_b=True, tf32=True), SM90A, mode="model")
+    assert thin["split"] > 1 and thin["bm"] == 64, thin
+    for s in MATMUL_WGMMA.space(MatmulProblem(1, 4096, 4096, 4096, tf32=True), SM90A):
+        assert MATMUL_WGMMA.config(p, SM90A, s).smem_bytes() <= SM90A.max_shared_memory_optin
+
+
+def test_wgmma_template_builds_for_sm_90a():
+    p = MatmulProblem(1, 1024, 768, 3072, trans_b=True, bias=True, tf32=True)
+    s = choose(MATMUL_WGMMA, p, SM90A, mode="model")
+    built = MATMUL_WGMMA.instantiate(p, SM90A, s).build("cuda", arch="sm_90a")
+    ptx = built.compiled[0].artifact.extra.ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{s['bn']}k8.f32.tf32.tf32" in ptx and "cp.async" in ptx
+    assert len(built.compiled) == (2 if s["split"] > 1 else 1)
+
+
+@pytest.mark.cuda
+def test_wgmma_template_on_the_gpu():
+    """On an H100 / H200: linears (N x K weights) and a K x N B, against torch's f64 product of the
+    operands, within TF32's error."""
+    torch = pytest.importorskip("torch")
+    from taskmap.backends.cuda.target import current_cuda_target
+
+    target = current_cuda_target(0)
+    if "wgmma" not in target.features:
+        pytest.skip(f"{target.name} has no wgmma (an sm_90a / sm_100a GPU runs this)")
+    for (m, n, k), trans_b in [((1024, 768, 3072), True), ((1576, 3072, 768), True), ((300, 200, 130), False)]:
+        p = MatmulProblem(1, m, n, k, trans_b=trans_b, bias=True, tf32=True)
+        a = torch.randn(1, m, k, device="cuda")
+        b = torch.randn(1, *p.b_shape[1:], device="cuda")
+        bias = torch.randn(n, device="cuda")
+        exact = (a.double() @ (b.double().transpose(1, 2) if trans_b else b.double())) + bias.double()
+        s = choose(MATMUL_WGMMA, p, target, mode="model")
+        c = torch.full((1, m, n), float("nan"), device="cuda")
+        MATMUL_WGMMA.instantiate(p, target, s)(*MATMUL_WGMMA.arguments(p, [a, b, bias], [c], s))
+        torch.cuda.synchronize()
+        err = float((c.double() - exact).abs().max() / exact.abs().max())
+        assert err < 2e-3, ((m, n, k), s, err)            # TF32: ~1e-3 relative at worst
