@@ -7,7 +7,8 @@
 #   linears on 3xTF32 and SIMT against cuBLAS f32, and the wgmma example on TF32; models_3xtf32: the
 #   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request:
 #   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
-#   TF32 for every side —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
+#   TF32 for every side —, models_wgmma — the same with TASKMAP_WGMMA=1 (TF32 anchors on the wgmma
+#   template, sm_90a) —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
 #   and generate — transformers' generate under the backend against eager and inductor)
 #   The default stages' limits add up to more than one call's 600 s (session 17's times plus the
 #   3xTF32 stage: ~550 s); to be safe, split them: "cuda_tests matmul_gpu models_3xtf32", then
@@ -63,7 +64,9 @@ stage models_3xtf32 ${X3_SECONDS:-150} python3 benchmarks/models.py ${X3_MODELS:
 stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet50 bert gpt2 mobilenet_v2 inception_v3 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going ${MODEL_FLAGS:---batch 1 8 --peers eager torch.compile --no-compile-times}
 stage models_tf32 ${TF32_SECONDS:-200} python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \
-    --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch 1 8 --peers eager torch.compile --no-compile-times
+    --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch ${TF32_BATCH:-1 8} --peers eager torch.compile --no-compile-times
+stage models_wgmma ${WGMMA_SECONDS:-200} env TASKMAP_WGMMA=1 python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \
+    --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch ${TF32_BATCH:-1 8} --peers eager torch.compile --no-compile-times
 stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmarks/models.py ${TUNED_MODELS:-resnet50 bert} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --batch ${TUNED_BATCH:-1 8} --peers torch.compile --no-compile-times
 [[ "$WANT" == *" models_tuned "* ]] && python3 -m taskmap records export "$OUT/records"   # to ship: taskmap/schedule/records
