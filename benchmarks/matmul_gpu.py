@@ -99,7 +99,8 @@ def main(sizes: list[int]) -> int:
           f"{name}; model-chosen schedules, min of 3 alternating rounds of CUDA graph replays; errors: max "
           "|c - f64 product| / max |f64 product|")
     print_table(["m x n x k", "3xTF32 schedule", "3xTF32 ms", "SIMT ms", "cuBLAS ms", "3xTF32 TFLOP/s",
-                 "cuBLAS/3xTF32", "cuBLAS/SIMT", "3xTF32 err", "SIMT err", "cuBLAS err"], x3_rows())
+                 "cuBLAS/3xTF32", "cuBLAS/SIMT", "3xTF32 err", "SIMT err", "cuBLAS err", "wgmma 3xTF32 ms",
+                 "cuBLAS/wgmma 3xTF32", "wgmma 3xTF32 err"], x3_rows())
     print(f"\nTF32 linears (B = N x K weight): the wgmma example (sm_90a) vs the mma.sync template vs cuBLAS "
           f"(TF32 allowed), {name}; min of 3 alternating rounds of CUDA graph replays; wgmma err: max |c - f64 "
           "product of the truncated operands| / max |that product|")
@@ -197,6 +198,7 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
     from taskmap.templates.matmul_problem import MatmulProblem
     from taskmap.templates.matmul_simt import MATMUL_SIMT
     from taskmap.templates.matmul_tc import MATMUL_TC
+    from taskmap.templates.matmul_wgmma import MATMUL_WGMMA
 
     target = current_cuda_target(0)
     rows = []
@@ -205,8 +207,11 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
         exact = torch.nn.functional.linear(a[0].double(), w[0].double(), bias.double())
         scale = float(exact.abs().max())
         runs, outs, scheds = {}, {}, {}
-        for key, template, tf32x3 in (("x3", MATMUL_TC, True), ("simt", MATMUL_SIMT, False)):
+        for key, template, tf32x3 in (("x3", MATMUL_TC, True), ("simt", MATMUL_SIMT, False),
+                                      ("wgmma", MATMUL_WGMMA, True)):
             p = MatmulProblem(1, m, n, k, trans_b=True, bias=True, tf32x3=tf32x3)
+            if not template.applies(p, target):
+                continue
             scheds[key] = tune.choose(template, p, target, mode="model")
             outs[key] = torch.empty(1, m, n, device="cuda")
             runs[key] = prepared(template, p, target, scheds[key], template.arguments(p, [a, w, bias], [outs[key]],
@@ -222,10 +227,12 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
             for key, fn in runs.items():
                 times[key].append(graph_median_ms(fn))
         t = {key: min(v) for key, v in times.items()}
+        wg = (f"{t['wgmma']:.3f}", f"{t['cublas'] / t['wgmma']:.2f}", f"{err['wgmma']:.1e}") if "wgmma" in t \
+            else ("-", "-", "-")
         rows.append([f"{m}x{n}x{k}", ",".join(f"{x}={y}" for x, y in scheds["x3"].as_dict().items()),
                      f"{t['x3']:.3f}", f"{t['simt']:.3f}", f"{t['cublas']:.3f}", f"{2.0 * m * n * k / t['x3'] / 1e9:.1f}",
                      f"{t['cublas'] / t['x3']:.2f}", f"{t['cublas'] / t['simt']:.2f}", f"{err['x3']:.1e}",
-                     f"{err['simt']:.1e}", f"{err['cublas']:.1e}"])
+                     f"{err['simt']:.1e}", f"{err['cublas']:.1e}", *wg])
     return rows
 
 

@@ -131,11 +131,11 @@ def anchor_dtypes(target: Target) -> tuple[str, ...]:
 
 
 def gpu_template(p: MatmulProblem, target: Target) -> Any:
-    """The GPU matmul template of ``p``: tensor cores for f16 / bf16 and for f32 that allows TF32
-    (on sm_90a with ``TASKMAP_WGMMA=1``: wgmma's template), else SIMT for f32 (None: none).  An
-    f32 problem that asks for 3xTF32 takes whichever of the 3xTF32 tensor cores and the SIMT FMAs
-    (as accurate) the cost models find faster at their best schedules: the tensor cores' tiles are
-    at least 32 x 32, and three mma per product."""
+    """The GPU matmul template of ``p``: tensor cores for f16 / bf16 and for f32 that allows TF32,
+    else SIMT for f32 (None: none).  An f32 problem that asks for 3xTF32 takes whichever of the
+    3xTF32 tensor cores and the SIMT FMAs (as accurate) the cost models find faster at their best
+    schedules: the tensor cores' tiles are at least 32 x 32, and three mma per product.  On sm_90a
+    with ``TASKMAP_WGMMA=1`` the wgmma template takes every TF32 and 3xTF32 problem."""
     return _gpu_template(p, target, wgmma_enabled())
 
 

@@ -20,6 +20,15 @@ partial results an epilogue kernel sums (:mod:`.matmul_splitk`).
 The tensor cores read the operands' top 19 bits (tf32 by truncation; the mma.sync template rounds
 to nearest) and truncate their sums; the error is TF32's either way (``testing.TOLERANCES``).
 
+3xTF32 (``MatmulProblem.tf32x3``, ``WgConfig.x3``): f32 products at about f32's accuracy.  Once a
+k-tile has landed, the block splits it in shared memory — each element ``x`` into ``hi =
+round_tf32(x)`` in place and ``lo = round_tf32(x - hi)`` in a one-stage buffer beside the ring —
+and each 8 of K takes three wgmma, ``lo_a hi_b``, ``hi_a lo_b``, ``hi_a hi_b``, into a partial
+accumulator that starts at zero every k-tile and is added to the f32 accumulators with
+round-to-nearest (the tensor cores truncate their sums: summed over all of K that drift is 10x
+f32's error; see ``matmul_tc``).  Three times the tensor-core work, the split once per element
+and block, ``BN / 2`` more registers a thread.
+
 Not yet the default: :func:`enabled` (``TASKMAP_WGMMA=1``) until a GPU run has checked it against
 the mma.sync template; the tests and ``benchmarks/matmul_gpu.py`` call it directly.
 """
@@ -31,8 +40,8 @@ from typing import Any, Sequence
 from ..backends.base import Target, TargetKind
 from ..ir.mapping import auto_map
 from ..lang import (attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32, fence_proxy_async,
-                    register_tensor, shared_tensor, symbol, syncthreads, threadIdx, unroll, wgmma_c_layout,
-                    wgmma_commit, wgmma_fence, wgmma_sw128, wgmma_tf32, wgmma_wait)
+                    register_tensor, round_tf32, shared_tensor, symbol, syncthreads, threadIdx, unroll,
+                    wgmma_c_layout, wgmma_commit, wgmma_fence, wgmma_sw128, wgmma_tf32, wgmma_wait)
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
@@ -65,19 +74,21 @@ class WgConfig:
     b_batched: bool
     trans_b: bool
     bias: bool
+    x3: bool = False        # f32 as 3xTF32: tiles split into tf32 high and low parts, three wgmma
 
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * BK * 4
+        return (self.stages + self.x3) * (self.bm + self.bn) * BK * 4
 
 
 def build_kernel(cfg: WgConfig) -> Kernel:
     BM, BN, STG, S = cfg.bm, cfg.bn, cfg.stages, cfg.split
     THREADS = WG_THREADS * (BM // WG_M)
-    TRANS_B, A_BATCHED, B_BATCHED = cfg.trans_b, cfg.a_batched, cfg.b_batched
+    TRANS_B, A_BATCHED, B_BATCHED, X3 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.x3
     BIAS = cfg.bias and S == 1
     C_LAYOUT = wgmma_c_layout(BN)
     a_chunks = auto_map((BM, BK // VEC), THREADS)
     b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN), THREADS)
+    a_split, b_split = auto_map((BM, BK), THREADS), auto_map((BN, BK), THREADS)   # 3xTF32: element by element
     batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
     A_T = f32[batch if A_BATCHED else 1, m, k]
     B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
@@ -90,7 +101,10 @@ def build_kernel(cfg: WgConfig) -> Kernel:
         attrs.block_dim = THREADS
         sa = shared_tensor(f32, [STG, BM, BK])
         sb = shared_tensor(f32, [STG, BN, BK])
+        sa_lo = shared_tensor(f32, [BM if X3 else 1, BK])       # 3xTF32: the current tile's low parts
+        sb_lo = shared_tensor(f32, [BN if X3 else 1, BK])
         acc = register_tensor(f32, [BN // 2])
+        part = register_tensor(f32, [BN // 2 if X3 else 1])     # 3xTF32: one k-tile's products
         for q in unroll(BN // 2):
             acc[q] = 0.0
         wg = threadIdx.x // WG_THREADS
@@ -145,11 +159,34 @@ def build_kernel(cfg: WgConfig) -> Kernel:
             cp_async_commit()                         # one group per iteration, empty ones included
             if ct >= 0:
                 st = ct % STG
-                wgmma_fence()
-                for kk in unroll(BK // 8):
-                    wgmma_tf32(acc, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
-                wgmma_commit()
-                wgmma_wait(0, acc, BN // 2)           # this stage is reloaded STG - 1 tiles later
+                if X3:                                # hi in place, lo beside: once per element and block
+                    for r, e in a_split.on(threadIdx.x):
+                        hi = round_tf32(sa[st, r, e])
+                        sa_lo[r, e] = round_tf32(sa[st, r, e] - hi)
+                        sa[st, r, e] = hi
+                    for r, e in b_split.on(threadIdx.x):
+                        hi = round_tf32(sb[st, r, e])
+                        sb_lo[r, e] = round_tf32(sb[st, r, e] - hi)
+                        sb[st, r, e] = hi
+                    fence_proxy_async()
+                    syncthreads()
+                    for q in unroll(BN // 2):
+                        part[q] = 0.0
+                    wgmma_fence()
+                    for kk in unroll(BK // 8):        # the small products first
+                        wgmma_tf32(part, sa_lo[wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                        wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb_lo[0, kk * 8], BN)
+                        wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                    wgmma_commit()
+                    wgmma_wait(0, part, BN // 2)
+                    for q in unroll(BN // 2):         # rounded to nearest, not truncated as in the wgmma
+                        acc[q] = acc[q] + part[q]
+                else:
+                    wgmma_fence()
+                    for kk in unroll(BK // 8):
+                        wgmma_tf32(acc, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                    wgmma_commit()
+                    wgmma_wait(0, acc, BN // 2)       # this stage is reloaded STG - 1 tiles later
         for q, (i, j) in enumerate(C_LAYOUT.on(threadIdx.x % WG_THREADS)):
             gr = row0 + wg * WG_M + i
             gc = col0 + j
@@ -163,15 +200,15 @@ def build_kernel(cfg: WgConfig) -> Kernel:
 
 
 class MatmulWgmmaTemplate(KernelFamily):
-    """f32 matmul with TF32 products on Hopper's wgmma (sm_90a)."""
+    """f32 matmul with TF32 or 3xTF32 products on Hopper's wgmma (sm_90a)."""
 
     name = "matmul_wgmma"
-    version = 1
+    version = 1             # 1: TF32 and 3xTF32
 
     def applies(self, problem: Any, target: Target) -> bool:
         return (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and "wgmma" in target.features
-                and problem.dtype == "float32" and problem.out_dtype == "float32" and problem.tf32
-                and not problem.trans_c)
+                and problem.dtype == "float32" and problem.out_dtype == "float32"
+                and (problem.tf32 or problem.tf32x3) and not problem.trans_c)
 
     def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
         if not self.applies(problem, target):
@@ -203,17 +240,19 @@ class MatmulWgmmaTemplate(KernelFamily):
             eff *= 0.6                  # element-wise copies
         if not p.trans_b:
             eff *= 0.8                  # B's elements copied one by one into K-major tiles
+        if cfg.x3:
+            eff *= 0.8                  # the split pass and its barrier, each k-tile
         global_bytes = 4 * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
         global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else 4)
-        w = Workload(flops=p.flops, global_bytes=global_bytes, cache_bytes=p.flops / 2 * 4 * (1 / bm + 1 / bn),
+        w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes, cache_bytes=p.flops / 2 * 4 * (1 / bm + 1 / bn),
                      work_items=tiles, threads_per_item=WG_THREADS * bm // WG_M,
-                     registers_per_thread=min(255, bn // 2 + 48), shared_per_item=cfg.smem_bytes(),
+                     registers_per_thread=min(255, bn // 2 * (1 + cfg.x3) + 48), shared_per_item=cfg.smem_bytes(),
                      inner_bytes=4 * BK, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
     @staticmethod
     def _cfg(p: MatmulProblem, bm: int, bn: int, stages: int, split: int) -> WgConfig:
-        return WgConfig(bm, bn, stages, split, p.a_batched, p.b_batched, p.trans_b, p.bias)
+        return WgConfig(bm, bn, stages, split, p.a_batched, p.b_batched, p.trans_b, p.bias, p.tf32x3 and not p.tf32)
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> WgConfig:
         """Everything the kernel depends on (the key of its cache entries)."""

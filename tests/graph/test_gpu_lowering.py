@@ -408,6 +408,8 @@ def test_tf32_anchors_on_wgmma_when_enabled(monkeypatch):
     assert gpu_template(p, cuda_target("sm_90a")) is MATMUL_TC
     monkeypatch.setenv("TASKMAP_WGMMA", "1")
     assert gpu_template(p, cuda_target("sm_90a")) is MATMUL_WGMMA
+    x3 = MatmulProblem(1, 1024, 3072, 768, trans_b=True, tf32x3=True)
+    assert gpu_template(x3, cuda_target("sm_90a")) is MATMUL_WGMMA
     assert gpu_template(p, cuda_target("sm_90")) is MATMUL_TC
 
     rng = np.random.default_rng(2)

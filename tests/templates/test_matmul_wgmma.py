@@ -88,3 +88,28 @@ def test_wgmma_template_on_the_gpu():
         torch.cuda.synchronize()
         err = float((c.double() - exact).abs().max() / exact.abs().max())
         assert err < 2e-3, ((m, n, k), s, err)            # TF32: ~1e-3 relative at worst
+
+
+@pytest.mark.parametrize("schedule,shape", [
+    (wg(), (37, 29, 45)),                                   # k % 4: element-wise copies
+    (wg(bm=128, bn=128, stages=3), (130, 72, 1536)),        # two warpgroups, long K: truncated sums drift
+    (wg(split=3), (19, 24, 200)),                           # split-K
+], ids=["unaligned", "long-k", "splitk3"])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_wgmma_3xtf32_is_as_accurate_as_f32(schedule, shape, trans_b):
+    """3xTF32 on wgmma: the tiles split into tf32 high and low parts in shared memory, three wgmma
+    per 8 of K into a partial accumulator added per k-tile with round-to-nearest: within 3x the
+    error of the SIMT template's f32 FMAs against the f64 product, and far below TF32's."""
+    from dataclasses import replace
+
+    from taskmap.templates.matmul_simt import MATMUL_SIMT
+    from test_matmul_simt import SM80, simt
+
+    p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32x3=True)
+    assert MATMUL_WGMMA.config(p, SM90A, schedule).x3
+    c, full = run(MATMUL_WGMMA, p, schedule, SM90A)
+    c_f32, _ = run(MATMUL_SIMT, replace(p, tf32x3=False), simt(), SM80)
+    c_tf32, _ = run(MATMUL_WGMMA, replace(p, tf32x3=False, tf32=True), schedule, SM90A)
+    err = {name: np.abs(x - full).max() for name, x in (("x3", c), ("f32", c_f32), ("tf32", c_tf32))}
+    assert err["x3"] <= 3 * err["f32"], err
+    assert err["tf32"] > 100 * err["x3"], err
