@@ -406,7 +406,7 @@ def test_ldmatrix_is_refused_before_sm_75():
 # ----------------------------------------------------------------------------- wgmma (sm_90a): one warpgroup
 
 
-def wgmma_kernel(n: int, k: int):
+def wgmma_kernel(n: int, k: int, wait_first: bool = True):
     """C[64, n] = A[64, k] @ B[n, k]^T by one warpgroup: the operands stored into 128-byte swizzled
     K-major tiles (``wgmma_sw128``), one ``wgmma_tf32`` per 8 of k (the first without C), then
     the accumulators out through ``wgmma_c_layout``."""
@@ -436,9 +436,12 @@ def wgmma_kernel(n: int, k: int):
                 else:
                     wgmma_tf32(acc, sa[t, 0, kk * 8], sb[t, 0, kk * 8], n)
         wgmma_commit()
-        wgmma_wait(0, acc, n // 2)
+        if wait_first:
+            wgmma_wait(0, acc, n // 2)
         for q, (i, j) in enumerate(layout.on(threadIdx.x)):
             c[i, j] = acc[q]
+        if not wait_first:                  # wrong: the accumulators were read before the wait
+            wgmma_wait(0, acc, n // 2)
     return wgmma_tile
 
 
@@ -458,6 +461,17 @@ def test_wgmma_tf32_one_warpgroup(device, n, k):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
     # a swizzle or layout mistake moves whole products: far beyond the tolerance
     assert np.abs(out - a.astype(np.float64) @ b.astype(np.float64).T).max() > 1e-4
+
+
+def test_wgmma_is_asynchronous_in_emulation():
+    """The emulation runs a thread's wgmma when a wgmma_wait retires their group: accumulators read
+    before the wait hold what they held before (garbage here), as they might on a GPU."""
+    a = RNG.standard_normal((64, 32)).astype(np.float32)
+    b = RNG.standard_normal((16, 32)).astype(np.float32)
+    c = np.full((64, 16), np.nan, np.float32)
+    early = run_on("cpu", wgmma_kernel(16, 32, wait_first=False), a, b, c)[2]
+    want = _tf32_truncated(a).astype(np.float64) @ _tf32_truncated(b).astype(np.float64).T
+    assert not np.allclose(early, want, rtol=1e-3, atol=1e-3)
 
 
 def test_wgmma_builds_for_sm_90a_only():

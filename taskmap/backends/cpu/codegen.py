@@ -184,7 +184,8 @@ class CGen:
                         if x.var.type.scope is MemScope.REGISTER)
         g.stmt(f.body, 1)
         prims = [p.op for h in self.module.functions for p in collect(h.body, PrimCall)]
-        needs = (1 if any(map(is_warp_synchronous, prims)) else 0) | (2 if Prim.CP_ASYNC in prims else 0)
+        needs = (1 if any(map(is_warp_synchronous, prims)) else 0) | (2 if Prim.CP_ASYNC in prims else 0) | \
+            (4 if Prim.WGMMA_TF32 in prims else 0)
         # Threads are fibers when they must stop midway: barriers, warp rendezvous, cp.async queues.
         has_barrier = needs != 0 or any(collect(h.body, S.Barrier) for h in self.module.functions)
         arg_names = [g.names(p) for p in f.params] + [g.names.size(sv.name) for sv in f.size_vars]

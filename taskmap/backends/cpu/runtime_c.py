@@ -142,6 +142,7 @@ typedef struct {
   int n, cur, warp_size;
   tm_warp *warps;      /* one exchange area per warp (kernels with warp primitives) */
   tm_cpq *cpq;         /* one queue of pending cp.async copies per thread (kernels with cp_async) */
+  tm_wgq *wgq;         /* one queue of pending wgmma per thread (kernels with wgmma) */
   void (*entry)(const void *);
   const void *arg;
 } tm_sched;
@@ -178,6 +179,7 @@ static inline void tm_warp_wait(tm_sched *s) {
 
 #define TM_NEED_WARPS 1
 #define TM_NEED_CPQ 2
+#define TM_NEED_WGQ 4
 static int tm_sched_init(tm_sched *s, int n, size_t stack_size, int warp_size, int needs) {
   memset(s, 0, sizeof *s);
   s->n = n;
@@ -189,6 +191,10 @@ static int tm_sched_init(tm_sched *s, int n, size_t stack_size, int warp_size, i
   if (needs & TM_NEED_CPQ) {
     s->cpq = (tm_cpq *)calloc((size_t)n, sizeof(tm_cpq));
     if (!s->cpq) return TM_ERR_ALLOC;
+  }
+  if (needs & TM_NEED_WGQ) {
+    s->wgq = (tm_wgq *)calloc((size_t)n, sizeof(tm_wgq));
+    if (!s->wgq) return TM_ERR_ALLOC;
   }
   s->stack_size = (stack_size + 4095) & ~(size_t)4095;
   s->map_size = s->stack_size * (size_t)n;
@@ -208,6 +214,7 @@ static void tm_sched_free(tm_sched *s) {
   free(s->fibers);
   free(s->warps);
   free(s->cpq);
+  free(s->wgq);
 }
 
 static void tm_fiber_reset(tm_sched *s, int t) {
@@ -215,6 +222,7 @@ static void tm_fiber_reset(tm_sched *s, int t) {
   char *base = s->stacks + (size_t)t * s->stack_size;
   f->state = TM_RUN;
   if (s->cpq) s->cpq[t].head = s->cpq[t].tail = s->cpq[t].committed = 0;
+  if (s->wgq) s->wgq[t].head = s->wgq[t].tail = s->wgq[t].committed = 0;
 #if defined(__x86_64__)
   /* A frame tm_switch_x86 "returns" from into tm_fiber_main: control words, six callee-saved
      registers, the return address; tm_fiber_main starts with rsp = 8 (mod 16), as after a call. */

@@ -22,7 +22,10 @@ code, undefined on a GPU).  ``mma_sync_m16n8k16`` and ``ldmatrix`` need all 32 l
 exactly and rounds the sum toward zero, once, as the tensor cores do (products exact, sums
 truncated: Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021; it reproduces the
 3xTF32 errors measured on an H200 to 10%), so a kernel whose accumulation drifts under
-truncation drifts here too.
+truncation drifts here too.  ``wgmma_tf32`` is *deferred* like ``cp_async``: each thread queues
+its wgmma, ``wgmma_commit`` closes a group, and ``wgmma_wait(n)`` runs all but the newest ``n``
+groups — so a kernel that reads its accumulators before the wait, or overwrites a tile a pending
+wgmma reads, gets wrong results here as it might on a GPU.
 
 **Memory.**  Atomics are real atomics (blocks run in parallel on the cores); ``copy16`` is a
 ``memcpy`` that checks 16-byte alignment; ``transpose_block`` an in-register transpose
@@ -56,6 +59,10 @@ typedef struct { uint32_t gen; tm_xslot slot[2][TM_WARP_MAX]; } tm_warp;
 typedef struct { void *dst; const void *src; int32_t n, src_n; uint32_t group; } tm_cp_op;
 #define TM_CPQ 32
 typedef struct { tm_cp_op op[TM_CPQ]; uint32_t head, tail, committed; } tm_cpq;
+/* a thread's pending wgmma, run in order when a wgmma_wait retires their group */
+typedef struct { float *c; const float *a, *b; int32_t n, accumulate; uint32_t group; } tm_wg_op;
+#define TM_WGQ 64
+typedef struct { tm_wg_op op[TM_WGQ]; uint32_t head, tail, committed; } tm_wgq;
 """
 
 WARP_PRIMS_C = r"""
@@ -217,7 +224,7 @@ static inline float tm_wgmma_elem(const float *tile, int r, int k) {
   memcpy(&v, tm_tls.smem + (l ^ (((l >> 7) & 7) << 4)), 4);
   return tm_tf32(v, 1);
 }
-static void tm_wgmma_tf32(float *c, const float *a, const float *b, int n, int accumulate) {
+static void tm_wgmma_run(float *c, const float *a, const float *b, int n, int accumulate) {
   const int t = tm_tls.tid[0] + tm_tls.bdim[0] * (tm_tls.tid[1] + tm_tls.bdim[1] * tm_tls.tid[2]);
   const int lane = t & 31, row0 = 16 * ((t >> 5) & 3) + (lane >> 2);
   for (int j = 0; j < n / 8; ++j)
@@ -227,6 +234,29 @@ static void tm_wgmma_tf32(float *c, const float *a, const float *b, int n, int a
       for (int k = 0; k < 8; ++k) acc += (double)tm_wgmma_elem(a, row, k) * tm_wgmma_elem(b, col, k);
       c[4 * j + i] = tm_mma_sum(acc);
     }
+}
+static inline tm_wgq *tm_my_wgq(void) {
+  tm_sched *s = tm_cur_sched;
+  return s && s->wgq ? &s->wgq[s->cur] : NULL;
+}
+static inline void tm_wg_do(const tm_wg_op *o) { tm_wgmma_run(o->c, o->a, o->b, o->n, o->accumulate); }
+static inline void tm_wgmma_tf32(float *c, const float *a, const float *b, int n, int accumulate) {
+  tm_wg_op o = { c, a, b, n, accumulate, 0 };
+  tm_wgq *q = tm_my_wgq();
+  if (!q) { tm_wg_do(&o); return; }
+  if (q->tail - q->head == TM_WGQ) { tm_wg_do(&q->op[q->head % TM_WGQ]); ++q->head; }  /* early: allowed */
+  o.group = q->committed;
+  q->op[q->tail % TM_WGQ] = o;
+  ++q->tail;
+}
+static inline void tm_wgmma_commit(void) { tm_wgq *q = tm_my_wgq(); if (q) ++q->committed; }
+static inline void tm_wgmma_wait(int n) {
+  tm_wgq *q = tm_my_wgq();
+  if (!q) return;
+  while (q->head != q->tail && q->op[q->head % TM_WGQ].group + (uint32_t)n < q->committed) {
+    tm_wg_do(&q->op[q->head % TM_WGQ]);
+    ++q->head;
+  }
 }
 /* ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16: lane 8j+r gives row r of matrix j. */
 static void tm_ldmatrix(void *dst, const void *row, int num, int trans) {
@@ -438,9 +468,13 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return f"tm_mma_m16n8k8_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])})"
     if op is Prim.LDMATRIX:
         return f"tm_ldmatrix({ref(a[0])}, {ref(a[1])}, {x(a[2])}, {x(a[3])})"
-    if op is Prim.WGMMA_TF32:    # at once; the fences and waits order nothing here
+    if op is Prim.WGMMA_TF32:    # queued; run by the wgmma_wait that retires its group
         return f"tm_wgmma_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])}, {x(a[4])})"
-    if op in (Prim.WGMMA_FENCE, Prim.WGMMA_COMMIT, Prim.WGMMA_WAIT, Prim.FENCE_PROXY_ASYNC):
+    if op is Prim.WGMMA_COMMIT:
+        return "tm_wgmma_commit()"
+    if op is Prim.WGMMA_WAIT:
+        return f"tm_wgmma_wait({x(a[0])})"
+    if op in (Prim.WGMMA_FENCE, Prim.FENCE_PROXY_ASYNC):    # order nothing here
         return "((void)0)"
     raise UnsupportedError(f"the C backend cannot render {op.spec.name}()")  # pragma: no cover
 
