@@ -275,19 +275,19 @@ def _wgmma_tf32(g: Any, a: tuple) -> str:
             f'"r"({int(a[4].value)}))')
 
 
-def _wgmma_wait(g: Any, a: tuple) -> str:
-    """The wait, then an empty asm per accumulator that 'writes' it: the compiler cannot move their
-    reads above the wait (CUTLASS's warpgroup_fence_operand)."""
-    c = g.ref(a[1])
-    keep = "; ".join(f'asm volatile("" : "+f"(({c})[{i}]) :: "memory")' for i in range(int(a[2].value)))
-    return f'asm volatile("wgmma.wait_group.sync.aligned {int(a[0].value)};\\n" ::: "memory"); {keep}'
+def _wgmma_keep(g: Any, a: tuple) -> str:
+    """An empty asm per accumulator that 'writes' it: the compiler cannot move their reads above the
+    wait before it (CUTLASS's warpgroup_fence_operand)."""
+    c = g.ref(a[0])
+    return "; ".join(f'asm volatile("" : "+f"(({c})[{i}]) :: "memory")' for i in range(int(a[1].value)))
 
 
 _WGMMA = {
     Prim.WGMMA_TF32: _wgmma_tf32,
     Prim.WGMMA_FENCE: lambda g, a: 'asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory")',
     Prim.WGMMA_COMMIT: lambda g, a: 'asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory")',
-    Prim.WGMMA_WAIT: _wgmma_wait,
+    Prim.WGMMA_WAIT: lambda g, a: f'asm volatile("wgmma.wait_group.sync.aligned {int(a[0].value)};\\n" ::: "memory")',
+    Prim.WGMMA_KEEP: _wgmma_keep,
     Prim.FENCE_PROXY_ASYNC: lambda g, a: 'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory")',
 }
 

@@ -88,9 +88,10 @@ class Prim(enum.Enum):
     WGMMA_TF32 = PrimSpec("wgmma_tf32", PrimKind.MMA, 5, refs=(0, 1, 2), writes=(0,), consts=(3, 4), value=False)
     WGMMA_FENCE = PrimSpec("wgmma_fence", PrimKind.MEMORY, 0, value=False)    # before a warpgroup's first wgmma
     WGMMA_COMMIT = PrimSpec("wgmma_commit", PrimKind.MEMORY, 0, value=False)  # closes a group of wgmma
-    #: (n, c, count): all but the newest n groups of wgmma done; c[0..count) (the accumulators they
-    #: write) are not read before it
-    WGMMA_WAIT = PrimSpec("wgmma_wait", PrimKind.MEMORY, 3, refs=(1,), writes=(1,), consts=(0, 2), value=False)
+    WGMMA_WAIT = PrimSpec("wgmma_wait", PrimKind.MEMORY, 1, consts=(0,), value=False)  # (n,): all but n groups done
+    #: (c, count): c[0..count) (accumulators wgmma wrote) are read only after this point — an empty
+    #: asm that "writes" them, after the wait that retires those wgmma (CUTLASS's fence_operand)
+    WGMMA_KEEP = PrimSpec("wgmma_keep", PrimKind.MEMORY, 2, refs=(0,), writes=(0,), consts=(1,), value=False)
     #: orders this thread's ordinary shared-memory writes before later reads by the tensor cores
     #: (wgmma) or the copy engine (with a barrier after it)
     FENCE_PROXY_ASYNC = PrimSpec("fence_proxy_async", PrimKind.MEMORY, 0, value=False)
@@ -164,7 +165,7 @@ def needs_gpu(op: Prim) -> bool:
     ``copy16`` and ``transpose_block`` are also valid in CPU kernels)."""
     return op.spec.kind in (PrimKind.WARP, PrimKind.MMA) or op in (
         Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT, Prim.WGMMA_FENCE, Prim.WGMMA_COMMIT, Prim.WGMMA_WAIT,
-        Prim.FENCE_PROXY_ASYNC)
+        Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -282,9 +283,10 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
         n = _int_const(args[0])
         if n is None or n < 0:
             return 0, f"{name}() needs a group count >= 0, got {n}"
-        if op is Prim.WGMMA_WAIT and (_scope(args[1]) is not MemScope.REGISTER or args[1].dtype is not f32
-                                      or (_int_const(args[2]) or 0) < 1):
-            return 1, f"{name}() takes the wgmma accumulators: an f32 register tensor element and a count >= 1"
+        return None
+    if op is Prim.WGMMA_KEEP:
+        if _scope(args[0]) is not MemScope.REGISTER or args[0].dtype is not f32 or (_int_const(args[1]) or 0) < 1:
+            return 0, f"{name}() takes wgmma accumulators: an f32 register tensor element and a count >= 1"
         return None
     if op is Prim.PREFETCH:
         if _scope(args[0]) is MemScope.REGISTER:
@@ -357,8 +359,8 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
     if op is Prim.WGMMA_TF32:  # c: n / 2 a thread; a, b: 64 or n rows of the swizzled tile from the start
         rows = 64 if index == 1 else int(args[3].value)  # type: ignore[attr-defined]
         return int(args[3].value) // 2 if index == 0 else (rows - 1) * 32 + 8  # type: ignore[attr-defined]
-    if op is Prim.WGMMA_WAIT:
-        return int(args[2].value)  # type: ignore[attr-defined]
+    if op is Prim.WGMMA_KEEP:
+        return int(args[1].value)  # type: ignore[attr-defined]
     if op is Prim.LDMATRIX:    # per matrix: a 32-bit register of each lane; a 16-byte row
         width = args[index].dtype.nbytes
         return 4 * int(args[2].value) // width if index == 0 else 16 // width  # type: ignore[attr-defined]

@@ -386,17 +386,27 @@ def _nullary(prim: Prim) -> Any:
 
 
 def _wgmma_wait(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    check_args(ctx, node, "wgmma_wait", args, kwargs, 3, 3)
+    check_args(ctx, node, "wgmma_wait", args, kwargs, 1, 3)
     ctx.mark_gpu(node, "wgmma_wait()")
-    n, count = const_int(args[0]), const_int(args[2])
+    if len(args) == 2:
+        raise ctx.error(node, "wgmma_wait(n, acc, count): the accumulators come with their count")
+    n = const_int(args[0])
     if n is None or n < 0:
         raise ctx.error(node.args[0], f"wgmma_wait() needs a compile-time number of groups >= 0, got "
                                       f"{ctx.value_str(args[0])}")
+    wait = S.Evaluate(PrimCall(Prim.WGMMA_WAIT, (E.const(n),)))
+    if len(args) == 1:
+        return wait
+    count = const_int(args[2])
     if count is None or count < 1:
         raise ctx.error(node.args[2], f"wgmma_wait() needs a compile-time count of accumulators >= 1, got "
                                       f"{ctx.value_str(args[2])}")
     c = element_ref(ctx, node, 1, args[1], "wgmma_wait", whole=True)
-    return S.Evaluate(finish(ctx, node, PrimCall(Prim.WGMMA_WAIT, (E.const(n), c, E.const(count)))))
+    keep = PrimCall(Prim.WGMMA_KEEP, (c, E.const(count)))
+    bad = problem(keep)
+    if bad is not None:
+        raise ctx.error(node.args[1], bad[1])
+    return S.seq(wait, S.Evaluate(keep))
 
 
 def _wgmma_tf32(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
@@ -431,10 +441,12 @@ wgmma_fence = Builtin("wgmma_fence", _nullary(Prim.WGMMA_FENCE),
                       "wgmma that follow.")
 wgmma_commit = Builtin("wgmma_commit", _nullary(Prim.WGMMA_COMMIT),
                        "``wgmma_commit()``: closes the group of the warpgroup's pending wgmma.")
-wgmma_wait = Builtin("wgmma_wait", _wgmma_wait, "``wgmma_wait(n, c, count)``: waits until at most n committed "
-                                                "wgmma groups are pending; c (a register tensor element) and the "
-                                                "count - 1 after it are the accumulators those groups write, kept "
-                                                "from being read before the wait.")
+wgmma_wait = Builtin("wgmma_wait", _wgmma_wait, "``wgmma_wait(n, c=None, count=0)``: waits until at most n "
+                                                "committed wgmma groups are pending; with c (a register tensor "
+                                                "element) and count, c and the count - 1 after it are accumulators "
+                                                "the retired groups wrote, kept from being read before the wait.  "
+                                                "Name them only when no group writing them is left running (n = 0 "
+                                                "for one accumulator set): ptxas serializes wgmma otherwise.")
 fence_proxy_async = Builtin("fence_proxy_async", _nullary(Prim.FENCE_PROXY_ASYNC),
                             "``fence_proxy_async()``: this thread's ordinary shared-memory writes become visible "
                             "to the tensor cores' wgmma reads (put it before the barrier that precedes them).")

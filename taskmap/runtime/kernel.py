@@ -36,7 +36,10 @@ _STATUS = {1: "out of memory while setting up thread blocks on the CPU",
            4: "mma_sync_m16n8k16() / ldmatrix() executed by only some lanes of a warp: all 32 lanes must execute "
               "it together (the block size must be a multiple of 32)",
            5: "divergent warp primitive: a lane's mask must name itself, and the lanes it names must execute the "
-              "same warp primitive with the same mask together (not syncthreads(), not another primitive)"}
+              "same warp primitive with the same mask together (not syncthreads(), not another primitive)",
+           6: "cp_async() into a shared tile that a pending wgmma_tf32() still reads: wgmma_wait() for that group "
+              "before refilling the tile (the copy may land before the tensor cores read it; the CPU emulation "
+              "checks)"}
 
 
 def launch_dims(func: Function, sizes: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -8,7 +8,10 @@ A block is ``BM / 64`` warpgroups (128 threads each); warpgroup ``g`` computes r
 one 128-byte row per row of A or column of C) stream through a ``stages``-deep ``cp_async`` ring,
 stored in wgmma's K-major layout with 128-byte swizzled rows (``wgmma_sw128``).  Per k-tile: wait
 for its copies, ``fence_proxy_async`` (they are ordinary writes; the tensor cores read through the
-async proxy), a barrier, ``wgmma_fence``, four ``wgmma_tf32``, ``wgmma_commit``, ``wgmma_wait(0)``.
+async proxy), a barrier, ``wgmma_fence``, four ``wgmma_tf32``, ``wgmma_commit``, then
+``wgmma_wait(inflight)``: with ``inflight = 1`` (TF32) a k-tile's wgmma still run while the next
+tile's copies are waited for and its wgmma issued — the ring then loads ``stages - 2`` tiles ahead,
+so that the stage being refilled is never one a pending wgmma reads.
 
 B stored ``N x K`` (a linear's weight, ``trans_b``) is K-major already: 16-byte chunks.  B stored
 ``K x N`` is transposed on its way in: each element is its own 4-byte ``cp_async`` to its place in
@@ -70,6 +73,7 @@ class WgConfig:
     bn: int
     stages: int
     split: int
+    inflight: int             # wgmma groups left running across a k-tile: 0, or 1 (not with 3xTF32 or BN 256)
     a_batched: bool
     b_batched: bool
     trans_b: bool
@@ -81,7 +85,9 @@ class WgConfig:
 
 
 def build_kernel(cfg: WgConfig) -> Kernel:
-    BM, BN, STG, S = cfg.bm, cfg.bn, cfg.stages, cfg.split
+    BM, BN, STG, S, FLY = cfg.bm, cfg.bn, cfg.stages, cfg.split, cfg.inflight
+    AHEAD = STG - 1 - FLY                             # tiles loaded ahead of the one multiplied
+    assert not (FLY and cfg.x3) and AHEAD >= 1
     THREADS = WG_THREADS * (BM // WG_M)
     TRANS_B, A_BATCHED, B_BATCHED, X3 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.x3
     BIAS = cfg.bias and S == 1
@@ -119,12 +125,9 @@ def build_kernel(cfg: WgConfig) -> Kernel:
         per = (kt + S - 1) // S
         t0 = blockIdx.z % S * per
         tiles = max(min(t0 + per, kt) - t0, 0)
-        for t in range(tiles + STG - 1):              # load tile t, multiply tile t - (STG - 1)
-            ct = t - (STG - 1)
-            if ct >= 0:
-                cp_async_wait(STG - 2)                # tile ct has landed ...
-                fence_proxy_async()                   # ... for the tensor cores' reads ...
-                syncthreads()                         # ... of every thread; tile ct-1 is consumed
+        # The ring's first tiles, then per k-tile: multiply tile ct, load tile ct + AHEAD.  The two loops
+        # repeat the load: a branch around the wgmma of one loop would make ptxas serialize them.
+        for t in range(AHEAD):
             if t < tiles:
                 st = t % STG
                 kb = (t0 + t) * BK
@@ -156,37 +159,77 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                         ok = gk < k and gc < n
                         cp_async(sb[st, cn, wgmma_sw128(cn, kr)], b[bj, gk if ok else 0, gc if ok else 0], 4,
                                  4 if ok else 0)
-            cp_async_commit()                         # one group per iteration, empty ones included
-            if ct >= 0:
-                st = ct % STG
-                if X3:                                # hi in place, lo beside: once per element and block
-                    for r, e in a_split.on(threadIdx.x):
-                        hi = round_tf32(sa[st, r, e])
-                        sa_lo[r, e] = round_tf32(sa[st, r, e] - hi)
-                        sa[st, r, e] = hi
-                    for r, e in b_split.on(threadIdx.x):
-                        hi = round_tf32(sb[st, r, e])
-                        sb_lo[r, e] = round_tf32(sb[st, r, e] - hi)
-                        sb[st, r, e] = hi
-                    fence_proxy_async()
-                    syncthreads()
-                    for q in unroll(BN // 2):
-                        part[q] = 0.0
-                    wgmma_fence()
-                    for kk in unroll(BK // 8):        # the small products first
-                        wgmma_tf32(part, sa_lo[wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
-                        wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb_lo[0, kk * 8], BN)
-                        wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
-                    wgmma_commit()
-                    wgmma_wait(0, part, BN // 2)
-                    for q in unroll(BN // 2):         # rounded to nearest, not truncated as in the wgmma
-                        acc[q] = acc[q] + part[q]
+            cp_async_commit()
+        for ct in range(tiles):
+            cp_async_wait(AHEAD - 1)                  # tile ct has landed ...
+            fence_proxy_async()                       # ... for the tensor cores' reads ...
+            syncthreads()                             # ... of every thread; tile ct - 1 is consumed
+            st = ct % STG
+            if X3:                                # hi in place, lo beside: once per element and block
+                for r, e in a_split.on(threadIdx.x):
+                    hi = round_tf32(sa[st, r, e])
+                    sa_lo[r, e] = round_tf32(sa[st, r, e] - hi)
+                    sa[st, r, e] = hi
+                for r, e in b_split.on(threadIdx.x):
+                    hi = round_tf32(sb[st, r, e])
+                    sb_lo[r, e] = round_tf32(sb[st, r, e] - hi)
+                    sb[st, r, e] = hi
+                fence_proxy_async()
+                syncthreads()
+                for q in unroll(BN // 2):
+                    part[q] = 0.0
+                wgmma_fence()
+                for kk in unroll(BK // 8):        # the small products first
+                    wgmma_tf32(part, sa_lo[wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                    wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb_lo[0, kk * 8], BN)
+                    wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                wgmma_commit()
+                wgmma_wait(0, part, BN // 2)
+                for q in unroll(BN // 2):         # rounded to nearest, not truncated as in the wgmma
+                    acc[q] = acc[q] + part[q]
+            else:
+                wgmma_fence()
+                for kk in unroll(BK // 8):
+                    wgmma_tf32(acc, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                wgmma_commit()
+                if FLY:                           # its stage is not refilled next; acc is not read
+                    wgmma_wait(FLY)
                 else:
-                    wgmma_fence()
-                    for kk in unroll(BK // 8):
-                        wgmma_tf32(acc, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
-                    wgmma_commit()
-                    wgmma_wait(0, acc, BN // 2)       # this stage is reloaded STG - 1 tiles later
+                    wgmma_wait(0, acc, BN // 2)
+            t = ct + AHEAD
+            if t < tiles:
+                st = t % STG
+                kb = (t0 + t) * BK
+                for r, ch in a_chunks.on(threadIdx.x):
+                    gr = row0 + r
+                    gk = kb + ch * VEC
+                    sw = wgmma_sw128(r, ch * VEC)
+                    if aligned_a:
+                        ok = gr < m and gk < k
+                        cp_async(sa[st, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                    else:
+                        for e in unroll(VEC):
+                            sa[st, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                if TRANS_B:
+                    for r, ch in b_chunks.on(threadIdx.x):
+                        gn = col0 + r
+                        gk = kb + ch * VEC
+                        sw = wgmma_sw128(r, ch * VEC)
+                        if aligned_b:
+                            ok = gn < n and gk < k
+                            cp_async(sb[st, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                        else:
+                            for e in unroll(VEC):
+                                sb[st, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                else:                                 # K x N: each element to its K-major place
+                    for kr, cn in b_chunks.on(threadIdx.x):
+                        gk = kb + kr
+                        gc = col0 + cn
+                        ok = gk < k and gc < n
+                        cp_async(sb[st, cn, wgmma_sw128(cn, kr)], b[bj, gk if ok else 0, gc if ok else 0], 4,
+                                 4 if ok else 0)
+            cp_async_commit()                         # one group per tile, empty ones included
+        wgmma_wait(0, acc, BN // 2)
         for q, (i, j) in enumerate(C_LAYOUT.on(threadIdx.x % WG_THREADS)):
             gr = row0 + wg * WG_M + i
             gc = col0 + j
@@ -203,7 +246,7 @@ class MatmulWgmmaTemplate(KernelFamily):
     """f32 matmul with TF32 or 3xTF32 products on Hopper's wgmma (sm_90a)."""
 
     name = "matmul_wgmma"
-    version = 1             # 1: TF32 and 3xTF32
+    version = 1             # 1: TF32 (0 or 1 wgmma group left running) and 3xTF32
 
     def applies(self, problem: Any, target: Target) -> bool:
         return (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and "wgmma" in target.features
@@ -220,22 +263,24 @@ class MatmulWgmmaTemplate(KernelFamily):
                 if (bm > WG_M and bm >= 2 * p.m) or (bn > BLOCK_N[0] and bn >= 2 * p.n):   # mostly outside C
                     continue
                 for stages in STAGES:
-                    cfg = self._cfg(p, bm, bn, stages, 1)
+                    cfg = self._cfg(p, bm, bn, stages, 1, 0)
                     if cfg.smem_bytes() > target.max_shared_memory_optin:
                         continue
                     tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
                     for split in splits_for(target, tiles, p.k, BK):
-                        out.append(Schedule.of(bm=bm, bn=bn, stages=stages, split=split))
+                        for inflight in (0,) if cfg.x3 or bn > 128 else (0, 1):   # ptxas serializes wider
+                            out.append(Schedule.of(bm=bm, bn=bn, stages=stages, split=split, inflight=inflight))
         return out
 
     def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
         p, s = problem, schedule.as_dict()
         bm, bn, split = s["bm"], s["bn"], s["split"]
-        cfg = self._cfg(p, bm, bn, s["stages"], split)
+        cfg = self._cfg(p, bm, bn, s["stages"], split, s["inflight"])
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
         padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, BK) * BK
         # TF32 at half the f16 rate; one wgmma group in flight per warpgroup (waited each k-tile)
-        eff = 0.5 * min(1.0, 0.55 + 0.1 * s["stages"]) * min(1.0, bn / 128) * (p.batch * p.m * p.n * p.k) / padded
+        eff = 0.5 * min(1.0, 0.55 + 0.1 * (s["stages"] - s["inflight"]) + 0.15 * s["inflight"]) * min(1.0, bn / 128) \
+            * (p.batch * p.m * p.n * p.k) / padded
         if p.k % VEC:
             eff *= 0.6                  # element-wise copies
         if not p.trans_b:
@@ -251,13 +296,14 @@ class MatmulWgmmaTemplate(KernelFamily):
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
     @staticmethod
-    def _cfg(p: MatmulProblem, bm: int, bn: int, stages: int, split: int) -> WgConfig:
-        return WgConfig(bm, bn, stages, split, p.a_batched, p.b_batched, p.trans_b, p.bias, p.tf32x3 and not p.tf32)
+    def _cfg(p: MatmulProblem, bm: int, bn: int, stages: int, split: int, inflight: int) -> WgConfig:
+        return WgConfig(bm, bn, stages, split, inflight, p.a_batched, p.b_batched, p.trans_b, p.bias,
+                        p.tf32x3 and not p.tf32)
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> WgConfig:
         """Everything the kernel depends on (the key of its cache entries)."""
         s = schedule.as_dict()
-        return self._cfg(problem, s["bm"], s["bn"], s["stages"], s["split"])
+        return self._cfg(problem, s["bm"], s["bn"], s["stages"], s["split"], s["inflight"])
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)

@@ -522,3 +522,35 @@ def test_wgmma_misuse_is_a_clear_error():
         build(12)
     with pytest.raises(DSLError, match=r"the B operand of wgmma_tf32\(\) is an f32 shared tensor element"):
         build(64, "register")
+
+
+def test_refilling_a_tile_a_pending_wgmma_reads_is_caught():
+    """A cp_async into a tile before the wgmma reading it has been waited for faults in emulation
+    (on a GPU the copy may land first)."""
+    from taskmap.lang import cp_async, cp_async_commit, cp_async_wait, wgmma_commit, wgmma_fence, wgmma_tf32, wgmma_wait
+
+    @taskmap.kernel
+    def refill_early(a: f32[64, 32], b: f32[8, 32], c: f32[64, 8]):
+        attrs.block_dim = 128
+        sa = shared_tensor(f32, [64, 32])
+        sb = shared_tensor(f32, [8, 32])
+        acc = register_tensor(f32, [4])
+        for r in range(threadIdx.x // 32, 64, 4):
+            sa[r, threadIdx.x % 32] = a[r, threadIdx.x % 32]
+        if threadIdx.x < 8:
+            for e in range(32):
+                sb[threadIdx.x, e] = b[threadIdx.x, e]
+        syncthreads()
+        wgmma_fence()
+        wgmma_tf32(acc, sa[0, 0], sb[0, 0], 8, accumulate=False)
+        wgmma_commit()
+        cp_async(sa[threadIdx.x // 2, threadIdx.x % 2 * 16], a[0, 0], 16)    # wrong: before the wait
+        cp_async_commit()
+        wgmma_wait(0, acc, 4)
+        cp_async_wait(0)
+        c[threadIdx.x // 2, 0] = acc[0]
+
+    args = (RNG.standard_normal((64, 32)).astype(np.float32), RNG.standard_normal((8, 32)).astype(np.float32),
+            np.zeros((64, 8), np.float32))
+    with pytest.raises(TaskmapError, match=r"cp_async\(\) into a shared tile that a pending wgmma_tf32\(\) still reads"):
+        refill_early(*args)

@@ -2,6 +2,9 @@
 (cp.async chunks) and unaligned (element-wise) tiles, a stored N x K B and a K x N one (transposed
 into K-major tiles), split-K, bias, batches; its space and choice; builds with NVRTC for sm_90a;
 and on an H100 / H200 under the ``cuda`` marker."""
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -16,8 +19,8 @@ from test_matmul_simt import operands, run
 SM90A, SM90 = cuda_target("sm_90a"), cuda_target("sm_90")
 
 
-def wg(bm=64, bn=64, stages=3, split=1):
-    return Schedule.of(bm=bm, bn=bn, stages=stages, split=split)
+def wg(bm=64, bn=64, stages=3, split=1, inflight=0):
+    return Schedule.of(bm=bm, bn=bn, stages=stages, split=split, inflight=inflight)
 
 
 def truncated(x):
@@ -30,7 +33,9 @@ def truncated(x):
     (wg(bm=128, bn=128, stages=4), (130, 72, 96)),          # two warpgroups, cp.async chunks
     (wg(bn=256), (20, 260, 64)),                            # n = 256 accumulators, two column blocks
     (wg(split=3), (19, 24, 200)),                           # split-K: partial sums, then the reduction
-], ids=["unaligned", "two-warpgroups", "n256", "splitk3"])
+    (wg(bm=128, bn=64, inflight=1), (140, 70, 260)),        # a group left running; 3 stages: 1 tile ahead
+    (wg(stages=4, split=2, inflight=1), (33, 40, 520)),     # ... 4 stages: 2 ahead
+], ids=["unaligned", "two-warpgroups", "n256", "splitk3", "inflight", "inflight-4stage-split"])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_wgmma_template_matches_the_truncated_product(schedule, shape, trans_b):
     p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32=True)
@@ -57,6 +62,22 @@ def test_wgmma_only_on_sm_90a_and_for_tf32():
         assert MATMUL_WGMMA.config(p, SM90A, s).smem_bytes() <= SM90A.max_shared_memory_optin
 
 
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on the PATH")
+@pytest.mark.parametrize("math,trans_b,inflight", [("tf32", True, 1), ("tf32", False, 1), ("tf32", True, 0),
+                                                   ("tf32x3", True, 0)])
+def test_ptxas_keeps_the_wgmma_pipelined(math, trans_b, inflight, tmp_path):
+    """No wgmma serialization (ptxas's C7515: a non-wgmma instruction defines accumulators while a
+    group is running — a branch around the wgmma, or an operand fence inside the pipeline) and no
+    spills, with and without a group left running across k-tiles."""
+    p = MatmulProblem(1, 4096, 4096, 4096, trans_b=trans_b, bias=True, **{math: True})
+    s = wg(bm=128, bn=128, stages=4 if inflight else 3, inflight=inflight)
+    ptx = MATMUL_WGMMA.instantiate(p, SM90A, s).build("cuda", arch="sm_90a").compiled[0].artifact.extra.ptx
+    (tmp_path / "k.ptx").write_text(ptx)
+    log = subprocess.run([shutil.which("ptxas"), "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
+                          str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True).stderr
+    assert "serialized" not in log and " 0 bytes spill stores" in log, log
+
+
 def test_wgmma_template_builds_for_sm_90a():
     p = MatmulProblem(1, 1024, 768, 3072, trans_b=True, bias=True, tf32=True)
     s = choose(MATMUL_WGMMA, p, SM90A, mode="model")
@@ -68,8 +89,8 @@ def test_wgmma_template_builds_for_sm_90a():
 
 @pytest.mark.cuda
 def test_wgmma_template_on_the_gpu():
-    """On an H100 / H200: linears (N x K weights) and a K x N B, against torch's f64 product of the
-    operands, within TF32's error."""
+    """On an H100 / H200: linears (N x K weights) and a K x N B, TF32 (with and without a wgmma
+    group left running across k-tiles) and 3xTF32, against torch's f64 product of the operands."""
     torch = pytest.importorskip("torch")
     from taskmap.backends.cuda.target import current_cuda_target
 
@@ -77,17 +98,20 @@ def test_wgmma_template_on_the_gpu():
     if "wgmma" not in target.features:
         pytest.skip(f"{target.name} has no wgmma (an sm_90a / sm_100a GPU runs this)")
     for (m, n, k), trans_b in [((1024, 768, 3072), True), ((1576, 3072, 768), True), ((300, 200, 130), False)]:
-        p = MatmulProblem(1, m, n, k, trans_b=trans_b, bias=True, tf32=True)
         a = torch.randn(1, m, k, device="cuda")
-        b = torch.randn(1, *p.b_shape[1:], device="cuda")
+        b = torch.randn(1, *((n, k) if trans_b else (k, n)), device="cuda")
         bias = torch.randn(n, device="cuda")
         exact = (a.double() @ (b.double().transpose(1, 2) if trans_b else b.double())) + bias.double()
-        s = choose(MATMUL_WGMMA, p, target, mode="model")
-        c = torch.full((1, m, n), float("nan"), device="cuda")
-        MATMUL_WGMMA.instantiate(p, target, s)(*MATMUL_WGMMA.arguments(p, [a, b, bias], [c], s))
-        torch.cuda.synchronize()
-        err = float((c.double() - exact).abs().max() / exact.abs().max())
-        assert err < 2e-3, ((m, n, k), s, err)            # TF32: ~1e-3 relative at worst
+        for math in ("tf32", "tf32x3"):
+            p = MatmulProblem(1, m, n, k, trans_b=trans_b, bias=True, **{math: True})
+            best = choose(MATMUL_WGMMA, p, target, mode="model")
+            for s in {best, Schedule.of(**{**best.as_dict(), "inflight": 0})}:      # and without a group in flight
+                c = torch.full((1, m, n), float("nan"), device="cuda")
+                MATMUL_WGMMA.instantiate(p, target, s)(*MATMUL_WGMMA.arguments(p, [a, b, bias], [c], s))
+                torch.cuda.synchronize()
+                err = float((c.double() - exact).abs().max() / exact.abs().max())
+                # TF32: ~1e-3 relative at worst; 3xTF32: about f32's (~1e-6)
+                assert err < (2e-3 if math == "tf32" else 2e-5), ((m, n, k), math, s, err)
 
 
 @pytest.mark.parametrize("schedule,shape", [

@@ -43,6 +43,7 @@ RUNTIME_C = SYSTEM_HEADER + r"""
 #define TM_ERR_ALIGN 3
 #define TM_ERR_WARP 4
 #define TM_ERR_DIVERGED 5
+#define TM_ERR_WGMMA_RACE 6
 #define TM_FN static inline
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
 /* A scalar argument of a packed entry: the first bytes of its 64-bit word. */
@@ -143,6 +144,7 @@ typedef struct {
   tm_warp *warps;      /* one exchange area per warp (kernels with warp primitives) */
   tm_cpq *cpq;         /* one queue of pending cp.async copies per thread (kernels with cp_async) */
   tm_wgq *wgq;         /* one queue of pending wgmma per thread (kernels with wgmma) */
+  tm_wgr wgr;          /* the tiles those pending wgmma read */
   void (*entry)(const void *);
   const void *arg;
 } tm_sched;
@@ -248,6 +250,7 @@ static void tm_fiber_reset(tm_sched *s, int t) {
 static void tm_run_block(tm_sched *s, void (*entry)(const void *), const void *arg) {
   s->entry = entry; s->arg = arg;
   for (int t = 0; t < s->n; ++t) tm_fiber_reset(s, t);
+  s->wgr.n = 0;
   tm_sched *prev = tm_cur_sched;
   tm_cur_sched = s;
   const int W = s->warp_size;

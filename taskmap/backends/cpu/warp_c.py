@@ -24,8 +24,9 @@ truncated: Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021; it re
 3xTF32 errors measured on an H200 to 10%), so a kernel whose accumulation drifts under
 truncation drifts here too.  ``wgmma_tf32`` is *deferred* like ``cp_async``: each thread queues
 its wgmma, ``wgmma_commit`` closes a group, and ``wgmma_wait(n)`` runs all but the newest ``n``
-groups — so a kernel that reads its accumulators before the wait, or overwrites a tile a pending
-wgmma reads, gets wrong results here as it might on a GPU.
+groups — so a kernel that reads its accumulators before the wait gets wrong results here as it
+might on a GPU; and a ``cp_async`` into a tile that a pending wgmma of the block reads faults
+(the copy may land before the tensor cores read).
 
 **Memory.**  Atomics are real atomics (blocks run in parallel on the cores); ``copy16`` is a
 ``memcpy`` that checks 16-byte alignment; ``transpose_block`` an in-register transpose
@@ -63,6 +64,10 @@ typedef struct { tm_cp_op op[TM_CPQ]; uint32_t head, tail, committed; } tm_cpq;
 typedef struct { float *c; const float *a, *b; int32_t n, accumulate; uint32_t group; } tm_wg_op;
 #define TM_WGQ 64
 typedef struct { tm_wg_op op[TM_WGQ]; uint32_t head, tail, committed; } tm_wgq;
+/* the block's shared-memory tiles pending wgmma read (each range counted once per pending wgmma) */
+typedef struct { uintptr_t lo, hi; int32_t refs; } tm_wg_range;
+#define TM_WGR 64
+typedef struct { tm_wg_range r[TM_WGR]; int32_t n; } tm_wgr;
 """
 
 WARP_PRIMS_C = r"""
@@ -239,12 +244,37 @@ static inline tm_wgq *tm_my_wgq(void) {
   tm_sched *s = tm_cur_sched;
   return s && s->wgq ? &s->wgq[s->cur] : NULL;
 }
+/* The bytes of the tile a wgmma operand at p reads: rows of 128 bytes from the row p lies in. */
+static inline uintptr_t tm_wg_lo(const float *p) {
+  return (uintptr_t)p - (uintptr_t)(((const char *)p - tm_tls.smem) & 127);
+}
+static void tm_wgr_track(uintptr_t lo, uintptr_t hi, int add) {
+  tm_wgr *w = &tm_cur_sched->wgr;
+  for (int i = 0; i < w->n; ++i)
+    if (w->r[i].lo == lo && w->r[i].hi == hi) {
+      w->r[i].refs += add ? 1 : -1;
+      if (w->r[i].refs <= 0) w->r[i] = w->r[--w->n];
+      return;
+    }
+  if (add && w->n < TM_WGR) w->r[w->n++] = (tm_wg_range){ lo, hi, 1 };   /* full: that tile goes unchecked */
+}
+static inline void tm_wg_ranges(const tm_wg_op *o, int add) {
+  tm_wgr_track(tm_wg_lo(o->a), tm_wg_lo(o->a) + 64 * 128, add);
+  tm_wgr_track(tm_wg_lo(o->b), tm_wg_lo(o->b) + (uintptr_t)o->n * 128, add);
+}
+static inline void tm_wgr_check(const void *dst, int n) {
+  const tm_wgr *w = &tm_cur_sched->wgr;
+  for (int i = 0; i < w->n; ++i)
+    if ((uintptr_t)dst < w->r[i].hi && (uintptr_t)dst + (uintptr_t)n > w->r[i].lo) tm_fault(TM_ERR_WGMMA_RACE);
+}
 static inline void tm_wg_do(const tm_wg_op *o) { tm_wgmma_run(o->c, o->a, o->b, o->n, o->accumulate); }
+static inline void tm_wg_retire(const tm_wg_op *o) { tm_wg_do(o); tm_wg_ranges(o, 0); }
 static inline void tm_wgmma_tf32(float *c, const float *a, const float *b, int n, int accumulate) {
   tm_wg_op o = { c, a, b, n, accumulate, 0 };
   tm_wgq *q = tm_my_wgq();
   if (!q) { tm_wg_do(&o); return; }
-  if (q->tail - q->head == TM_WGQ) { tm_wg_do(&q->op[q->head % TM_WGQ]); ++q->head; }  /* early: allowed */
+  tm_wg_ranges(&o, 1);
+  if (q->tail - q->head == TM_WGQ) { tm_wg_retire(&q->op[q->head % TM_WGQ]); ++q->head; }  /* early: allowed */
   o.group = q->committed;
   q->op[q->tail % TM_WGQ] = o;
   ++q->tail;
@@ -254,7 +284,7 @@ static inline void tm_wgmma_wait(int n) {
   tm_wgq *q = tm_my_wgq();
   if (!q) return;
   while (q->head != q->tail && q->op[q->head % TM_WGQ].group + (uint32_t)n < q->committed) {
-    tm_wg_do(&q->op[q->head % TM_WGQ]);
+    tm_wg_retire(&q->op[q->head % TM_WGQ]);
     ++q->head;
   }
 }
@@ -407,6 +437,7 @@ static inline tm_cpq *tm_my_cpq(void) {
 }
 static inline void tm_cp_async(void *dst, const void *src, int n, int src_n) {
   if (((uintptr_t)dst | (uintptr_t)src) & (uintptr_t)(n - 1)) tm_fault(TM_ERR_ALIGN);
+  if (tm_cur_sched && tm_cur_sched->wgq) tm_wgr_check(dst, n);
   tm_cp_op o = { dst, src, n, src_n, 0 };
   tm_cpq *q = tm_my_cpq();
   if (!q) { tm_cp_do(&o); return; }
@@ -474,7 +505,7 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return "tm_wgmma_commit()"
     if op is Prim.WGMMA_WAIT:
         return f"tm_wgmma_wait({x(a[0])})"
-    if op in (Prim.WGMMA_FENCE, Prim.FENCE_PROXY_ASYNC):    # order nothing here
+    if op in (Prim.WGMMA_FENCE, Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC):    # order nothing here
         return "((void)0)"
     raise UnsupportedError(f"the C backend cannot render {op.spec.name}()")  # pragma: no cover
 
