@@ -2,7 +2,7 @@
 
 Tuning (``TASKMAP_TUNE=topk|exhaustive``) stores its measured choices in the local tuning cache
 (:mod:`.tuning_cache`).  ``taskmap records export DIR`` gathers them into one file per *device*
-— the target's name and its number of cores / multiprocessors, e.g. ``cuda:sm_90`` with 132 SMs
+— the target's name and its number of cores / multiprocessors, e.g. ``cuda:sm_90a`` with 132 SMs
 (an H100 SXM or an H200) — and a file committed under ``taskmap/schedule/records/`` answers
 model-mode choices on every machine of that device when the local cache has no measured choice
 of its own: a GPU tuned once, on a lent machine, makes later compiles on that kind of GPU pick
@@ -36,12 +36,12 @@ _loaded: dict[tuple[Path, str], dict[tuple[str, Any, str], dict]] = {}
 
 
 def device_key(target: Target) -> str:
-    """``"cuda:sm_90/132"``: what a measured choice transfers across (name and core count)."""
+    """``"cuda:sm_90a/132"``: what a measured choice transfers across (name and core count)."""
     return f"{target.name}/{target.num_cores}"
 
 
 def file_name(device: str) -> str:
-    """``cuda:sm_90/132`` -> ``cuda_sm_90_132.json``."""
+    """``cuda:sm_90a/132`` -> ``cuda_sm_90a_132.json``."""
     return device.replace(":", "_").replace("/", "_") + ".json"
 
 
