@@ -25,12 +25,12 @@ to nearest) and truncate their sums; the error is TF32's either way (``testing.T
 
 3xTF32 (``MatmulProblem.tf32x3``, ``WgConfig.x3``): f32 products at about f32's accuracy.  Once a
 k-tile has landed, the block splits it in shared memory — each element ``x`` into ``hi =
-round_tf32(x)`` in place and ``lo = round_tf32(x - hi)`` in a one-stage buffer beside the ring —
-and each 8 of K takes three wgmma, ``lo_a hi_b``, ``hi_a lo_b``, ``hi_a hi_b``, into a partial
-accumulator that starts at zero every k-tile and is added to the f32 accumulators with
-round-to-nearest (the tensor cores truncate their sums: summed over all of K that drift is 10x
-f32's error; see ``matmul_tc``).  Three times the tensor-core work, the split once per element
-and block, ``BN / 2`` more registers a thread.
+round_tf32(x)`` in place and ``lo = round_tf32(x - hi)`` in one of two buffers beside the ring —
+while the previous tile's wgmma run; each 8 of K takes three wgmma, ``lo_a hi_b``, ``hi_a lo_b``,
+``hi_a hi_b``, into a partial accumulator that starts at zero every k-tile and is added to the f32
+accumulators with round-to-nearest once its group is done (the tensor cores truncate their sums:
+summed over all of K that drift is 10x f32's error; see ``matmul_tc``).  Three times the
+tensor-core work, the split once per element and block, ``BN / 2`` more registers a thread.
 
 Not yet the default: :func:`enabled` (``TASKMAP_WGMMA=1``) until a GPU run has checked it against
 the mma.sync template; the tests and ``benchmarks/matmul_gpu.py`` call it directly.
@@ -73,7 +73,7 @@ class WgConfig:
     bn: int
     stages: int
     split: int
-    inflight: int             # wgmma groups left running across a k-tile: 0, or 1 (not with 3xTF32 or BN 256)
+    inflight: int             # wgmma groups left running across a k-tile: 0 or 1 (3xTF32: 1; BN 256: 0)
     a_batched: bool
     b_batched: bool
     trans_b: bool
@@ -87,7 +87,7 @@ class WgConfig:
 def build_kernel(cfg: WgConfig) -> Kernel:
     BM, BN, STG, S, FLY = cfg.bm, cfg.bn, cfg.stages, cfg.split, cfg.inflight
     AHEAD = STG - 1 - FLY                             # tiles loaded ahead of the one multiplied
-    assert not (FLY and cfg.x3) and AHEAD >= 1
+    assert AHEAD >= 1 and (FLY or not cfg.x3)         # 3xTF32 leaves a group running across the split
     THREADS = WG_THREADS * (BM // WG_M)
     TRANS_B, A_BATCHED, B_BATCHED, X3 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.x3
     BIAS = cfg.bias and S == 1
@@ -107,10 +107,12 @@ def build_kernel(cfg: WgConfig) -> Kernel:
         attrs.block_dim = THREADS
         sa = shared_tensor(f32, [STG, BM, BK])
         sb = shared_tensor(f32, [STG, BN, BK])
-        sa_lo = shared_tensor(f32, [BM if X3 else 1, BK])       # 3xTF32: the current tile's low parts
-        sb_lo = shared_tensor(f32, [BN if X3 else 1, BK])
+        sa_lo = shared_tensor(f32, [2 if X3 else 1, BM, BK])    # 3xTF32: two tiles' low parts
+        sb_lo = shared_tensor(f32, [2 if X3 else 1, BN, BK])
         acc = register_tensor(f32, [BN // 2])
         part = register_tensor(f32, [BN // 2 if X3 else 1])     # 3xTF32: one k-tile's products
+        for q in unroll(BN // 2 if X3 else 1):
+            part[q] = 0.0
         for q in unroll(BN // 2):
             acc[q] = 0.0
         wg = threadIdx.x // WG_THREADS
@@ -165,28 +167,28 @@ def build_kernel(cfg: WgConfig) -> Kernel:
             fence_proxy_async()                       # ... for the tensor cores' reads ...
             syncthreads()                             # ... of every thread; tile ct - 1 is consumed
             st = ct % STG
-            if X3:                                # hi in place, lo beside: once per element and block
+            if X3:                                # split tile ct while tile ct - 1's wgmma run
+                lb = ct % 2
                 for r, e in a_split.on(threadIdx.x):
                     hi = round_tf32(sa[st, r, e])
-                    sa_lo[r, e] = round_tf32(sa[st, r, e] - hi)
+                    sa_lo[lb, r, e] = round_tf32(sa[st, r, e] - hi)
                     sa[st, r, e] = hi
                 for r, e in b_split.on(threadIdx.x):
                     hi = round_tf32(sb[st, r, e])
-                    sb_lo[r, e] = round_tf32(sb[st, r, e] - hi)
+                    sb_lo[lb, r, e] = round_tf32(sb[st, r, e] - hi)
                     sb[st, r, e] = hi
                 fence_proxy_async()
                 syncthreads()
-                for q in unroll(BN // 2):
+                wgmma_wait(0, part, BN // 2)          # tile ct - 1's products ...
+                for q in unroll(BN // 2):             # ... added rounded to nearest (the wgmma truncate)
+                    acc[q] = acc[q] + part[q]
                     part[q] = 0.0
                 wgmma_fence()
-                for kk in unroll(BK // 8):        # the small products first
-                    wgmma_tf32(part, sa_lo[wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
-                    wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb_lo[0, kk * 8], BN)
+                for kk in unroll(BK // 8):            # the small products first
+                    wgmma_tf32(part, sa_lo[lb, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                    wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb_lo[lb, 0, kk * 8], BN)
                     wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
                 wgmma_commit()
-                wgmma_wait(0, part, BN // 2)
-                for q in unroll(BN // 2):         # rounded to nearest, not truncated as in the wgmma
-                    acc[q] = acc[q] + part[q]
             else:
                 wgmma_fence()
                 for kk in unroll(BK // 8):
@@ -229,6 +231,10 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                         cp_async(sb[st, cn, wgmma_sw128(cn, kr)], b[bj, gk if ok else 0, gc if ok else 0], 4,
                                  4 if ok else 0)
             cp_async_commit()                         # one group per tile, empty ones included
+        if X3:
+            wgmma_wait(0, part, BN // 2)
+            for q in unroll(BN // 2):
+                acc[q] = acc[q] + part[q]
         wgmma_wait(0, acc, BN // 2)
         for q, (i, j) in enumerate(C_LAYOUT.on(threadIdx.x % WG_THREADS)):
             gr = row0 + wg * WG_M + i
@@ -268,7 +274,7 @@ class MatmulWgmmaTemplate(KernelFamily):
                         continue
                     tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
                     for split in splits_for(target, tiles, p.k, BK):
-                        for inflight in (0,) if cfg.x3 or bn > 128 else (0, 1):   # ptxas serializes wider
+                        for inflight in (1,) if cfg.x3 else (0,) if bn > 128 else (0, 1):   # ptxas serializes wider
                             out.append(Schedule.of(bm=bm, bn=bn, stages=stages, split=split, inflight=inflight))
         return out
 
@@ -286,7 +292,7 @@ class MatmulWgmmaTemplate(KernelFamily):
         if not p.trans_b:
             eff *= 0.8                  # B's elements copied one by one into K-major tiles
         if cfg.x3:
-            eff *= 0.8                  # the split pass and its barrier, each k-tile
+            eff *= 0.85                 # the split pass (beside the previous tile's wgmma) and a barrier
         global_bytes = 4 * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
         global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else 4)
         w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes, cache_bytes=p.flops / 2 * 4 * (1 / bm + 1 / bn),
