@@ -432,3 +432,35 @@ def test_tf32_anchors_on_wgmma_when_enabled(monkeypatch):
     np.testing.assert_allclose(gz, F.relu(F.conv2d(top(ia), top(cw), d(cb), padding=1)).numpy(), rtol=1e-5, atol=2e-5)
     for st in cg.steps:
         assert st.kernel.build("cuda", arch="sm_90a").binary
+
+
+def test_wgmma_3xtf32_models_match_eager_as_f32_does(monkeypatch):
+    """End to end on sm_90a with ``TASKMAP_WGMMA=1`` and ``fp32_precision="3xtf32"`` (cuDNN's TF32
+    off, so the convolutions take 3xTF32 too): a small BERT and a conv block run their linears and
+    convolutions on the wgmma template — epilogues (bias, GELU, residual adds, BN, ReLU), split-K
+    and img2col fused in — and match eager within f32's tolerances."""
+    transformers = pytest.importorskip("transformers")
+    from taskmap.frontend.torch import precision
+
+    real = precision.current
+    monkeypatch.setattr(precision, "current", lambda dev: real("cuda:0"))     # as if captured on a GPU
+    monkeypatch.setenv("TASKMAP_WGMMA", "1")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch.manual_seed(3)
+    bert = transformers.BertModel(transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256, vocab_size=100,
+        attn_implementation="sdpa")).eval()
+    block = ConvNet().eval()
+    _randomize_bn(block)
+    for model, x in ((bert, torch.randint(0, 100, (2, 24))), (block, torch.randn(2, 3, 12, 10))):
+        with emulate_gpu("sm_90a"):
+            fast = taskmap.compile(model, (x,), progress=False, fp32_precision="3xtf32")
+            got = fast(x)
+        with torch.no_grad():
+            want = model(x)
+        if model is bert:
+            got, want = got.last_hidden_state, want.last_hidden_state
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        names = [k.func.name for _, k in _kernels(fast)]
+        assert names.count("matmul_wgmma") >= (8 if model is bert else 4), names
+        assert "matmul_simt" not in names and "matmul_tc" not in names, names
