@@ -1,5 +1,5 @@
-"""TF32 matmul on Hopper's warpgroup tensor cores (``wgmma``, sm_90a), as a template: f32 in and out,
-products on tf32 where the problem allows TF32 (``MatmulProblem.tf32``).
+"""f32 matmul on Hopper's warpgroup tensor cores (``wgmma``, sm_90a), as a template: f32 in and out,
+products on tf32 where the problem allows TF32 (``MatmulProblem.tf32``), or as 3xTF32 (below).
 
 A block is ``BM / 64`` warpgroups (128 threads each); warpgroup ``g`` computes rows ``64 g ..
 64 g + 63`` of the block's ``BM x BN`` tile of C in ``BN / 2`` f32 accumulators a thread
@@ -81,7 +81,7 @@ class WgConfig:
     x3: bool = False        # f32 as 3xTF32: tiles split into tf32 high and low parts, three wgmma
 
     def smem_bytes(self) -> int:
-        return (self.stages + self.x3) * (self.bm + self.bn) * BK * 4
+        return (self.stages + 2 * self.x3) * (self.bm + self.bn) * BK * 4
 
 
 def build_kernel(cfg: WgConfig) -> Kernel:
@@ -107,8 +107,8 @@ def build_kernel(cfg: WgConfig) -> Kernel:
         attrs.block_dim = THREADS
         sa = shared_tensor(f32, [STG, BM, BK])
         sb = shared_tensor(f32, [STG, BN, BK])
-        sa_lo = shared_tensor(f32, [2 if X3 else 1, BM, BK])    # 3xTF32: two tiles' low parts
-        sb_lo = shared_tensor(f32, [2 if X3 else 1, BN, BK])
+        sa_lo = shared_tensor(f32, [2, BM, BK] if X3 else [1, 1, BK])    # 3xTF32: two tiles' low parts
+        sb_lo = shared_tensor(f32, [2, BN, BK] if X3 else [1, 1, BK])
         acc = register_tensor(f32, [BN // 2])
         part = register_tensor(f32, [BN // 2 if X3 else 1])     # 3xTF32: one k-tile's products
         for q in unroll(BN // 2 if X3 else 1):

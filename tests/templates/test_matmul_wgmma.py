@@ -78,6 +78,18 @@ def test_ptxas_keeps_the_wgmma_pipelined(math, trans_b, inflight, tmp_path):
     assert "serialized" not in log and " 0 bytes spill stores" in log, log
 
 
+@pytest.mark.parametrize("math", ["tf32", "tf32x3"])
+def test_the_shared_memory_the_model_counts_is_what_the_kernel_takes(math):
+    from taskmap.backends.clike import smem_layout
+
+    p = MatmulProblem(1, 512, 512, 512, trans_b=True, **{math: True})
+    for s in MATMUL_WGMMA.space(p, SM90A):
+        kernel = MATMUL_WGMMA.instantiate(p, SM90A, s).kernels[0]
+        taken = smem_layout(kernel.func)[1]
+        counted = MATMUL_WGMMA.config(p, SM90A, s).smem_bytes()
+        assert counted <= taken <= counted + 2048 and taken <= SM90A.max_shared_memory_optin, (s, taken, counted)
+
+
 def test_wgmma_template_builds_for_sm_90a():
     p = MatmulProblem(1, 1024, 768, 3072, trans_b=True, bias=True, tf32=True)
     s = choose(MATMUL_WGMMA, p, SM90A, mode="model")
