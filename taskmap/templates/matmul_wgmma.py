@@ -268,13 +268,16 @@ class MatmulWgmmaTemplate(KernelFamily):
             for bn in BLOCK_N:
                 if (bm > WG_M and bm >= 2 * p.m) or (bn > BLOCK_N[0] and bn >= 2 * p.n):   # mostly outside C
                     continue
+                if bn > 128 and p.tf32x3 and not p.tf32:     # two accumulator sets of 128: past 255 registers
+                    continue
                 for stages in STAGES:
                     cfg = self._cfg(p, bm, bn, stages, 1, 0)
                     if cfg.smem_bytes() > target.max_shared_memory_optin:
                         continue
                     tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
                     for split in splits_for(target, tiles, p.k, BK):
-                        for inflight in (1,) if cfg.x3 else (0,) if bn > 128 else (0, 1):   # ptxas serializes wider
+                        # a group left running: 3xTF32 always; not past 128 columns (ptxas serializes them)
+                        for inflight in (1,) if cfg.x3 else (0,) if bn > 128 else (0, 1):
                             out.append(Schedule.of(bm=bm, bn=bn, stages=stages, split=split, inflight=inflight))
         return out
 
@@ -284,7 +287,7 @@ class MatmulWgmmaTemplate(KernelFamily):
         cfg = self._cfg(p, bm, bn, s["stages"], split, s["inflight"])
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
         padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, BK) * BK
-        # TF32 at half the f16 rate; one wgmma group in flight per warpgroup (waited each k-tile)
+        # TF32 at half the f16 rate; the ring's depth, and a group left running, hide the copies' latency
         eff = 0.5 * min(1.0, 0.55 + 0.1 * (s["stages"] - s["inflight"]) + 0.15 * s["inflight"]) * min(1.0, bn / 128) \
             * (p.batch * p.m * p.n * p.k) / padded
         if p.k % VEC:
