@@ -554,3 +554,46 @@ def test_refilling_a_tile_a_pending_wgmma_reads_is_caught():
             np.zeros((64, 8), np.float32))
     with pytest.raises(TaskmapError, match=r"cp_async\(\) into a shared tile that a pending wgmma_tf32\(\) still reads"):
         refill_early(*args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kk", [0, 3])
+def test_wgmma_reads_the_swizzled_tiles_as_laid_out(device, kk):
+    """One wgmma (k-step ``kk`` of a 32-wide tile) on coded operands: A[r, k] = 8 r + k % 8 (exact in
+    tf32) and B[j, k] = 1 where k % 8 = j % 8, so C[r, j] names the A element it read.  On a
+    mismatch the message decodes what the tensor cores read — the descriptor, the swizzle or the
+    accumulator layout, whichever is off."""
+    from taskmap.lang import (fence_proxy_async, wgmma_c_layout, wgmma_commit, wgmma_fence, wgmma_sw128, wgmma_tf32,
+                              wgmma_wait)
+    n = 16
+    layout = wgmma_c_layout(n)
+
+    @taskmap.kernel
+    def one_step(a: f32[64, 32], b: f32[n, 32], c: f32[64, n]):
+        attrs.block_dim = 128
+        sa = shared_tensor(f32, [64, 32])
+        sb = shared_tensor(f32, [n, 32])
+        acc = register_tensor(f32, [n // 2])
+        for r in range(threadIdx.x // 32, 64, 4):
+            sa[r, wgmma_sw128(r, threadIdx.x % 32)] = a[r, threadIdx.x % 32]
+        for r in range(threadIdx.x // 32, n, 4):
+            sb[r, wgmma_sw128(r, threadIdx.x % 32)] = b[r, threadIdx.x % 32]
+        fence_proxy_async()
+        syncthreads()
+        wgmma_fence()
+        wgmma_tf32(acc, sa[0, kk * 8], sb[0, kk * 8], n, accumulate=False)
+        wgmma_commit()
+        wgmma_wait(0, acc, n // 2)
+        for q, (i, j) in enumerate(layout.on(threadIdx.x)):
+            c[i, j] = acc[q]
+
+    rows, ks = np.meshgrid(np.arange(64), np.arange(32), indexing="ij")
+    a = (8 * rows + ks % 8 + 1000 * (ks // 8 != kk)).astype(np.float32)     # other k-steps: far off
+    b = (np.arange(32)[None, :] % 8 == np.arange(n)[:, None] % 8).astype(np.float32)
+    b[:, [k for k in range(32) if k // 8 != kk]] = 0.0
+    got = run_on(device, one_step, a, b, np.full((64, n), np.nan, np.float32))[2]
+    want = 8 * np.arange(64)[:, None] + np.arange(n)[None, :] % 8
+    bad = np.argwhere(got != want)
+    detail = [f"C[{r}, {j}] = {got[r, j]:g} (A[{int(got[r, j]) // 8}, {int(got[r, j]) % 8}] read), want "
+              f"A[{r}, {j % 8}]" for r, j in bad[:6]]
+    assert not len(bad), f"{len(bad)} of {got.size} wrong: " + "; ".join(detail)
