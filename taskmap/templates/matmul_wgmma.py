@@ -4,9 +4,9 @@ products on tf32 where the problem allows TF32 (``MatmulProblem.tf32``), or as 3
 A block is ``BM / 64`` warpgroups (128 threads each); warpgroup ``g`` computes rows ``64 g ..
 64 g + 63`` of the block's ``BM x BN`` tile of C in ``BN / 2`` f32 accumulators a thread
 (``wgmma_c_layout(BN)``), with one ``wgmma_tf32`` per 8 of K that reads a 64 x 8 slice of A and a
-``BN x 8`` slice of B straight from shared memory.  Tiles of A (``BM x 32``) and B (``BN x 32``:
-one 128-byte row per row of A or column of C) stream through a ``stages``-deep ``cp_async`` ring,
-stored in wgmma's K-major layout with 128-byte swizzled rows (``wgmma_sw128``).  Per k-tile: wait
+``BN x 8`` slice of B straight from shared memory.  Tiles of A (``BM x BK``) and B (``BN x BK``,
+BK 32 or 64) stream through a ``stages``-deep ``cp_async`` ring, stored in wgmma's K-major layout:
+columns of 32 floats, one 128-byte swizzled row per row of A or column of C (``wgmma_sw128``).  Per k-tile: wait
 for its copies, ``fence_proxy_async`` (they are ordinary writes; the tensor cores read through the
 async proxy), a barrier, ``wgmma_fence``, four ``wgmma_tf32``, ``wgmma_commit``, then
 ``wgmma_wait(inflight)``: with ``inflight = 1`` (TF32) a k-tile's wgmma still run while the next
@@ -53,7 +53,8 @@ from .matmul_problem import MatmulProblem
 from .matmul_simt import chain, gpu_arguments
 from .matmul_splitk import ceil_div, splits_for
 
-BK = 32                       # floats: one 128-byte swizzled row
+ATOM_K = 32                   # floats in one 128-byte swizzled row: a k-tile is 1 or 2 such columns
+BKS = (32, 64)
 WG_M = 64                     # rows of one wgmma (a warpgroup)
 WG_THREADS = 128
 VEC = 4                       # floats per 16-byte chunk
@@ -71,9 +72,10 @@ def enabled() -> bool:
 class WgConfig:
     bm: int
     bn: int
+    bk: int
     stages: int
     split: int
-    inflight: int             # wgmma groups left running across a k-tile: 0 or 1 (3xTF32: 1; BN 256: 0)
+    inflight: int             # wgmma groups left running across a k-tile: 0 or 1 (3xTF32: 1)
     a_batched: bool
     b_batched: bool
     trans_b: bool
@@ -81,11 +83,12 @@ class WgConfig:
     x3: bool = False        # f32 as 3xTF32: tiles split into tf32 high and low parts, three wgmma
 
     def smem_bytes(self) -> int:
-        return (self.stages + 2 * self.x3) * (self.bm + self.bn) * BK * 4
+        return (self.stages + 2 * self.x3) * (self.bm + self.bn) * self.bk * 4
 
 
 def build_kernel(cfg: WgConfig) -> Kernel:
-    BM, BN, STG, S, FLY = cfg.bm, cfg.bn, cfg.stages, cfg.split, cfg.inflight
+    BM, BN, BK, STG, S, FLY = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.split, cfg.inflight
+    KA = BK // ATOM_K                                 # swizzle atoms (32-float columns) of a k-tile
     AHEAD = STG - 1 - FLY                             # tiles loaded ahead of the one multiplied
     assert AHEAD >= 1 and (FLY or not cfg.x3)         # 3xTF32 leaves a group running across the split
     THREADS = WG_THREADS * (BM // WG_M)
@@ -94,7 +97,7 @@ def build_kernel(cfg: WgConfig) -> Kernel:
     C_LAYOUT = wgmma_c_layout(BN)
     a_chunks = auto_map((BM, BK // VEC), THREADS)
     b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN), THREADS)
-    a_split, b_split = auto_map((BM, BK), THREADS), auto_map((BN, BK), THREADS)   # 3xTF32: element by element
+    a_split, b_split = (auto_map((KA, rows, ATOM_K), THREADS) for rows in (BM, BN))   # 3xTF32: element by element
     batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
     A_T = f32[batch if A_BATCHED else 1, m, k]
     B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
@@ -105,10 +108,10 @@ def build_kernel(cfg: WgConfig) -> Kernel:
     def matmul_wgmma(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS
-        sa = shared_tensor(f32, [STG, BM, BK])
-        sb = shared_tensor(f32, [STG, BN, BK])
-        sa_lo = shared_tensor(f32, [2, BM, BK] if X3 else [1, 1, BK])    # 3xTF32: two tiles' low parts
-        sb_lo = shared_tensor(f32, [2, BN, BK] if X3 else [1, 1, BK])
+        sa = shared_tensor(f32, [STG, KA, BM, ATOM_K])             # element (r, k): [k // 32, r, swizzled]
+        sb = shared_tensor(f32, [STG, KA, BN, ATOM_K])
+        sa_lo = shared_tensor(f32, [2, KA, BM, ATOM_K] if X3 else [1, 1, 1, ATOM_K])   # 3xTF32: two tiles' lows
+        sb_lo = shared_tensor(f32, [2, KA, BN, ATOM_K] if X3 else [1, 1, 1, ATOM_K])
         acc = register_tensor(f32, [BN // 2])
         part = register_tensor(f32, [BN // 2 if X3 else 1])     # 3xTF32: one k-tile's products
         for q in unroll(BN // 2 if X3 else 1):
@@ -136,30 +139,30 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                 for r, ch in a_chunks.on(threadIdx.x):
                     gr = row0 + r
                     gk = kb + ch * VEC
-                    sw = wgmma_sw128(r, ch * VEC)
+                    sw = wgmma_sw128(r, ch * VEC % ATOM_K)
                     if aligned_a:
                         ok = gr < m and gk < k
-                        cp_async(sa[st, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                        cp_async(sa[st, ch * VEC // ATOM_K, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
                     else:
                         for e in unroll(VEC):
-                            sa[st, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                            sa[st, ch * VEC // ATOM_K, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
                 if TRANS_B:
                     for r, ch in b_chunks.on(threadIdx.x):
                         gn = col0 + r
                         gk = kb + ch * VEC
-                        sw = wgmma_sw128(r, ch * VEC)
+                        sw = wgmma_sw128(r, ch * VEC % ATOM_K)
                         if aligned_b:
                             ok = gn < n and gk < k
-                            cp_async(sb[st, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                            cp_async(sb[st, ch * VEC // ATOM_K, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
                         else:
                             for e in unroll(VEC):
-                                sb[st, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                                sb[st, ch * VEC // ATOM_K, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
                 else:                                 # K x N: each element to its K-major place
                     for kr, cn in b_chunks.on(threadIdx.x):
                         gk = kb + kr
                         gc = col0 + cn
                         ok = gk < k and gc < n
-                        cp_async(sb[st, cn, wgmma_sw128(cn, kr)], b[bj, gk if ok else 0, gc if ok else 0], 4,
+                        cp_async(sb[st, kr // ATOM_K, cn, wgmma_sw128(cn, kr % ATOM_K)], b[bj, gk if ok else 0, gc if ok else 0], 4,
                                  4 if ok else 0)
             cp_async_commit()
         for ct in range(tiles):
@@ -169,14 +172,14 @@ def build_kernel(cfg: WgConfig) -> Kernel:
             st = ct % STG
             if X3:                                # split tile ct while tile ct - 1's wgmma run
                 lb = ct % 2
-                for r, e in a_split.on(threadIdx.x):
-                    hi = round_tf32(sa[st, r, e])
-                    sa_lo[lb, r, e] = round_tf32(sa[st, r, e] - hi)
-                    sa[st, r, e] = hi
-                for r, e in b_split.on(threadIdx.x):
-                    hi = round_tf32(sb[st, r, e])
-                    sb_lo[lb, r, e] = round_tf32(sb[st, r, e] - hi)
-                    sb[st, r, e] = hi
+                for j, r, e in a_split.on(threadIdx.x):   # place by place: the layout stays
+                    hi = round_tf32(sa[st, j, r, e])
+                    sa_lo[lb, j, r, e] = round_tf32(sa[st, j, r, e] - hi)
+                    sa[st, j, r, e] = hi
+                for j, r, e in b_split.on(threadIdx.x):
+                    hi = round_tf32(sb[st, j, r, e])
+                    sb_lo[lb, j, r, e] = round_tf32(sb[st, j, r, e] - hi)
+                    sb[st, j, r, e] = hi
                 fence_proxy_async()
                 syncthreads()
                 wgmma_wait(0, part, BN // 2)          # tile ct - 1's products ...
@@ -185,14 +188,14 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                     part[q] = 0.0
                 wgmma_fence()
                 for kk in unroll(BK // 8):            # the small products first
-                    wgmma_tf32(part, sa_lo[lb, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
-                    wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb_lo[lb, 0, kk * 8], BN)
-                    wgmma_tf32(part, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                    wgmma_tf32(part, sa_lo[lb, kk // 4, wg * WG_M, kk % 4 * 8], sb[st, kk // 4, 0, kk % 4 * 8], BN)
+                    wgmma_tf32(part, sa[st, kk // 4, wg * WG_M, kk % 4 * 8], sb_lo[lb, kk // 4, 0, kk % 4 * 8], BN)
+                    wgmma_tf32(part, sa[st, kk // 4, wg * WG_M, kk % 4 * 8], sb[st, kk // 4, 0, kk % 4 * 8], BN)
                 wgmma_commit()
             else:
                 wgmma_fence()
                 for kk in unroll(BK // 8):
-                    wgmma_tf32(acc, sa[st, wg * WG_M, kk * 8], sb[st, 0, kk * 8], BN)
+                    wgmma_tf32(acc, sa[st, kk // 4, wg * WG_M, kk % 4 * 8], sb[st, kk // 4, 0, kk % 4 * 8], BN)
                 wgmma_commit()
                 if FLY:                           # its stage is not refilled next; acc is not read
                     wgmma_wait(FLY)
@@ -205,30 +208,30 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                 for r, ch in a_chunks.on(threadIdx.x):
                     gr = row0 + r
                     gk = kb + ch * VEC
-                    sw = wgmma_sw128(r, ch * VEC)
+                    sw = wgmma_sw128(r, ch * VEC % ATOM_K)
                     if aligned_a:
                         ok = gr < m and gk < k
-                        cp_async(sa[st, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                        cp_async(sa[st, ch * VEC // ATOM_K, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
                     else:
                         for e in unroll(VEC):
-                            sa[st, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                            sa[st, ch * VEC // ATOM_K, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
                 if TRANS_B:
                     for r, ch in b_chunks.on(threadIdx.x):
                         gn = col0 + r
                         gk = kb + ch * VEC
-                        sw = wgmma_sw128(r, ch * VEC)
+                        sw = wgmma_sw128(r, ch * VEC % ATOM_K)
                         if aligned_b:
                             ok = gn < n and gk < k
-                            cp_async(sb[st, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                            cp_async(sb[st, ch * VEC // ATOM_K, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
                         else:
                             for e in unroll(VEC):
-                                sb[st, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                                sb[st, ch * VEC // ATOM_K, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
                 else:                                 # K x N: each element to its K-major place
                     for kr, cn in b_chunks.on(threadIdx.x):
                         gk = kb + kr
                         gc = col0 + cn
                         ok = gk < k and gc < n
-                        cp_async(sb[st, cn, wgmma_sw128(cn, kr)], b[bj, gk if ok else 0, gc if ok else 0], 4,
+                        cp_async(sb[st, kr // ATOM_K, cn, wgmma_sw128(cn, kr % ATOM_K)], b[bj, gk if ok else 0, gc if ok else 0], 4,
                                  4 if ok else 0)
             cp_async_commit()                         # one group per tile, empty ones included
         if X3:
@@ -270,26 +273,31 @@ class MatmulWgmmaTemplate(KernelFamily):
                     continue
                 if bn > 128 and p.tf32x3 and not p.tf32:     # two accumulator sets of 128: past 255 registers
                     continue
-                for stages in STAGES:
-                    cfg = self._cfg(p, bm, bn, stages, 1, 0)
-                    if cfg.smem_bytes() > target.max_shared_memory_optin:
-                        continue
-                    tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
-                    for split in splits_for(target, tiles, p.k, BK):
-                        # a group left running: 3xTF32 always; not past 128 columns (ptxas serializes them)
-                        for inflight in (1,) if cfg.x3 else (0,) if bn > 128 else (0, 1):
-                            out.append(Schedule.of(bm=bm, bn=bn, stages=stages, split=split, inflight=inflight))
+                for bk in BKS:
+                    for stages in STAGES:
+                        cfg = self._cfg(p, bm, bn, bk, stages, 1, 0)
+                        if cfg.smem_bytes() > target.max_shared_memory_optin:
+                            continue
+                        tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
+                        for split in splits_for(target, tiles, p.k, bk):
+                            # a group left running: 3xTF32 always; ptxas serializes the wgmma past 128
+                            # columns or with one tile loaded ahead (3 stages)
+                            flights = (0, 1) if bn <= 128 and stages >= 4 else (0,)
+                            for inflight in [f for f in flights if f or not cfg.x3]:
+                                out.append(Schedule.of(bm=bm, bn=bn, bk=bk, stages=stages, split=split,
+                                                       inflight=inflight))
         return out
 
     def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
         p, s = problem, schedule.as_dict()
-        bm, bn, split = s["bm"], s["bn"], s["split"]
-        cfg = self._cfg(p, bm, bn, s["stages"], split, s["inflight"])
+        bm, bn, bk, split = s["bm"], s["bn"], s["bk"], s["split"]
+        cfg = self._cfg(p, bm, bn, bk, s["stages"], split, s["inflight"])
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
-        padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, BK) * BK
+        padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, bk) * bk
         # TF32 at half the f16 rate; the ring's depth, and a group left running, hide the copies' latency
         eff = 0.5 * min(1.0, 0.55 + 0.1 * (s["stages"] - s["inflight"]) + 0.15 * s["inflight"]) * min(1.0, bn / 128) \
             * (p.batch * p.m * p.n * p.k) / padded
+        eff *= bk / (bk + 8)            # each k-tile's wait, barrier and copies' addressing
         if p.k % VEC:
             eff *= 0.6                  # element-wise copies
         if not p.trans_b:
@@ -301,18 +309,18 @@ class MatmulWgmmaTemplate(KernelFamily):
         w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes, cache_bytes=p.flops / 2 * 4 * (1 / bm + 1 / bn),
                      work_items=tiles, threads_per_item=WG_THREADS * bm // WG_M,
                      registers_per_thread=min(255, bn // 2 * (1 + cfg.x3) + 48), shared_per_item=cfg.smem_bytes(),
-                     inner_bytes=4 * BK, matrix_units=True, compute_efficiency=eff)
+                     inner_bytes=4 * bk, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
     @staticmethod
-    def _cfg(p: MatmulProblem, bm: int, bn: int, stages: int, split: int, inflight: int) -> WgConfig:
-        return WgConfig(bm, bn, stages, split, inflight, p.a_batched, p.b_batched, p.trans_b, p.bias,
+    def _cfg(p: MatmulProblem, bm: int, bn: int, bk: int, stages: int, split: int, inflight: int) -> WgConfig:
+        return WgConfig(bm, bn, bk, stages, split, inflight, p.a_batched, p.b_batched, p.trans_b, p.bias,
                         p.tf32x3 and not p.tf32)
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> WgConfig:
         """Everything the kernel depends on (the key of its cache entries)."""
         s = schedule.as_dict()
-        return self._cfg(problem, s["bm"], s["bn"], s["stages"], s["split"], s["inflight"])
+        return self._cfg(problem, s["bm"], s["bn"], s["bk"], s["stages"], s["split"], s["inflight"])
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)

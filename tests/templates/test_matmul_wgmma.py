@@ -19,8 +19,8 @@ from test_matmul_simt import operands, run
 SM90A, SM90 = cuda_target("sm_90a"), cuda_target("sm_90")
 
 
-def wg(bm=64, bn=64, stages=3, split=1, inflight=0):
-    return Schedule.of(bm=bm, bn=bn, stages=stages, split=split, inflight=inflight)
+def wg(bm=64, bn=64, bk=32, stages=3, split=1, inflight=0):
+    return Schedule.of(bm=bm, bn=bn, bk=bk, stages=stages, split=split, inflight=inflight)
 
 
 def truncated(x):
@@ -35,7 +35,9 @@ def truncated(x):
     (wg(split=3), (19, 24, 200)),                           # split-K: partial sums, then the reduction
     (wg(bm=128, bn=64, inflight=1), (140, 70, 260)),        # a group left running; 3 stages: 1 tile ahead
     (wg(stages=4, split=2, inflight=1), (33, 40, 520)),     # ... 4 stages: 2 ahead
-], ids=["unaligned", "two-warpgroups", "n256", "splitk3", "inflight", "inflight-4stage-split"])
+    (wg(bm=128, bk=64, inflight=1), (130, 72, 200)),        # k-tiles of two swizzle columns
+    (wg(bk=64), (37, 29, 90)),                              # ... with element-wise copies
+], ids=["unaligned", "two-warpgroups", "n256", "splitk3", "inflight", "inflight-4stage-split", "bk64", "bk64-unaligned"])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_wgmma_template_matches_the_truncated_product(schedule, shape, trans_b):
     p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32=True)
@@ -63,19 +65,20 @@ def test_wgmma_only_on_sm_90a_and_for_tf32():
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on the PATH")
-@pytest.mark.parametrize("math,trans_b,inflight", [("tf32", True, 1), ("tf32", False, 1), ("tf32", True, 0),
-                                                   ("tf32x3", True, 1)])
-def test_ptxas_keeps_the_wgmma_pipelined(math, trans_b, inflight, tmp_path):
-    """No wgmma serialization (ptxas's C7515: a non-wgmma instruction defines accumulators while a
-    group is running — a branch around the wgmma, or an operand fence inside the pipeline) and no
-    spills, with and without a group left running across k-tiles."""
+@pytest.mark.parametrize("math,trans_b", [("tf32", True), ("tf32", False), ("tf32x3", True)])
+def test_ptxas_keeps_the_wgmma_pipelined(math, trans_b, tmp_path):
+    """Every schedule of the space: no wgmma serialization (ptxas's C7515: a non-wgmma instruction
+    defines accumulators while a group is running — seen with a branch around the wgmma, an operand
+    fence inside the pipeline, 256 columns or 3 stages with a group left running) and no spills."""
     p = MatmulProblem(1, 4096, 4096, 4096, trans_b=trans_b, bias=True, **{math: True})
-    s = wg(bm=128, bn=128, stages=4 if inflight else 3, inflight=1 if math == "tf32x3" else inflight)
-    ptx = MATMUL_WGMMA.instantiate(p, SM90A, s).build("cuda", arch="sm_90a").compiled[0].artifact.extra.ptx
-    (tmp_path / "k.ptx").write_text(ptx)
-    log = subprocess.run([shutil.which("ptxas"), "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
-                          str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True).stderr
-    assert "serialized" not in log and " 0 bytes spill stores" in log, log
+    space = MATMUL_WGMMA.space(p, SM90A)
+    assert {s["inflight"] for s in space} == ({1} if math == "tf32x3" else {0, 1})
+    for s in space:
+        ptx = MATMUL_WGMMA.instantiate(p, SM90A, s).build("cuda", arch="sm_90a").compiled[0].artifact.extra.ptx
+        (tmp_path / "k.ptx").write_text(ptx)
+        log = subprocess.run([shutil.which("ptxas"), "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
+                              str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True).stderr
+        assert "serialized" not in log and " 0 bytes spill stores" in log, (s, log)
 
 
 @pytest.mark.parametrize("math", ["tf32", "tf32x3"])
@@ -131,7 +134,8 @@ def test_wgmma_template_on_the_gpu():
     (wg(inflight=1), (37, 29, 45)),                         # k % 4: element-wise copies
     (wg(bm=128, bn=128, stages=3, inflight=1), (130, 72, 1536)),   # two warpgroups, long K: truncated sums drift
     (wg(stages=4, split=3, inflight=1), (19, 24, 520)),     # split-K, two tiles ahead
-], ids=["unaligned", "long-k", "splitk3"])
+    (wg(bk=64, inflight=1), (40, 72, 1000)),                # k-tiles of two swizzle columns
+], ids=["unaligned", "long-k", "splitk3", "bk64"])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_wgmma_3xtf32_is_as_accurate_as_f32(schedule, shape, trans_b):
     """3xTF32 on wgmma: the tiles split into tf32 high and low parts in shared memory, three wgmma
