@@ -16,7 +16,7 @@ from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, bf16, f32, f64
 from ..ir.func import FuncKind, Function, Module
 from ..ir.functor import collect, written_tensors as _written_under
-from ..ir.primitives import Prim, PrimCall
+from ..ir.primitives import WGMMA_OPS, PrimCall
 from ..ir.types import MemScope, TensorType
 
 _CTYPES = {
@@ -427,7 +427,7 @@ def smem_layout(func: Function) -> tuple[dict[int, int], int]:
     buffer's size.  The CPU and GPU backends and the launcher all use this."""
     offsets: dict[int, int] = {}
     total = 0
-    swizzled = {id(c.args[i].tensor) for c in collect(func.body, PrimCall) if c.op is Prim.WGMMA_TF32 for i in (1, 2)}
+    swizzled = {id(c.args[i].tensor) for c in collect(func.body, PrimCall) if c.op in WGMMA_OPS for i in (1, 2)}
     for decl in collect(func.body, S.DeclTensor):
         t = decl.var.type
         if t.scope is MemScope.SHARED:

@@ -17,7 +17,7 @@ from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, f16
 from ..ir.func import FuncKind, Function, Module
 from ..ir.functor import collect
-from ..ir.primitives import Prim, PrimCall
+from ..ir.primitives import WGMMA_OPS, PrimCall
 from ..ir.types import MemScope, TensorType
 from .base import Target
 from .clike import SWIZZLE_ALIGN, CLikeFuncGen, const_extent, func_name, numel, smem_layout, written_tensors
@@ -171,7 +171,7 @@ class GpuCodegen:
         threads = f.launch.block_size() if f.launch is not None else None
         bounds = self.dialect.launch_bounds(threads, f.launch.min_blocks if f.launch is not None else 0,
                                             self.target.warp_size)
-        swizzled = any(c.op is Prim.WGMMA_TF32 for c in collect(f.body, PrimCall))
+        swizzled = any(c.op in WGMMA_OPS for c in collect(f.body, PrimCall))
         smem = [f"  extern __shared__ __align__({SWIZZLE_ALIGN if swizzled else 16}) unsigned char tm_smem[];"] \
             if self.smem_bytes else []
         return "\n".join([f'extern "C" __global__ void {bounds}{f.name}({", ".join(params)}) {{',

@@ -263,14 +263,17 @@ class CudaPrims(GpuPrims):
         return f"tm_ldmatrix_x{a[2].value}{trans}({g.ref(a[0])}, {g.ref(a[1])})"
 
 
-def _wgmma_tf32(g: Any, a: tuple) -> str:
-    """The asm statement of one ``wgmma_tf32``: the accumulators as ``n / 2`` read-write operands."""
+def _wgmma(g: Any, a: tuple) -> str:
+    """The asm statement of one ``wgmma_tf32`` / ``wgmma_f16``: the accumulators as ``n / 2``
+    read-write operands; 16-bit operands take K-major layouts (transpose immediates 0)."""
     n, c = int(a[3].value), g.ref(a[0])
     regs = ", ".join(f"%{i}" for i in range(n // 2))
     outs = ", ".join(f'"+f"(({c})[{i}])' for i in range(n // 2))
     k = n // 2
+    kind = {"float32": "tf32", "float16": "f16", "bfloat16": "bf16"}[a[1].dtype.name]
+    shape, tail = (f"m64n{n}k8", "") if kind == "tf32" else (f"m64n{n}k16", ", 0, 0")
     return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{regs}}}, %{k}, %{k + 1}, p, 1, 1;\\n}}\\n" '
+            f'wgmma.mma_async.sync.aligned.{shape}.f32.{kind}.{kind} {{{regs}}}, %{k}, %{k + 1}, p, 1, 1{tail};\\n}}\\n" '
             f': {outs} : "l"(tm_wgmma_desc_sw128({g.ref(a[1])})), "l"(tm_wgmma_desc_sw128({g.ref(a[2])})), '
             f'"r"({int(a[4].value)}))')
 
@@ -283,7 +286,8 @@ def _wgmma_keep(g: Any, a: tuple) -> str:
 
 
 _WGMMA = {
-    Prim.WGMMA_TF32: _wgmma_tf32,
+    Prim.WGMMA_TF32: _wgmma,
+    Prim.WGMMA_F16: _wgmma,
     Prim.WGMMA_FENCE: lambda g, a: 'asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory")',
     Prim.WGMMA_COMMIT: lambda g, a: 'asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory")',
     Prim.WGMMA_WAIT: lambda g, a: f'asm volatile("wgmma.wait_group.sync.aligned {int(a[0].value)};\\n" ::: "memory")',

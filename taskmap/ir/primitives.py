@@ -86,6 +86,9 @@ class Prim(enum.Enum):
     #: shared memory in the 128-byte-swizzled K-major layout (``WGMMA_SW128``), read as tf32
     #: (their low 13 bits ignored); asynchronous: complete after ``wgmma_commit`` + ``wgmma_wait``
     WGMMA_TF32 = PrimSpec("wgmma_tf32", PrimKind.MMA, 5, refs=(0, 1, 2), writes=(0,), consts=(3, 4), value=False)
+    #: the same with f16 or bf16 operands: ``m64n{n}k16.f32.{f16,bf16}``, a 64 x 16 and an n x 16
+    #: slice of 128-byte swizzled K-major tiles of 64 elements a row (``wgmma_sw128_b16``)
+    WGMMA_F16 = PrimSpec("wgmma_f16", PrimKind.MMA, 5, refs=(0, 1, 2), writes=(0,), consts=(3, 4), value=False)
     WGMMA_FENCE = PrimSpec("wgmma_fence", PrimKind.MEMORY, 0, value=False)    # before a warpgroup's first wgmma
     WGMMA_COMMIT = PrimSpec("wgmma_commit", PrimKind.MEMORY, 0, value=False)  # closes a group of wgmma
     WGMMA_WAIT = PrimSpec("wgmma_wait", PrimKind.MEMORY, 1, consts=(0,), value=False)  # (n,): all but n groups done
@@ -123,7 +126,9 @@ PREFETCH_LEVELS = (1, 2)
 MMA_FRAGMENT = {0: 4, 1: 8, 2: 4}
 #: The same for mma_sync_m16n8k8_tf32 (C f32, A and B f32 rounded to tf32).
 MMA_TF32_FRAGMENT = {0: 4, 1: 4, 2: 2}
-#: ``wgmma_tf32``'s n: multiples of 8 up to 256.
+#: The warpgroup products (they read 128-byte swizzled shared tiles).
+WGMMA_OPS = (Prim.WGMMA_TF32, Prim.WGMMA_F16)
+#: ``wgmma_tf32``'s and ``wgmma_f16``'s n: multiples of 8 up to 256.
 WGMMA_N = tuple(range(8, 257, 8))
 #: Bytes of one row of a 128-byte-swizzled K-major wgmma operand tile (32 f32), and of its
 #: 8-row atom: element (r, k) of a tile at byte offset ``o`` (1024-aligned in shared memory) lies at
@@ -318,16 +323,20 @@ def _mma_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...]) ->
         if b.dtype is not a.dtype:
             return 2, f"the B operand of {name}() must have A's type {a.dtype!r}, got {b.dtype!r}"
         return None
-    if op is Prim.WGMMA_TF32:
+    if op in WGMMA_OPS:
         c, a, b, n, acc = args
         if _scope(c) is not MemScope.REGISTER:
             return 0, f"the accumulator of {name}() is a register tensor; '{c.tensor.name}' is {_scope(c).value}"
         if c.dtype is not f32:
             return 0, f"the accumulator of {name}() must be f32, got {c.dtype!r}"
+        kinds = (f32,) if op is Prim.WGMMA_TF32 else (f16, bf16)
+        what = "an f32" if op is Prim.WGMMA_TF32 else "an f16 or bf16"
         for i, ref in ((1, a), (2, b)):
-            if _scope(ref) is not MemScope.SHARED or ref.dtype is not f32:
-                return i, f"the {'AB'[i - 1]} operand of {name}() is an f32 shared tensor element; " \
+            if _scope(ref) is not MemScope.SHARED or ref.dtype not in kinds:
+                return i, f"the {'AB'[i - 1]} operand of {name}() is {what} shared tensor element; " \
                           f"'{ref.tensor.name}' is {_scope(ref).value} {ref.dtype!r}"
+        if b.dtype is not a.dtype:
+            return 2, f"the B operand of {name}() must have A's type {a.dtype!r}, got {b.dtype!r}"
         if _int_const(n) not in WGMMA_N:
             return 3, f"{name}() computes 64 x n tiles with n a multiple of 8 up to 256, got {_int_const(n)}"
         if _int_const(acc) not in (0, 1):
@@ -356,9 +365,10 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return MMA_FRAGMENT[index]
     if op is Prim.MMA_M16N8K8_TF32:
         return MMA_TF32_FRAGMENT[index]
-    if op is Prim.WGMMA_TF32:  # c: n / 2 a thread; a, b: 64 or n rows of the swizzled tile from the start
+    if op in WGMMA_OPS:        # c: n / 2 a thread; a, b: 64 or n rows of 128 bytes, one k-step's 32 bytes
         rows = 64 if index == 1 else int(args[3].value)  # type: ignore[attr-defined]
-        return int(args[3].value) // 2 if index == 0 else (rows - 1) * 32 + 8  # type: ignore[attr-defined]
+        per = 128 // args[index].dtype.nbytes
+        return int(args[3].value) // 2 if index == 0 else (rows - 1) * per + per // 4  # type: ignore[attr-defined]
     if op is Prim.WGMMA_KEEP:
         return int(args[1].value)  # type: ignore[attr-defined]
     if op is Prim.LDMATRIX:    # per matrix: a 32-bit register of each lane; a 16-byte row
@@ -376,10 +386,10 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
 
 def alignment(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
     """The byte alignment reference ``index`` must have (the GPU faults on misaligned ones)."""
-    if op in (Prim.COPY16, Prim.LDMATRIX, Prim.WGMMA_TF32) and (op is Prim.COPY16 or index > 0):
+    if (op in (Prim.COPY16, Prim.LDMATRIX) or op in WGMMA_OPS) and (op is Prim.COPY16 or index > 0):
         return 16
     if op is Prim.CP_ASYNC:
         return int(args[2].value)  # type: ignore[attr-defined]
-    if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32, Prim.LDMATRIX, Prim.WGMMA_TF32):
+    if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32, Prim.LDMATRIX) or op in WGMMA_OPS:
         return 4
     return args[index].dtype.nbytes

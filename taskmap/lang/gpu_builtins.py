@@ -409,26 +409,29 @@ def _wgmma_wait(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
     return S.seq(wait, S.Evaluate(keep))
 
 
-def _wgmma_tf32(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    name = "wgmma_tf32"
-    c_v, a_v, b_v, n_v, acc_v = take_args(ctx, node, name, args, kwargs, ("c", "a", "b", "n", "accumulate"), 4,
-                                          {"accumulate": True})
-    ctx.mark_gpu(node, f"{name}()")
-    n = const_int(n_v)
-    if is_ir(acc_v) or not isinstance(acc_v, (bool, int)):
-        raise ctx.error(arg_node(node, 4, "accumulate"), f"accumulate of {name}() must be a compile-time bool, got "
-                                                         f"{ctx.value_str(acc_v)}")
-    c = element_ref(ctx, node, 0, c_v, name, whole=True)
-    a = element_ref(ctx, node, 1, a_v, name)
-    b = element_ref(ctx, node, 2, b_v, name)
-    call = PrimCall(Prim.WGMMA_TF32, (c, a, b, E.const(-1 if n is None else n), E.const(int(bool(acc_v)))))
-    return S.Evaluate(finish(ctx, node, call, {4: "accumulate"}))
+def _wgmma(prim: Prim) -> Any:
+    name = prim.spec.name
+
+    def impl(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+        c_v, a_v, b_v, n_v, acc_v = take_args(ctx, node, name, args, kwargs, ("c", "a", "b", "n", "accumulate"), 4,
+                                              {"accumulate": True})
+        ctx.mark_gpu(node, f"{name}()")
+        n = const_int(n_v)
+        if is_ir(acc_v) or not isinstance(acc_v, (bool, int)):
+            raise ctx.error(arg_node(node, 4, "accumulate"), f"accumulate of {name}() must be a compile-time bool, "
+                                                             f"got {ctx.value_str(acc_v)}")
+        c = element_ref(ctx, node, 0, c_v, name, whole=True)
+        a = element_ref(ctx, node, 1, a_v, name)
+        b = element_ref(ctx, node, 2, b_v, name)
+        call = PrimCall(prim, (c, a, b, E.const(-1 if n is None else n), E.const(int(bool(acc_v)))))
+        return S.Evaluate(finish(ctx, node, call, {4: "accumulate"}))
+    return impl
 
 
 ldmatrix_x1 = _ldmatrix(1)
 ldmatrix_x2 = _ldmatrix(2)
 ldmatrix_x4 = _ldmatrix(4)
-wgmma_tf32 = Builtin("wgmma_tf32", _wgmma_tf32,
+wgmma_tf32 = Builtin("wgmma_tf32", _wgmma(Prim.WGMMA_TF32),
                      "``wgmma_tf32(c, a_smem[r, k], b_smem[r, k], n, accumulate=True)``: a warpgroup's (4 warps "
                      "from a warp index divisible by 4, all 128 threads) tensor-core product c = a @ b^T (+ c): "
                      "a 64 x 8 and b n x 8 (n a multiple of 8 up to 256) from shared memory, K-major with "
@@ -436,6 +439,11 @@ wgmma_tf32 = Builtin("wgmma_tf32", _wgmma_tf32,
                      "tile's row 0 and k 0, 8, 16 or 24), read as tf32; c (f32[n / 2]) as in "
                      "``wgmma_c_layout``.  Asynchronous: ``wgmma_fence()`` before, ``wgmma_commit()`` and "
                      "``wgmma_wait(0)`` before c is read or the tiles are overwritten.  sm_90a.")
+wgmma_f16 = Builtin("wgmma_f16", _wgmma(Prim.WGMMA_F16),
+                    "``wgmma_f16(c, a_smem[r, k], b_smem[r, k], n, accumulate=True)``: ``wgmma_tf32`` on f16 or "
+                    "bf16 operands (both one type): a 64 x 16 and b n x 16 slice of K-major tiles of 64 elements a "
+                    "row, swizzled as ``wgmma_sw128_b16`` places them (references at k 0, 16, 32 or 48); f32 "
+                    "accumulators as in ``wgmma_c_layout``.  sm_90a.")
 wgmma_fence = Builtin("wgmma_fence", _nullary(Prim.WGMMA_FENCE),
                       "``wgmma_fence()``: orders the warpgroup's register writes (its accumulators) before the "
                       "wgmma that follow.")
@@ -455,4 +463,4 @@ __all__ = ["FULL_MASK", "all_sync", "any_sync", "atomic_add", "atomic_cas", "ato
            "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
            "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "prefetch",
            "shfl_down_sync", "shfl_sync", "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id",
-           "warp_size", "fence_proxy_async", "wgmma_commit", "wgmma_fence", "wgmma_tf32", "wgmma_wait"]
+           "warp_size", "fence_proxy_async", "wgmma_commit", "wgmma_f16", "wgmma_fence", "wgmma_tf32", "wgmma_wait"]

@@ -123,6 +123,13 @@ def wgmma_sw128(row: i32, k: i32) -> i32:
     return (k // 4 ^ row % 8) * 4 + k % 4
 
 
+@func
+def wgmma_sw128_b16(row: i32, k: i32) -> i32:
+    """``wgmma_sw128`` for 16-bit elements (f16, bf16): rows of 64, 16-byte chunks of 8 — element
+    ``(row, k)`` of a ``[rows, 64]`` tile is stored at column ``(k // 8 ^ row % 8) * 8 + k % 8``."""
+    return (k // 8 ^ row % 8) * 8 + k % 8
+
+
 def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
     """The ``(row, col)`` of each register of ``operand`` ("a", "b" or "c") held by ``lane``,
     straight from the PTX ISA's formulas (the reference the mappings are tested against)."""
@@ -144,4 +151,4 @@ def ptx_fragment(operand: str, lane: int) -> list[tuple[int, int]]:
 __all__ = ["MMA_K", "MMA_M", "MMA_N", "MMA_TF32_K", "ldmatrix_x1_rows", "ldmatrix_x2_rows", "ldmatrix_x4_rows",
            "ldmatrix_x4_rows_b32",
            "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_tf32_a_layout", "mma_tf32_b_layout", "ptx_fragment",
-           "round_tf32", "tf32_operand", "wgmma_c_layout", "wgmma_sw128"]
+           "round_tf32", "tf32_operand", "wgmma_c_layout", "wgmma_sw128", "wgmma_sw128_b16"]

@@ -597,3 +597,59 @@ def test_wgmma_reads_the_swizzled_tiles_as_laid_out(device, kk):
     detail = [f"C[{r}, {j}] = {got[r, j]:g} (A[{int(got[r, j]) // 8}, {int(got[r, j]) % 8}] read), want "
               f"A[{r}, {j % 8}]" for r, j in bad[:6]]
     assert not len(bad), f"{len(bad)} of {got.size} wrong: " + "; ".join(detail)
+
+
+def wgmma_b16_kernel(dtype, n: int, k: int):
+    """C[64, n] = A[64, k] @ B[n, k]^T in f32 from f16 / bf16 operands by one warpgroup:
+    ``wgmma_f16`` per 16 of k on tiles of 64 elements a row (``wgmma_sw128_b16``)."""
+    from taskmap.lang import (fence_proxy_async, wgmma_c_layout, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_sw128_b16,
+                              wgmma_wait)
+    layout = wgmma_c_layout(n)
+    tiles = k // 64
+
+    @taskmap.kernel
+    def wgmma_b16_tile(a: dtype[64, k], b: dtype[n, k], c: f32[64, n]):
+        attrs.block_dim = 128
+        sa = shared_tensor(dtype, [tiles, 64, 64])
+        sb = shared_tensor(dtype, [tiles, n, 64])
+        acc = register_tensor(f32, [n // 2])
+        for t in range(tiles):
+            for r in range(threadIdx.x // 64, 64, 2):
+                sa[t, r, wgmma_sw128_b16(r, threadIdx.x % 64)] = a[r, t * 64 + threadIdx.x % 64]
+            for r in range(threadIdx.x // 64, n, 2):
+                sb[t, r, wgmma_sw128_b16(r, threadIdx.x % 64)] = b[r, t * 64 + threadIdx.x % 64]
+        fence_proxy_async()
+        syncthreads()
+        for q in range(n // 2):
+            acc[q] = 0.0
+        wgmma_fence()
+        for t in range(tiles):
+            for kk in range(4):
+                wgmma_f16(acc, sa[t, 0, kk * 16], sb[t, 0, kk * 16], n)
+        wgmma_commit()
+        wgmma_wait(0, acc, n // 2)
+        for q, (i, j) in enumerate(layout.on(threadIdx.x)):
+            c[i, j] = acc[q]
+    return wgmma_b16_tile
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_f16_and_bf16_one_warpgroup(device, dtype):
+    torch = pytest.importorskip("torch")
+    tdt = getattr(torch, dtype)
+    n, k = 24, 128
+    a = torch.randn(64, k).to(tdt)
+    b = torch.randn(n, k).to(tdt)
+    c = torch.full((64, n), float("nan"))
+    kernel = wgmma_b16_kernel({"float16": f16, "bfloat16": bf16}[dtype], n, k)
+    if device == "cuda":
+        a, b, c = a.cuda(), b.cuda(), c.cuda()
+    kernel(a, b, c)
+    want = a.double().cpu() @ b.double().cpu().T          # exact products, f32 sums
+    np.testing.assert_allclose(c.cpu().numpy(), want.numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_wgmma_f16_builds_for_sm_90a():
+    built_for_cuda(wgmma_b16_kernel(f16, 64, 64), "sm_90a", ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"])
+    built_for_cuda(wgmma_b16_kernel(bf16, 64, 64), "sm_90a", ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"])

@@ -18,7 +18,7 @@ from ...ir import stmt as S
 from ...ir.dtypes import ScalarType, f16
 from ...ir.func import FuncKind, Function, Module
 from ...ir.functor import collect
-from ...ir.primitives import Prim, PrimCall, is_warp_synchronous
+from ...ir.primitives import WGMMA_OPS, Prim, PrimCall, is_warp_synchronous
 from ...ir.types import MemScope, TensorType
 from ..base import Target
 from ..clike import CLikeFuncGen, const_extent, element_bytes, func_name, numel, smem_layout, written_tensors
@@ -185,7 +185,7 @@ class CGen:
         g.stmt(f.body, 1)
         prims = [p.op for h in self.module.functions for p in collect(h.body, PrimCall)]
         needs = (1 if any(map(is_warp_synchronous, prims)) else 0) | (2 if Prim.CP_ASYNC in prims else 0) | \
-            (4 if Prim.WGMMA_TF32 in prims else 0)
+            (4 if any(op in WGMMA_OPS for op in prims) else 0)
         # Threads are fibers when they must stop midway: barriers, warp rendezvous, cp.async queues.
         has_barrier = needs != 0 or any(collect(h.body, S.Barrier) for h in self.module.functions)
         arg_names = [g.names(p) for p in f.params] + [g.names.size(sv.name) for sv in f.size_vars]

@@ -43,7 +43,7 @@ from typing import Any
 
 from ...errors import UnsupportedError
 from ...ir.dtypes import bf16
-from ...ir.primitives import Prim, PrimCall
+from ...ir.primitives import WGMMA_OPS, Prim, PrimCall
 
 WARP_TYPES_C = r"""
 /* ---- GPU primitives: warp exchange areas and cp.async queues ------------------------------- */
@@ -61,7 +61,7 @@ typedef struct { void *dst; const void *src; int32_t n, src_n; uint32_t group; }
 #define TM_CPQ 32
 typedef struct { tm_cp_op op[TM_CPQ]; uint32_t head, tail, committed; } tm_cpq;
 /* a thread's pending wgmma, run in order when a wgmma_wait retires their group */
-typedef struct { float *c; const float *a, *b; int32_t n, accumulate; uint32_t group; } tm_wg_op;
+typedef struct { float *c; const void *a, *b; int32_t n, accumulate, kind; uint32_t group; } tm_wg_op;
 #define TM_WGQ 64
 typedef struct { tm_wg_op op[TM_WGQ]; uint32_t head, tail, committed; } tm_wgq;
 /* the block's shared-memory tiles pending wgmma read (each range counted once per pending wgmma) */
@@ -222,21 +222,24 @@ static void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b, int ro
    L = start + r / 8 * 1024 + r % 8 * 128 + 4 k, stored at L ^ ((L >> 7) & 7) << 4 — offsets from the
    block's shared memory, whose base the GPU aligns to 1024 bytes.  Thread t of the warpgroup holds
    rows 16 (t / 32 % 4) + (t % 32) / 4 (+8) and columns 8 j + 2 (t % 4) (+1) as register 4 j + i. */
-static inline float tm_wgmma_elem(const float *tile, int r, int k) {
+static inline float tm_wgmma_elem(const void *tile, int r, int k, int kind) {
   const long start = (const char *)tile - tm_tls.smem;
-  const long l = start + (r >> 3) * 1024 + (r & 7) * 128 + 4 * k;
+  const long l = start + (r >> 3) * 1024 + (r & 7) * 128 + (kind ? 2 : 4) * k;
+  const char *p = tm_tls.smem + (l ^ (((l >> 7) & 7) << 4));
+  if (kind) return tm_b16_to_f32((const unsigned char *)p, kind == 2);
   float v;
-  memcpy(&v, tm_tls.smem + (l ^ (((l >> 7) & 7) << 4)), 4);
+  memcpy(&v, p, 4);
   return tm_tf32(v, 1);
 }
-static void tm_wgmma_run(float *c, const float *a, const float *b, int n, int accumulate) {
+/* kind: 0 tf32 (k = 8), 1 f16, 2 bf16 (k = 16) */
+static void tm_wgmma_run(float *c, const void *a, const void *b, int n, int accumulate, int kind) {
   const int t = tm_tls.tid[0] + tm_tls.bdim[0] * (tm_tls.tid[1] + tm_tls.bdim[1] * tm_tls.tid[2]);
   const int lane = t & 31, row0 = 16 * ((t >> 5) & 3) + (lane >> 2);
   for (int j = 0; j < n / 8; ++j)
     for (int i = 0; i < 4; ++i) {
       const int row = row0 + 8 * (i >> 1), col = 8 * j + 2 * (lane & 3) + (i & 1);
       double acc = accumulate ? c[4 * j + i] : 0.0;
-      for (int k = 0; k < 8; ++k) acc += (double)tm_wgmma_elem(a, row, k) * tm_wgmma_elem(b, col, k);
+      for (int k = 0; k < (kind ? 16 : 8); ++k) acc += (double)tm_wgmma_elem(a, row, k, kind) * tm_wgmma_elem(b, col, k, kind);
       c[4 * j + i] = tm_mma_sum(acc);
     }
 }
@@ -245,7 +248,7 @@ static inline tm_wgq *tm_my_wgq(void) {
   return s && s->wgq ? &s->wgq[s->cur] : NULL;
 }
 /* The bytes of the tile a wgmma operand at p reads: rows of 128 bytes from the row p lies in. */
-static inline uintptr_t tm_wg_lo(const float *p) {
+static inline uintptr_t tm_wg_lo(const void *p) {
   return (uintptr_t)p - (uintptr_t)(((const char *)p - tm_tls.smem) & 127);
 }
 static void tm_wgr_track(uintptr_t lo, uintptr_t hi, int add) {
@@ -267,10 +270,10 @@ static inline void tm_wgr_check(const void *dst, int n) {
   for (int i = 0; i < w->n; ++i)
     if ((uintptr_t)dst < w->r[i].hi && (uintptr_t)dst + (uintptr_t)n > w->r[i].lo) tm_fault(TM_ERR_WGMMA_RACE);
 }
-static inline void tm_wg_do(const tm_wg_op *o) { tm_wgmma_run(o->c, o->a, o->b, o->n, o->accumulate); }
+static inline void tm_wg_do(const tm_wg_op *o) { tm_wgmma_run(o->c, o->a, o->b, o->n, o->accumulate, o->kind); }
 static inline void tm_wg_retire(const tm_wg_op *o) { tm_wg_do(o); tm_wg_ranges(o, 0); }
-static inline void tm_wgmma_tf32(float *c, const float *a, const float *b, int n, int accumulate) {
-  tm_wg_op o = { c, a, b, n, accumulate, 0 };
+static inline void tm_wgmma(float *c, const void *a, const void *b, int n, int accumulate, int kind) {
+  tm_wg_op o = { c, a, b, n, accumulate, kind, 0 };
   tm_wgq *q = tm_my_wgq();
   if (!q) { tm_wg_do(&o); return; }
   tm_wg_ranges(&o, 1);
@@ -499,8 +502,9 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return f"tm_mma_m16n8k8_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])})"
     if op is Prim.LDMATRIX:
         return f"tm_ldmatrix({ref(a[0])}, {ref(a[1])}, {x(a[2])}, {x(a[3])})"
-    if op is Prim.WGMMA_TF32:    # queued; run by the wgmma_wait that retires its group
-        return f"tm_wgmma_tf32({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])}, {x(a[4])})"
+    if op in WGMMA_OPS:          # queued; run by the wgmma_wait that retires its group
+        kind = {"float32": 0, "float16": 1, "bfloat16": 2}[a[1].dtype.name]
+        return f"tm_wgmma({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])}, {x(a[4])}, {kind})"
     if op is Prim.WGMMA_COMMIT:
         return "tm_wgmma_commit()"
     if op is Prim.WGMMA_WAIT:
