@@ -1,21 +1,24 @@
-"""f32 matmul on Hopper's warpgroup tensor cores (``wgmma``, sm_90a), as a template: f32 in and out,
-products on tf32 where the problem allows TF32 (``MatmulProblem.tf32``), or as 3xTF32 (below).
+"""Matmul on Hopper's warpgroup tensor cores (``wgmma``, sm_90a), as a template: f32 in and out with
+products on tf32 where the problem allows TF32 (``MatmulProblem.tf32``) or as 3xTF32 (below); or
+f16 / bf16 in (``wgmma_f16``, k16), f32 sums, out in the input type or f32.
 
 A block is ``BM / 64`` warpgroups (128 threads each); warpgroup ``g`` computes rows ``64 g ..
 64 g + 63`` of the block's ``BM x BN`` tile of C in ``BN / 2`` f32 accumulators a thread
 (``wgmma_c_layout(BN)``), with one ``wgmma_tf32`` per 8 of K that reads a 64 x 8 slice of A and a
 ``BN x 8`` slice of B straight from shared memory.  Tiles of A (``BM x BK``) and B (``BN x BK``,
-BK 32 or 64) stream through a ``stages``-deep ``cp_async`` ring, stored in wgmma's K-major layout:
-columns of 32 floats, one 128-byte swizzled row per row of A or column of C (``wgmma_sw128``).  Per k-tile: wait
+one or two 128-byte columns: BK 32 or 64 floats, 64 or 128 halves) stream through a
+``stages``-deep ``cp_async`` ring, stored in wgmma's K-major layout: one 128-byte swizzled row per
+row of A or column of C per column (``wgmma_sw128``, ``wgmma_sw128_b16``).  Per k-tile: wait
 for its copies, ``fence_proxy_async`` (they are ordinary writes; the tensor cores read through the
 async proxy), a barrier, ``wgmma_fence``, four ``wgmma_tf32``, ``wgmma_commit``, then
 ``wgmma_wait(inflight)``: with ``inflight = 1`` (TF32) a k-tile's wgmma still run while the next
 tile's copies are waited for and its wgmma issued — the ring then loads ``stages - 2`` tiles ahead,
 so that the stage being refilled is never one a pending wgmma reads.
 
-B stored ``N x K`` (a linear's weight, ``trans_b``) is K-major already: 16-byte chunks.  B stored
-``K x N`` is transposed on its way in: each element is its own 4-byte ``cp_async`` to its place in
-the K-major tile (tf32 wgmma reads K-major operands only).  Every access is predicated, so any m,
+B stored ``N x K`` (a linear's weight, ``trans_b``) is K-major already: 16-byte chunks.  An f32 B
+stored ``K x N`` is transposed on its way in: each element is its own 4-byte ``cp_async`` to its
+place in the K-major tile (tf32 wgmma reads K-major operands only); 16-bit problems take an
+``N x K`` B only (the mma.sync template runs the others).  Every access is predicated, so any m,
 n, k works: out-of-range chunks are zero-filled; rows that are not 16-byte aligned (k not a
 multiple of 4) are copied element by element.  With ``split > 1`` K is cut into ranges whose f32
 partial results an epilogue kernel sums (:mod:`.matmul_splitk`).
@@ -41,10 +44,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..backends.base import Target, TargetKind
+from ..ir.dtypes import scalar_type
 from ..ir.mapping import auto_map
 from ..lang import (attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32, fence_proxy_async,
                     register_tensor, round_tf32, shared_tensor, symbol, syncthreads, threadIdx, unroll,
-                    wgmma_c_layout, wgmma_commit, wgmma_fence, wgmma_sw128, wgmma_tf32, wgmma_wait)
+                    wgmma_c_layout, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_sw128, wgmma_sw128_b16, wgmma_tf32,
+                    wgmma_wait)
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
@@ -53,14 +58,12 @@ from .matmul_problem import MatmulProblem
 from .matmul_simt import chain, gpu_arguments
 from .matmul_splitk import ceil_div, splits_for
 
-ATOM_K = 32                   # floats in one 128-byte swizzled row: a k-tile is 1 or 2 such columns
-BKS = (32, 64)
 WG_M = 64                     # rows of one wgmma (a warpgroup)
 WG_THREADS = 128
-VEC = 4                       # floats per 16-byte chunk
 BLOCK_M = (64, 128)           # one or two warpgroups
 BLOCK_N = (64, 128, 256)
 STAGES = (3, 4)
+HALF_TYPES = ("float16", "bfloat16")
 
 
 def enabled() -> bool:
@@ -80,17 +83,35 @@ class WgConfig:
     b_batched: bool
     trans_b: bool
     bias: bool
-    x3: bool = False        # f32 as 3xTF32: tiles split into tf32 high and low parts, three wgmma
+    x3: bool = False          # f32 as 3xTF32: tiles split into tf32 high and low parts, three wgmma
+    dtype: str = "float32"
+    out_dtype: str = "float32"
+
+    @property
+    def itemsize(self) -> int:
+        return scalar_type(self.dtype).nbytes
+
+    @property
+    def atom_k(self) -> int:
+        """Elements of one 128-byte swizzled row (a k-tile has one or two)."""
+        return 128 // self.itemsize
 
     def smem_bytes(self) -> int:
-        return (self.stages + 2 * self.x3) * (self.bm + self.bn) * self.bk * 4
+        return (self.stages + 2 * self.x3) * (self.bm + self.bn) * self.bk * self.itemsize
 
 
 def build_kernel(cfg: WgConfig) -> Kernel:
     BM, BN, BK, STG, S, FLY = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.split, cfg.inflight
-    KA = BK // ATOM_K                                 # swizzle atoms (32-float columns) of a k-tile
+    T, OUT = scalar_type(cfg.dtype), scalar_type(cfg.out_dtype)
+    ATOM_K = cfg.atom_k
+    VEC = 16 // cfg.itemsize                          # elements per 16-byte chunk
+    KSTEP = 32 // cfg.itemsize                        # k of one wgmma: 8 (tf32) or 16
+    KA = BK // ATOM_K                                 # swizzle columns of a k-tile
+    SW = wgmma_sw128 if T is f32 else wgmma_sw128_b16
+    WGMMA = wgmma_tf32 if T is f32 else wgmma_f16
     AHEAD = STG - 1 - FLY                             # tiles loaded ahead of the one multiplied
     assert AHEAD >= 1 and (FLY or not cfg.x3)         # 3xTF32 leaves a group running across the split
+    assert KA in (1, 2) and BK == KA * ATOM_K, f"BK {BK} is not one or two swizzle columns of {ATOM_K}"
     THREADS = WG_THREADS * (BM // WG_M)
     TRANS_B, A_BATCHED, B_BATCHED, X3 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.x3
     BIAS = cfg.bias and S == 1
@@ -99,19 +120,19 @@ def build_kernel(cfg: WgConfig) -> Kernel:
     b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN), THREADS)
     a_split, b_split = (auto_map((KA, rows, ATOM_K), THREADS) for rows in (BM, BN))   # 3xTF32: element by element
     batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
-    A_T = f32[batch if A_BATCHED else 1, m, k]
-    B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
-    BIAS_T = f32[n] if cfg.bias else f32[nbias]
-    C_T = f32[cz, m, n]
+    A_T = T[batch if A_BATCHED else 1, m, k]
+    B_T = T[batch if B_BATCHED else 1, n, k] if TRANS_B else T[batch if B_BATCHED else 1, k, n]
+    BIAS_T = OUT[n] if cfg.bias else OUT[nbias]
+    C_T = OUT[cz, m, n] if S == 1 else f32[cz, m, n]
 
     @kernel
     def matmul_wgmma(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS
-        sa = shared_tensor(f32, [STG, KA, BM, ATOM_K])             # element (r, k): [k // 32, r, swizzled]
-        sb = shared_tensor(f32, [STG, KA, BN, ATOM_K])
-        sa_lo = shared_tensor(f32, [2, KA, BM, ATOM_K] if X3 else [1, 1, 1, ATOM_K])   # 3xTF32: two tiles' lows
-        sb_lo = shared_tensor(f32, [2, KA, BN, ATOM_K] if X3 else [1, 1, 1, ATOM_K])
+        sa = shared_tensor(T, [STG, KA, BM, ATOM_K])              # element (r, k): [k // ATOM_K, r, swizzled]
+        sb = shared_tensor(T, [STG, KA, BN, ATOM_K])
+        sa_lo = shared_tensor(T, [2, KA, BM, ATOM_K] if X3 else [1, 1, 1, ATOM_K])   # 3xTF32: two tiles' lows
+        sb_lo = shared_tensor(T, [2, KA, BN, ATOM_K] if X3 else [1, 1, 1, ATOM_K])
         acc = register_tensor(f32, [BN // 2])
         part = register_tensor(f32, [BN // 2 if X3 else 1])     # 3xTF32: one k-tile's products
         for q in unroll(BN // 2 if X3 else 1):
@@ -124,8 +145,7 @@ def build_kernel(cfg: WgConfig) -> Kernel:
         bj = bi if B_BATCHED else 0
         row0 = blockIdx.y * BM
         col0 = blockIdx.x * BN
-        aligned_a = k % VEC == 0                      # rows of A start 16-byte aligned
-        aligned_b = k % VEC == 0                      # rows of an N x K B
+        aligned = k % VEC == 0                        # rows of A (and of an N x K B) start 16-byte aligned
         kt = (k + BK - 1) // BK
         per = (kt + S - 1) // S
         t0 = blockIdx.z % S * per
@@ -139,31 +159,35 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                 for r, ch in a_chunks.on(threadIdx.x):
                     gr = row0 + r
                     gk = kb + ch * VEC
-                    sw = wgmma_sw128(r, ch * VEC % ATOM_K)
-                    if aligned_a:
+                    sw = SW(r, ch * VEC % ATOM_K)
+                    if aligned:
                         ok = gr < m and gk < k
-                        cp_async(sa[st, ch * VEC // ATOM_K, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                        cp_async(sa[st, ch * VEC // ATOM_K, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16,
+                                 16 if ok else 0)
                     else:
                         for e in unroll(VEC):
-                            sa[st, ch * VEC // ATOM_K, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                            sa[st, ch * VEC // ATOM_K, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k \
+                                else 0.0
                 if TRANS_B:
                     for r, ch in b_chunks.on(threadIdx.x):
                         gn = col0 + r
                         gk = kb + ch * VEC
-                        sw = wgmma_sw128(r, ch * VEC % ATOM_K)
-                        if aligned_b:
+                        sw = SW(r, ch * VEC % ATOM_K)
+                        if aligned:
                             ok = gn < n and gk < k
-                            cp_async(sb[st, ch * VEC // ATOM_K, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                            cp_async(sb[st, ch * VEC // ATOM_K, r, sw], b[bj, gn if ok else 0, gk if ok else 0],
+                                     16, 16 if ok else 0)
                         else:
                             for e in unroll(VEC):
-                                sb[st, ch * VEC // ATOM_K, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                                sb[st, ch * VEC // ATOM_K, r, sw + e] = b[bj, gn, gk + e] \
+                                    if gn < n and gk + e < k else 0.0
                 else:                                 # K x N: each element to its K-major place
                     for kr, cn in b_chunks.on(threadIdx.x):
                         gk = kb + kr
                         gc = col0 + cn
                         ok = gk < k and gc < n
-                        cp_async(sb[st, kr // ATOM_K, cn, wgmma_sw128(cn, kr % ATOM_K)], b[bj, gk if ok else 0, gc if ok else 0], 4,
-                                 4 if ok else 0)
+                        cp_async(sb[st, kr // ATOM_K, cn, SW(cn, kr % ATOM_K)],
+                                 b[bj, gk if ok else 0, gc if ok else 0], 4, 4 if ok else 0)
             cp_async_commit()
         for ct in range(tiles):
             cp_async_wait(AHEAD - 1)                  # tile ct has landed ...
@@ -187,15 +211,16 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                     acc[q] = acc[q] + part[q]
                     part[q] = 0.0
                 wgmma_fence()
-                for kk in unroll(BK // 8):            # the small products first
-                    wgmma_tf32(part, sa_lo[lb, kk // 4, wg * WG_M, kk % 4 * 8], sb[st, kk // 4, 0, kk % 4 * 8], BN)
-                    wgmma_tf32(part, sa[st, kk // 4, wg * WG_M, kk % 4 * 8], sb_lo[lb, kk // 4, 0, kk % 4 * 8], BN)
-                    wgmma_tf32(part, sa[st, kk // 4, wg * WG_M, kk % 4 * 8], sb[st, kk // 4, 0, kk % 4 * 8], BN)
+                for kk in unroll(BK // KSTEP):        # the small products first
+                    ja, ko = kk // 4, kk % 4 * KSTEP  # a swizzle column holds 4 k-steps
+                    wgmma_tf32(part, sa_lo[lb, ja, wg * WG_M, ko], sb[st, ja, 0, ko], BN)
+                    wgmma_tf32(part, sa[st, ja, wg * WG_M, ko], sb_lo[lb, ja, 0, ko], BN)
+                    wgmma_tf32(part, sa[st, ja, wg * WG_M, ko], sb[st, ja, 0, ko], BN)
                 wgmma_commit()
             else:
                 wgmma_fence()
-                for kk in unroll(BK // 8):
-                    wgmma_tf32(acc, sa[st, kk // 4, wg * WG_M, kk % 4 * 8], sb[st, kk // 4, 0, kk % 4 * 8], BN)
+                for kk in unroll(BK // KSTEP):
+                    WGMMA(acc, sa[st, kk // 4, wg * WG_M, kk % 4 * KSTEP], sb[st, kk // 4, 0, kk % 4 * KSTEP], BN)
                 wgmma_commit()
                 if FLY:                           # its stage is not refilled next; acc is not read
                     wgmma_wait(FLY)
@@ -208,31 +233,35 @@ def build_kernel(cfg: WgConfig) -> Kernel:
                 for r, ch in a_chunks.on(threadIdx.x):
                     gr = row0 + r
                     gk = kb + ch * VEC
-                    sw = wgmma_sw128(r, ch * VEC % ATOM_K)
-                    if aligned_a:
+                    sw = SW(r, ch * VEC % ATOM_K)
+                    if aligned:
                         ok = gr < m and gk < k
-                        cp_async(sa[st, ch * VEC // ATOM_K, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                        cp_async(sa[st, ch * VEC // ATOM_K, r, sw], a[ai, gr if ok else 0, gk if ok else 0], 16,
+                                 16 if ok else 0)
                     else:
                         for e in unroll(VEC):
-                            sa[st, ch * VEC // ATOM_K, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k else 0.0
+                            sa[st, ch * VEC // ATOM_K, r, sw + e] = a[ai, gr, gk + e] if gr < m and gk + e < k \
+                                else 0.0
                 if TRANS_B:
                     for r, ch in b_chunks.on(threadIdx.x):
                         gn = col0 + r
                         gk = kb + ch * VEC
-                        sw = wgmma_sw128(r, ch * VEC % ATOM_K)
-                        if aligned_b:
+                        sw = SW(r, ch * VEC % ATOM_K)
+                        if aligned:
                             ok = gn < n and gk < k
-                            cp_async(sb[st, ch * VEC // ATOM_K, r, sw], b[bj, gn if ok else 0, gk if ok else 0], 16, 16 if ok else 0)
+                            cp_async(sb[st, ch * VEC // ATOM_K, r, sw], b[bj, gn if ok else 0, gk if ok else 0],
+                                     16, 16 if ok else 0)
                         else:
                             for e in unroll(VEC):
-                                sb[st, ch * VEC // ATOM_K, r, sw + e] = b[bj, gn, gk + e] if gn < n and gk + e < k else 0.0
+                                sb[st, ch * VEC // ATOM_K, r, sw + e] = b[bj, gn, gk + e] \
+                                    if gn < n and gk + e < k else 0.0
                 else:                                 # K x N: each element to its K-major place
                     for kr, cn in b_chunks.on(threadIdx.x):
                         gk = kb + kr
                         gc = col0 + cn
                         ok = gk < k and gc < n
-                        cp_async(sb[st, kr // ATOM_K, cn, wgmma_sw128(cn, kr % ATOM_K)], b[bj, gk if ok else 0, gc if ok else 0], 4,
-                                 4 if ok else 0)
+                        cp_async(sb[st, kr // ATOM_K, cn, SW(cn, kr % ATOM_K)],
+                                 b[bj, gk if ok else 0, gc if ok else 0], 4, 4 if ok else 0)
             cp_async_commit()                         # one group per tile, empty ones included
         if X3:
             wgmma_wait(0, part, BN // 2)
@@ -244,7 +273,7 @@ def build_kernel(cfg: WgConfig) -> Kernel:
             gc = col0 + j
             if gr < m and gc < n:
                 if BIAS:
-                    c[blockIdx.z, gr, gc] = acc[q] + bias[gc]
+                    c[blockIdx.z, gr, gc] = acc[q] + f32(bias[gc])
                 else:
                     c[blockIdx.z, gr, gc] = acc[q]
 
@@ -252,28 +281,34 @@ def build_kernel(cfg: WgConfig) -> Kernel:
 
 
 class MatmulWgmmaTemplate(KernelFamily):
-    """f32 matmul with TF32 or 3xTF32 products on Hopper's wgmma (sm_90a)."""
+    """Matmul on Hopper's wgmma (sm_90a): f32 with TF32 or 3xTF32 products, or f16 / bf16."""
 
     name = "matmul_wgmma"
-    version = 1             # 1: TF32 (0 or 1 wgmma group left running) and 3xTF32
+    version = 1             # 1: TF32 (0 or 1 wgmma group left running), 3xTF32, f16 / bf16
 
     def applies(self, problem: Any, target: Target) -> bool:
-        return (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and "wgmma" in target.features
-                and problem.dtype == "float32" and problem.out_dtype == "float32"
-                and (problem.tf32 or problem.tf32x3) and not problem.trans_c)
+        if not (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and "wgmma" in target.features
+                and not problem.trans_c):
+            return False
+        p = problem
+        if p.dtype == "float32":
+            return p.out_dtype == "float32" and (p.tf32 or p.tf32x3)
+        return p.dtype in HALF_TYPES and p.out_dtype in (p.dtype, "float32") and p.trans_b
 
     def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
         if not self.applies(problem, target):
             return []
         p = problem
+        x3 = self._cfg(p, 64, 64, 64, 3, 1, 1).x3
+        atom = 128 // scalar_type(p.dtype).nbytes
         out = []
         for bm in BLOCK_M:
             for bn in BLOCK_N:
                 if (bm > WG_M and bm >= 2 * p.m) or (bn > BLOCK_N[0] and bn >= 2 * p.n):   # mostly outside C
                     continue
-                if bn > 128 and p.tf32x3 and not p.tf32:     # two accumulator sets of 128: past 255 registers
+                if bn > 128 and x3:                    # two accumulator sets of 128: past 255 registers
                     continue
-                for bk in BKS:
+                for bk in (atom, 2 * atom):
                     for stages in STAGES:
                         cfg = self._cfg(p, bm, bn, bk, stages, 1, 0)
                         if cfg.smem_bytes() > target.max_shared_memory_optin:
@@ -283,7 +318,7 @@ class MatmulWgmmaTemplate(KernelFamily):
                             # a group left running: 3xTF32 always; ptxas serializes the wgmma past 128
                             # columns or with one tile loaded ahead (3 stages)
                             flights = (0, 1) if bn <= 128 and stages >= 4 else (0,)
-                            for inflight in [f for f in flights if f or not cfg.x3]:
+                            for inflight in [f for f in flights if f or not x3]:
                                 out.append(Schedule.of(bm=bm, bn=bn, bk=bk, stages=stages, split=split,
                                                        inflight=inflight))
         return out
@@ -292,30 +327,34 @@ class MatmulWgmmaTemplate(KernelFamily):
         p, s = problem, schedule.as_dict()
         bm, bn, bk, split = s["bm"], s["bn"], s["bk"], s["split"]
         cfg = self._cfg(p, bm, bn, bk, s["stages"], split, s["inflight"])
+        size = cfg.itemsize
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
         padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, bk) * bk
         # TF32 at half the f16 rate; the ring's depth, and a group left running, hide the copies' latency
-        eff = 0.5 * min(1.0, 0.55 + 0.1 * (s["stages"] - s["inflight"]) + 0.15 * s["inflight"]) * min(1.0, bn / 128) \
-            * (p.batch * p.m * p.n * p.k) / padded
-        eff *= bk / (bk + 8)            # each k-tile's wait, barrier and copies' addressing
-        if p.k % VEC:
+        eff = (0.5 if p.dtype == "float32" else 1.0) * min(1.0, 0.55 + 0.1 * (s["stages"] - s["inflight"])
+                                                            + 0.15 * s["inflight"])
+        eff *= min(1.0, bn / 128) * (p.batch * p.m * p.n * p.k) / padded
+        eff *= bk / (bk + 32 // size)   # each k-tile's wait, barrier and copies' addressing
+        if p.k % (16 // size):
             eff *= 0.6                  # element-wise copies
         if not p.trans_b:
             eff *= 0.8                  # B's elements copied one by one into K-major tiles
         if cfg.x3:
             eff *= 0.85                 # the split pass (beside the previous tile's wgmma) and a barrier
-        global_bytes = 4 * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
-        global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else 4)
-        w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes, cache_bytes=p.flops / 2 * 4 * (1 / bm + 1 / bn),
-                     work_items=tiles, threads_per_item=WG_THREADS * bm // WG_M,
+        out_b = scalar_type(p.out_dtype).nbytes
+        global_bytes = size * p.batch * (p.m * p.k * ceil_div(p.n, bn) + p.k * p.n * ceil_div(p.m, bm))
+        global_bytes += p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
+        w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes,
+                     cache_bytes=p.flops / 2 * size * (1 / bm + 1 / bn), work_items=tiles,
+                     threads_per_item=WG_THREADS * bm // WG_M,
                      registers_per_thread=min(255, bn // 2 * (1 + cfg.x3) + 48), shared_per_item=cfg.smem_bytes(),
-                     inner_bytes=4 * bk, matrix_units=True, compute_efficiency=eff)
+                     inner_bytes=size * bk, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (4e-6 if split > 1 else 0.0) + 3e-6
 
     @staticmethod
     def _cfg(p: MatmulProblem, bm: int, bn: int, bk: int, stages: int, split: int, inflight: int) -> WgConfig:
         return WgConfig(bm, bn, bk, stages, split, inflight, p.a_batched, p.b_batched, p.trans_b, p.bias,
-                        p.tf32x3 and not p.tf32)
+                        p.dtype == "float32" and p.tf32x3 and not p.tf32, p.dtype, p.out_dtype)
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> WgConfig:
         """Everything the kernel depends on (the key of its cache entries)."""
@@ -324,7 +363,7 @@ class MatmulWgmmaTemplate(KernelFamily):
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)
-        return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, "float32", cfg.bias))
+        return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias))
 
     def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
                   schedule: Schedule | None = None) -> list[Any]:

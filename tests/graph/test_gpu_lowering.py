@@ -87,10 +87,13 @@ def test_batched_matmul_with_epilogue_on_gpu():
     assert [k.func.name for _, k in _kernels(fast)] == ["matmul_simt"]
 
 
-def test_half_anchors_are_fused_tensor_core_kernels():
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma.sync", "wgmma"])
+def test_half_anchors_are_fused_tensor_core_kernels(wgmma, monkeypatch):
     """f16 on a CUDA device (no widening to f32 there): linear + bias + GELU and conv + ReLU are ONE
     tensor-core matmul kernel each (the conv's img2col spliced into the template's tile loads, a
-    one-element f16 zero bias for the conv), right in GPU emulation and built for sm_90."""
+    one-element f16 zero bias for the conv), right in GPU emulation and built for sm_90.  On sm_90a
+    with ``TASKMAP_WGMMA=1`` the linear runs the wgmma template (its N x K weight is K-major); the
+    conv, whose B is K x N, stays on mma.sync."""
     import torch.nn.functional as F
 
     from taskmap.graph import Conv2dAttrs, GraphBuilder, OpKind, UnaryAttrs, UnaryFn
@@ -106,17 +109,20 @@ def test_half_anchors_are_fused_tensor_core_kernels():
     z = b.op(OpKind.UNARY, [b.op(OpKind.CONV2D, [img, b.constant(cw)], Conv2dAttrs((1, 1), (1, 1), (1, 1), 1))],
              UnaryAttrs(UnaryFn.RELU))
     xa, ia = h(64, 96), h(2, 8, 10, 10)
-    with emulate_gpu("sm_90"):
+    arch = "sm_90a" if wgmma else "sm_90"
+    if wgmma:
+        monkeypatch.setenv("TASKMAP_WGMMA", "1")
+    with emulate_gpu(arch):
         cg = CompiledGraph(b.build([y, z]), "cpu", "numpy")
         gy, gz = cg(xa, ia)
-    assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc", "matmul_tc"]
+    assert [st.kernel.func.name for st in cg.steps] == ["matmul_wgmma" if wgmma else "matmul_tc", "matmul_tc"]
     f = lambda a: torch.from_numpy(a).float()  # noqa: E731
     for got, want in ((gy, F.gelu(F.linear(f(xa), f(w), f(bias)))), (gz, F.relu(F.conv2d(f(ia), f(cw), padding=1)))):
         assert got.dtype == np.float16
         err = np.abs(got.astype(np.float32) - want.numpy()).max() / np.abs(want.numpy()).max()
         assert err < 2e-3, err          # f16 output rounding (2^-11 relative) and f16 operands
     for st in cg.steps:
-        assert st.kernel.build("cuda", arch="sm_90").binary
+        assert st.kernel.build("cuda", arch=arch).binary
 
 
 @pytest.mark.parametrize("math", ["tf32", "tf32x3"])

@@ -65,12 +65,14 @@ def test_wgmma_only_on_sm_90a_and_for_tf32():
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on the PATH")
-@pytest.mark.parametrize("math,trans_b", [("tf32", True), ("tf32", False), ("tf32x3", True)])
+@pytest.mark.parametrize("math,trans_b", [("tf32", True), ("tf32", False), ("tf32x3", True), ("float16", True),
+                                          ("bfloat16", True)])
 def test_ptxas_keeps_the_wgmma_pipelined(math, trans_b, tmp_path):
     """Every schedule of the space: no wgmma serialization (ptxas's C7515: a non-wgmma instruction
     defines accumulators while a group is running — seen with a branch around the wgmma, an operand
     fence inside the pipeline, 256 columns or 3 stages with a group left running) and no spills."""
-    p = MatmulProblem(1, 4096, 4096, 4096, trans_b=trans_b, bias=True, **{math: True})
+    kw = {math: True} if math.startswith("tf32") else {"dtype": math, "out_dtype": math}
+    p = MatmulProblem(1, 4096, 4096, 4096, trans_b=trans_b, bias=True, **kw)
     space = MATMUL_WGMMA.space(p, SM90A)
     assert {s["inflight"] for s in space} == ({1} if math == "tf32x3" else {0, 1})
     for s in space:
@@ -154,3 +156,63 @@ def test_wgmma_3xtf32_is_as_accurate_as_f32(schedule, shape, trans_b):
     err = {name: np.abs(x - full).max() for name, x in (("x3", c), ("f32", c_f32), ("tf32", c_tf32))}
     assert err["x3"] <= 3 * err["f32"], err
     assert err["tf32"] > 100 * err["x3"], err
+
+
+@pytest.mark.parametrize("schedule,shape,out", [
+    (wg(bk=64), (37, 29, 45), "float16"),                   # k % 8: element-wise copies
+    (wg(bm=128, bn=128, bk=128, stages=4, inflight=1), (130, 72, 200), "float16"),   # two swizzle columns
+    (wg(bk=64, split=3), (19, 24, 400), "float32"),         # split-K into f32 partial sums
+], ids=["unaligned", "bk128-inflight", "splitk3-f32-out"])
+def test_wgmma_f16_template(schedule, shape, out):
+    bias = out == "float16"                                 # a bias comes in the output's type
+    p = MatmulProblem(2, *shape, "float16", out, b_batched=False, trans_b=True, bias=bias)
+    a, b, bv = operands(p, np.float16)
+    c = np.zeros(p.c_shape, out)
+    MATMUL_WGMMA.instantiate(p, SM90A, schedule)(*MATMUL_WGMMA.arguments(p, [a, b] + [bv] * bias, [c], schedule))
+    ref = a.astype(np.float64) @ np.swapaxes(b, 1, 2).astype(np.float64) + (bv.astype(np.float64) if bias else 0)
+    assert_close(c, ref.astype(out), rtol=2e-3, atol=2e-3 * np.sqrt(shape[2]))
+
+
+def test_wgmma_bf16_template():
+    torch = pytest.importorskip("torch")
+    p = MatmulProblem(1, 40, 72, 136, "bfloat16", "bfloat16", trans_b=True, bias=True)
+    g = torch.Generator().manual_seed(0)
+    a, w, bias = (torch.rand(*shape, generator=g) - 0.5 for shape in ((1, 40, 136), (1, 72, 136), (72,)))
+    a, w, bias = a.bfloat16(), w.bfloat16(), bias.bfloat16()
+    c = torch.zeros(1, 40, 72, dtype=torch.bfloat16)
+    s = wg(bk=64, inflight=0)
+    MATMUL_WGMMA.instantiate(p, SM90A, s)(*MATMUL_WGMMA.arguments(p, [a, w, bias], [c], s))
+    want = a.double() @ w.double().transpose(1, 2) + bias.double()
+    assert_close(c.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_wgmma_f16_applies_to_linears_only():
+    assert MATMUL_WGMMA.applies(MatmulProblem(1, 64, 64, 64, "float16", "float16", trans_b=True), SM90A)
+    assert not MATMUL_WGMMA.applies(MatmulProblem(1, 64, 64, 64, "float16", "float16"), SM90A)   # K x N B: mma.sync
+    space = MATMUL_WGMMA.space(MatmulProblem(1, 1024, 1024, 1024, "bfloat16", "bfloat16", trans_b=True), SM90A)
+    assert {s["bk"] for s in space} == {64, 128} and {s["inflight"] for s in space} == {0, 1}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_half_template_on_the_gpu(dtype):
+    """On an H100 / H200: an f16 / bf16 linear with bias on the model's schedule and on one with a
+    group left running, against torch's f32 product of the same operands."""
+    torch = pytest.importorskip("torch")
+    from taskmap.backends.cuda.target import current_cuda_target
+
+    target = current_cuda_target(0)
+    if "wgmma" not in target.features:
+        pytest.skip(f"{target.name} has no wgmma (an sm_90a / sm_100a GPU runs this)")
+    tdt = getattr(torch, dtype)
+    m, n, k = 1024, 3072, 768
+    p = MatmulProblem(1, m, n, k, dtype, dtype, trans_b=True, bias=True)
+    a, w, bias = (torch.randn(*shape, device="cuda").to(tdt) for shape in ((1, m, k), (1, n, k), (n,)))
+    want = torch.nn.functional.linear(a.float(), w.float(), bias.float())
+    best = choose(MATMUL_WGMMA, p, target, mode="model")
+    for s in {best, wg(bm=128, bn=128, bk=64, stages=4, inflight=1)}:
+        c = torch.full((1, m, n), float("nan"), device="cuda", dtype=tdt)
+        MATMUL_WGMMA.instantiate(p, target, s)(*MATMUL_WGMMA.arguments(p, [a, w, bias], [c], s))
+        torch.cuda.synchronize()
+        err = float((c.float() - want).abs().max() / want.abs().max())
+        assert err < (4e-3 if dtype == "float16" else 2e-2), (s, err)
