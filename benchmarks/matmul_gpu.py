@@ -101,10 +101,10 @@ def main(sizes: list[int]) -> int:
     print_table(["m x n x k", "3xTF32 schedule", "3xTF32 ms", "SIMT ms", "cuBLAS ms", "3xTF32 TFLOP/s",
                  "cuBLAS/3xTF32", "cuBLAS/SIMT", "3xTF32 err", "SIMT err", "cuBLAS err", "wgmma 3xTF32 ms",
                  "cuBLAS/wgmma 3xTF32", "wgmma 3xTF32 err"], x3_rows())
-    print(f"\nTF32 linears (B = N x K weight): the wgmma example (sm_90a) vs the mma.sync template vs cuBLAS "
-          f"(TF32 allowed), {name}; min of 3 alternating rounds of CUDA graph replays; wgmma err: max |c - f64 "
-          "product of the truncated operands| / max |that product|")
-    print_table(["m x n x k", "example ms", "example TFLOP/s", "wgmma template schedule", "template ms",
+    print(f"\nTF32 and f16 linears (B = N x K weight): the wgmma example and template (sm_90a) vs the mma.sync "
+          f"template vs cuBLAS (TF32 allowed), {name}; min of 3 alternating rounds of CUDA graph replays; wgmma "
+          "err: max |c - f64 product of the operands (TF32: truncated)| / max |that product|")
+    print_table(["m x n x k", "math", "example ms", "example TFLOP/s", "wgmma template schedule", "template ms",
                  "template TFLOP/s", "mma.sync ms", "mma.sync TFLOP/s", "cuBLAS ms", "cuBLAS TFLOP/s", "wgmma err"],
                 wgmma_rows())
     return 0
@@ -237,10 +237,10 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
 
 
 def wgmma_rows(rounds: int = 3) -> list[list[str]]:
-    """TF32 linears: the wgmma example (examples/matmul_wgmma.py: sm_90a, two warpgroups, 128 x 128
-    tiles) and the wgmma template (the model's schedule) against the tensor-core template on TF32
-    (mma.sync, the model's schedule) and cuBLAS with TF32 allowed, in alternating rounds of CUDA
-    graph replays."""
+    """Linears on the wgmma template (the model's schedule) against the tensor-core template
+    (mma.sync, the model's schedule) and cuBLAS, on TF32 (TF32 allowed in cuBLAS; the wgmma example
+    beside them: examples/matmul_wgmma.py, two warpgroups, 128 x 128 tiles) and in f16, in
+    alternating rounds of CUDA graph replays."""
     import matmul_wgmma  # examples/matmul_wgmma.py
     import torch
 
@@ -252,39 +252,48 @@ def wgmma_rows(rounds: int = 3) -> list[list[str]]:
 
     target = current_cuda_target(0)
     if "wgmma" not in target.features:
-        return [[f"{target.name} has no wgmma"] + [""] * 10]
+        return [[f"{target.name} has no wgmma"] + [""] * 11]
     rows = []
-    for m, n, k in AB_SHAPES:
-        a, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
-        want = torch.from_numpy(matmul_wgmma.reference(a.cpu().numpy(), w.cpu().numpy())).cuda()
-        p = MatmulProblem(1, m, n, k, trans_b=True, tf32=True)
-        s = tune.choose(MATMUL_TC, p, target, mode="model")
-        sw = tune.choose(MATMUL_WGMMA, p, target, mode="model")
-        outs = {key: torch.empty(m, n, device="cuda") for key in ("wgmma", "template", "mma", "cublas")}
-        runs = {"wgmma": prepared(None, None, target, None, [a, w, outs["wgmma"]], lambda: matmul_wgmma.matmul_wgmma),
-                "template": prepared(MATMUL_WGMMA, p, target, sw, MATMUL_WGMMA.arguments(
-                    p, [a[None], w[None]], [outs["template"][None]], sw)),
-                "mma": prepared(MATMUL_TC, p, target, s, MATMUL_TC.arguments(p, [a[None], w[None]],
-                                                                              [outs["mma"][None]], s)),
-                "cublas": lambda: torch.matmul(a, w.t(), out=outs["cublas"])}
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            for fn in runs.values():
-                fn()
-            torch.cuda.synchronize()
-            err = max(float((outs[key].double() - want).abs().max() / want.abs().max()) for key in ("wgmma", "template"))
-            times: dict[str, list[float]] = {key: [] for key in runs}
-            for _ in range(rounds):
-                for key, fn in runs.items():
-                    times[key].append(graph_median_ms(fn))
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = False
-        t = {key: min(v) for key, v in times.items()}
-        flop = 2.0 * m * n * k
-        rows.append([f"{m}x{n}x{k}", f"{t['wgmma']:.3f}", f"{flop / t['wgmma'] / 1e9:.1f}",
-                     ",".join(f"{x}={y}" for x, y in sw.as_dict().items()), f"{t['template']:.3f}",
-                     f"{flop / t['template'] / 1e9:.1f}", f"{t['mma']:.3f}", f"{flop / t['mma'] / 1e9:.1f}",
-                     f"{t['cublas']:.3f}", f"{flop / t['cublas'] / 1e9:.1f}", f"{err:.1e}"])
+    for dtype in ("float32", "float16"):
+        tdt = getattr(torch, dtype)
+        for m, n, k in AB_SHAPES:
+            a, w = torch.randn(m, k, device="cuda").to(tdt), torch.randn(n, k, device="cuda").to(tdt)
+            if dtype == "float32":
+                want = torch.from_numpy(matmul_wgmma.reference(a.cpu().numpy(), w.cpu().numpy())).cuda()
+            else:
+                want = a.double() @ w.double().t()
+            p = MatmulProblem(1, m, n, k, dtype, dtype, trans_b=True, tf32=dtype == "float32")
+            s = tune.choose(MATMUL_TC, p, target, mode="model")
+            sw = tune.choose(MATMUL_WGMMA, p, target, mode="model")
+            outs = {key: torch.empty(m, n, device="cuda", dtype=tdt) for key in ("wgmma", "template", "mma", "cublas")}
+            runs = {"template": prepared(MATMUL_WGMMA, p, target, sw, MATMUL_WGMMA.arguments(
+                        p, [a[None], w[None]], [outs["template"][None]], sw)),
+                    "mma": prepared(MATMUL_TC, p, target, s, MATMUL_TC.arguments(p, [a[None], w[None]],
+                                                                                  [outs["mma"][None]], s)),
+                    "cublas": lambda a=a, w=w, out=outs["cublas"]: torch.matmul(a, w.t(), out=out)}
+            if dtype == "float32":
+                runs["wgmma"] = prepared(None, None, target, None, [a, w, outs["wgmma"]],
+                                         lambda: matmul_wgmma.matmul_wgmma)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                for fn in runs.values():
+                    fn()
+                torch.cuda.synchronize()
+                err = max(float((outs[key].double() - want).abs().max() / want.abs().max())
+                          for key in ("wgmma", "template") if key in runs)
+                times: dict[str, list[float]] = {key: [] for key in runs}
+                for _ in range(rounds):
+                    for key, fn in runs.items():
+                        times[key].append(graph_median_ms(fn))
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+            t = {key: min(v) for key, v in times.items()}
+            flop = 2.0 * m * n * k
+            ex = (f"{t['wgmma']:.3f}", f"{flop / t['wgmma'] / 1e9:.1f}") if "wgmma" in t else ("-", "-")
+            rows.append([f"{m}x{n}x{k}", "tf32" if dtype == "float32" else "f16", *ex,
+                         ",".join(f"{x}={y}" for x, y in sw.as_dict().items()), f"{t['template']:.3f}",
+                         f"{flop / t['template'] / 1e9:.1f}", f"{t['mma']:.3f}", f"{flop / t['mma'] / 1e9:.1f}",
+                         f"{t['cublas']:.3f}", f"{flop / t['cublas'] / 1e9:.1f}", f"{err:.1e}"])
     return rows
 
 
