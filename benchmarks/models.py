@@ -7,6 +7,7 @@ and onnxruntime, with taskmap's compile time cold (empty cache) and cached.
     python benchmarks/models.py --no-peers gpt2         # taskmap only
     python benchmarks/models.py --device cuda --tf32    # GPU, matmuls on TF32 too (everyone)
     python benchmarks/models.py --device cuda --fp32-precision 3xtf32   # taskmap's f32 products as 3xTF32
+    python benchmarks/models.py --device cuda --dtype float16           # every side in f16 (weights, inputs)
 
 On a GPU every side follows PyTorch's TF32 settings: by default convolutions on TF32 (cuDNN's
 default, which taskmap's frontend reads at compile time) and matmuls in true f32; ``--tf32``
@@ -52,6 +53,10 @@ import taskmap  # noqa: E402
 
 PEERS = ("eager", "torch.compile", "onnxruntime")
 FP32_PRECISION: str | None = None       # --fp32-precision: taskmap.compile's
+DTYPE = torch.float32                   # --dtype: the models' weights and floating inputs
+#: The largest error of taskmap's output against eager's, relative to the largest value, per dtype
+#: (half precision: rounding in different places over a whole model).
+CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 1e-1}
 MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit")
 
 
@@ -74,8 +79,8 @@ def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tup
         else:
             model = tf.GPT2Model(tf.GPT2Config(use_cache=False))
         args = (torch.randint(0, 1000, (batch, 128)),)
-    model = model.eval().to(device)
-    return model, tuple(a.to(device) for a in args)
+    model = model.eval().to(device, DTYPE)
+    return model, tuple(a.to(device, DTYPE) if a.is_floating_point() else a.to(device) for a in args)
 
 
 def first_tensor(out: Any) -> torch.Tensor:
@@ -123,7 +128,8 @@ def compile_seconds(name: str, batch: int, device: str, cache: str) -> tuple[flo
     time and CPU time (the process's and its compilers'; steadier on a shared machine)."""
     env = dict(os.environ, TASKMAP_CACHE_DIR=cache)
     out = subprocess.run([sys.executable, __file__, "--compile-only", name, "--batch", str(batch),
-                          "--device", device] + (["--tf32"] if torch.get_float32_matmul_precision() == "high" else [])
+                          "--device", device, "--dtype", str(DTYPE).removeprefix("torch.")]
+                         + (["--tf32"] if torch.get_float32_matmul_precision() == "high" else [])
                          + (["--fp32-precision", FP32_PRECISION] if FP32_PRECISION else []),
                          env=env, capture_output=True, text=True, check=True)
     wall, cpu = out.stdout.strip().splitlines()[-1].split()
@@ -147,7 +153,7 @@ def compile_only(name: str, batch: int, device: str) -> None:
 def check(name: str, got: Any, want: Any) -> None:
     g, w = first_tensor(got).float(), first_tensor(want).float()
     err = float((g - w).abs().max() / max(1.0, float(w.abs().max())))
-    if not err < 1e-3:
+    if not err < CHECK_TOLERANCE[DTYPE]:
         raise AssertionError(f"{name}: taskmap's output is off by {err:.2e} (relative to the largest value)")
 
 
@@ -211,10 +217,13 @@ def main() -> None:
                         help='GPU: matmuls on TF32 too, for every side (set_float32_matmul_precision("high"))')
     parser.add_argument("--fp32-precision", choices=["ieee", "tf32", "3xtf32"], default=None,
                         help="taskmap.compile's fp32_precision (default: PyTorch's settings)")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                        help="the models' weights and floating inputs, on every side (half: GPU only)")
     parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global FP32_PRECISION
+    global FP32_PRECISION, DTYPE
     FP32_PRECISION = args.fp32_precision
+    DTYPE = getattr(torch, args.dtype)
     if args.tf32:
         torch.set_float32_matmul_precision("high")
     if args.compile_only:
@@ -238,7 +247,7 @@ def main() -> None:
                 traceback.print_exc()
                 rows.append([m, str(b), "FAILED"] + ["-"] * (len(headers) - 3))
     print(f"\n{machine_description()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"device {args.device}{' (matmuls on TF32)' if args.tf32 else ''}"
+          f"device {args.device}, {args.dtype}{' (matmuls on TF32)' if args.tf32 else ''}"
           f"{f', taskmap fp32_precision={args.fp32_precision}' if args.fp32_precision else ''}, {datetime.date.today()}; "
           f"median of {args.rounds} rounds")
     print_table(headers, rows)

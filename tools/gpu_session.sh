@@ -8,7 +8,8 @@
 #   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request:
 #   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
 #   TF32 for every side —, models_wgmma — the same with TASKMAP_WGMMA=1 (TF32 anchors on the wgmma
-#   template, sm_90a) —, models_3xtf32_wgmma — models_3xtf32 on the wgmma template —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
+#   template, sm_90a) —, models_3xtf32_wgmma — models_3xtf32 on the wgmma template —, models_f16 and
+#   models_f16_wgmma — the models in f16 on mma.sync, then on wgmma —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
 #   and generate — transformers' generate under the backend against eager and inductor)
 #   The default stages' limits add up to more than one call's 600 s (session 17's times plus the
 #   3xTF32 stage: ~550 s); to be safe, split them: "cuda_tests matmul_gpu models_3xtf32", then
@@ -19,7 +20,8 @@
 #
 # The wgmma template (session 25, written without a GPU) first needs: "cuda_tests matmul_gpu"
 # (its CUDA tests and the wgmma / 3xTF32 tables), then, if those pass, "models_3xtf32
-# models_3xtf32_wgmma" and TF32_BATCH=8 "models_tf32 models_wgmma" (each pair: without, with).
+# models_3xtf32_wgmma", TF32_BATCH=8 "models_tf32 models_wgmma" and "models_f16 models_f16_wgmma"
+# (each pair: without, with).
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
@@ -67,6 +69,12 @@ stage models_3xtf32 ${X3_SECONDS:-150} python3 benchmarks/models.py ${X3_MODELS:
     --peers eager torch.compile --no-compile-times
 stage models_3xtf32_wgmma ${X3_SECONDS:-150} env TASKMAP_WGMMA=1 python3 benchmarks/models.py ${X3_MODELS:-bert gpt2 vit resnet50} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --fp32-precision 3xtf32 --batch ${X3_BATCH:-8} \
+    --peers eager torch.compile --no-compile-times
+stage models_f16 ${F16_SECONDS:-150} python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
+    --device cuda --dtype float16 --rounds 2 --seconds 0.5 --keep-going --batch ${F16_BATCH:-8} \
+    --peers eager torch.compile --no-compile-times
+stage models_f16_wgmma ${F16_SECONDS:-150} env TASKMAP_WGMMA=1 python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
+    --device cuda --dtype float16 --rounds 2 --seconds 0.5 --keep-going --batch ${F16_BATCH:-8} \
     --peers eager torch.compile --no-compile-times
 stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet50 bert gpt2 mobilenet_v2 inception_v3 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going ${MODEL_FLAGS:---batch 1 8 --peers eager torch.compile --no-compile-times}
