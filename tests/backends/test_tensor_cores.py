@@ -406,35 +406,39 @@ def test_ldmatrix_is_refused_before_sm_75():
 # ----------------------------------------------------------------------------- wgmma (sm_90a): one warpgroup
 
 
-def wgmma_kernel(n: int, k: int, wait_first: bool = True):
-    """C[64, n] = A[64, k] @ B[n, k]^T by one warpgroup: the operands stored into 128-byte swizzled
-    K-major tiles (``wgmma_sw128``), one ``wgmma_tf32`` per 8 of k (the first without C), then
-    the accumulators out through ``wgmma_c_layout``."""
-    from taskmap.lang import (fence_proxy_async, wgmma_c_layout, wgmma_commit, wgmma_fence, wgmma_sw128,
-                              wgmma_tf32, wgmma_wait)
+def wgmma_kernel(n: int, k: int, wait_first: bool = True, dtype=f32):
+    """C[64, n] = A[64, k] @ B[n, k]^T (f32 sums) by one warpgroup: the operands (f32, f16 or bf16)
+    stored into 128-byte swizzled K-major tiles (``wgmma_sw128`` / ``wgmma_sw128_b16``), one
+    ``wgmma_tf32`` / ``wgmma_f16`` per 8 / 16 of k (the first without C), then the accumulators out
+    through ``wgmma_c_layout``."""
+    from taskmap.lang import (fence_proxy_async, wgmma_c_layout, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_sw128,
+                              wgmma_sw128_b16, wgmma_tf32, wgmma_wait)
     layout = wgmma_c_layout(n)
-    tiles = k // 32
+    row = 128 // dtype.nbytes                   # elements of one swizzled 128-byte row
+    step = row // 4                             # k of one wgmma
+    sw, product = (wgmma_sw128, wgmma_tf32) if dtype is f32 else (wgmma_sw128_b16, wgmma_f16)
+    tiles = k // row
 
     @taskmap.kernel
-    def wgmma_tile(a: f32[64, k], b: f32[n, k], c: f32[64, n]):
+    def wgmma_tile(a: dtype[64, k], b: dtype[n, k], c: f32[64, n]):
         attrs.block_dim = 128
-        sa = shared_tensor(f32, [tiles, 64, 32])
-        sb = shared_tensor(f32, [tiles, n, 32])
+        sa = shared_tensor(dtype, [tiles, 64, row])
+        sb = shared_tensor(dtype, [tiles, n, row])
         acc = register_tensor(f32, [n // 2])
         for t in range(tiles):
-            for r in range(threadIdx.x // 32, 64, 4):
-                sa[t, r, wgmma_sw128(r, threadIdx.x % 32)] = a[r, t * 32 + threadIdx.x % 32]
-            for r in range(threadIdx.x // 32, n, 4):
-                sb[t, r, wgmma_sw128(r, threadIdx.x % 32)] = b[r, t * 32 + threadIdx.x % 32]
+            for r in range(threadIdx.x // row, 64, 128 // row):
+                sa[t, r, sw(r, threadIdx.x % row)] = a[r, t * row + threadIdx.x % row]
+            for r in range(threadIdx.x // row, n, 128 // row):
+                sb[t, r, sw(r, threadIdx.x % row)] = b[r, t * row + threadIdx.x % row]
         fence_proxy_async()
         syncthreads()
         wgmma_fence()
         for t in range(tiles):
             for kk in range(4):
                 if t == 0 and kk == 0:
-                    wgmma_tf32(acc, sa[t, 0, 0], sb[t, 0, 0], n, accumulate=False)
+                    product(acc, sa[t, 0, 0], sb[t, 0, 0], n, accumulate=False)
                 else:
-                    wgmma_tf32(acc, sa[t, 0, kk * 8], sb[t, 0, kk * 8], n)
+                    product(acc, sa[t, 0, kk * step], sb[t, 0, kk * step], n)
         wgmma_commit()
         if wait_first:
             wgmma_wait(0, acc, n // 2)
@@ -599,40 +603,6 @@ def test_wgmma_reads_the_swizzled_tiles_as_laid_out(device, kk):
     assert not len(bad), f"{len(bad)} of {got.size} wrong: " + "; ".join(detail)
 
 
-def wgmma_b16_kernel(dtype, n: int, k: int):
-    """C[64, n] = A[64, k] @ B[n, k]^T in f32 from f16 / bf16 operands by one warpgroup:
-    ``wgmma_f16`` per 16 of k on tiles of 64 elements a row (``wgmma_sw128_b16``)."""
-    from taskmap.lang import (fence_proxy_async, wgmma_c_layout, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_sw128_b16,
-                              wgmma_wait)
-    layout = wgmma_c_layout(n)
-    tiles = k // 64
-
-    @taskmap.kernel
-    def wgmma_b16_tile(a: dtype[64, k], b: dtype[n, k], c: f32[64, n]):
-        attrs.block_dim = 128
-        sa = shared_tensor(dtype, [tiles, 64, 64])
-        sb = shared_tensor(dtype, [tiles, n, 64])
-        acc = register_tensor(f32, [n // 2])
-        for t in range(tiles):
-            for r in range(threadIdx.x // 64, 64, 2):
-                sa[t, r, wgmma_sw128_b16(r, threadIdx.x % 64)] = a[r, t * 64 + threadIdx.x % 64]
-            for r in range(threadIdx.x // 64, n, 2):
-                sb[t, r, wgmma_sw128_b16(r, threadIdx.x % 64)] = b[r, t * 64 + threadIdx.x % 64]
-        fence_proxy_async()
-        syncthreads()
-        for q in range(n // 2):
-            acc[q] = 0.0
-        wgmma_fence()
-        for t in range(tiles):
-            for kk in range(4):
-                wgmma_f16(acc, sa[t, 0, kk * 16], sb[t, 0, kk * 16], n)
-        wgmma_commit()
-        wgmma_wait(0, acc, n // 2)
-        for q, (i, j) in enumerate(layout.on(threadIdx.x)):
-            c[i, j] = acc[q]
-    return wgmma_b16_tile
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_wgmma_f16_and_bf16_one_warpgroup(device, dtype):
@@ -642,7 +612,7 @@ def test_wgmma_f16_and_bf16_one_warpgroup(device, dtype):
     a = torch.randn(64, k).to(tdt)
     b = torch.randn(n, k).to(tdt)
     c = torch.full((64, n), float("nan"))
-    kernel = wgmma_b16_kernel({"float16": f16, "bfloat16": bf16}[dtype], n, k)
+    kernel = wgmma_kernel(n, k, dtype={"float16": f16, "bfloat16": bf16}[dtype])
     if device == "cuda":
         a, b, c = a.cuda(), b.cuda(), c.cuda()
     kernel(a, b, c)
@@ -651,5 +621,6 @@ def test_wgmma_f16_and_bf16_one_warpgroup(device, dtype):
 
 
 def test_wgmma_f16_builds_for_sm_90a():
-    built_for_cuda(wgmma_b16_kernel(f16, 64, 64), "sm_90a", ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"])
-    built_for_cuda(wgmma_b16_kernel(bf16, 64, 64), "sm_90a", ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"])
+    built_for_cuda(wgmma_kernel(64, 64, dtype=f16), "sm_90a", ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"])
+    built_for_cuda(wgmma_kernel(64, 64, dtype=bf16), "sm_90a",
+                   ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"])
