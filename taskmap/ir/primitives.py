@@ -83,7 +83,8 @@ class Prim(enum.Enum):
     #: (c, a, b, n, accumulate): one warpgroup's (4 warps, from a warp index divisible by 4)
     #: ``wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32``: c (f32[n / 2] a thread, as in
     #: ``wgmma_c_layout``) = a (64 x 8) @ b (n x 8)^T (+ c when ``accumulate``), both operands in
-    #: shared memory in the 128-byte-swizzled K-major layout (``WGMMA_SW128``), read as tf32
+    #: shared memory in the 128-byte-swizzled K-major layout (rows of 128 bytes, 8-row atoms of 1024,
+    #: a row's 16-byte chunk c stored as chunk c ^ row % 8: ``lang.wgmma_sw128``), read as tf32
     #: (their low 13 bits ignored); asynchronous: complete after ``wgmma_commit`` + ``wgmma_wait``
     WGMMA_TF32 = PrimSpec("wgmma_tf32", PrimKind.MMA, 5, refs=(0, 1, 2), writes=(0,), consts=(3, 4), value=False)
     #: the same with f16 or bf16 operands: ``m64n{n}k16.f32.{f16,bf16}``, a 64 x 16 and an n x 16
@@ -130,10 +131,6 @@ MMA_TF32_FRAGMENT = {0: 4, 1: 4, 2: 2}
 WGMMA_OPS = (Prim.WGMMA_TF32, Prim.WGMMA_F16)
 #: ``wgmma_tf32``'s and ``wgmma_f16``'s n: multiples of 8 up to 256.
 WGMMA_N = tuple(range(8, 257, 8))
-#: Bytes of one row of a 128-byte-swizzled K-major wgmma operand tile (32 f32), and of its
-#: 8-row atom: element (r, k) of a tile at byte offset ``o`` (1024-aligned in shared memory) lies at
-#: ``o + r * 128 + ((k // 4) ^ (r % 8)) * 16 + k % 4 * 4``.
-WGMMA_SW128 = (128, 1024)
 B16_TYPES = (f16, bf16, i16, u16)
 #: 32-bit elements ``ldmatrix`` moves untransposed (one per lane and matrix: the tf32 fragments).
 B32_TYPES = (f32, i32, u32)

@@ -22,7 +22,7 @@ code, undefined on a GPU).  ``mma_sync_m16n8k16`` and ``ldmatrix`` need all 32 l
 exactly and rounds the sum toward zero, once, as the tensor cores do (products exact, sums
 truncated: Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021; it reproduces the
 3xTF32 errors measured on an H200 to 10%), so a kernel whose accumulation drifts under
-truncation drifts here too.  ``wgmma_tf32`` is *deferred* like ``cp_async``: each thread queues
+truncation drifts here too.  ``wgmma_tf32`` / ``wgmma_f16`` are *deferred* like ``cp_async``: each thread queues
 its wgmma, ``wgmma_commit`` closes a group, and ``wgmma_wait(n)`` runs all but the newest ``n``
 groups — so a kernel that reads its accumulators before the wait gets wrong results here as it
 might on a GPU; and a ``cp_async`` into a tile that a pending wgmma of the block reads faults
@@ -216,12 +216,12 @@ static void tm_mma_m16n8k8_tf32(float *c, const float *a, const float *b, int ro
     c[i] = tm_mma_sum(acc);
   }
 }
-/* wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 of this thread's accumulators, run at once
-   (a kernel waits before it reads them or overwrites the tiles): a (64 x 8) and b (n x 8) are
-   K-major tiles with 128-byte swizzled rows, element (r, k) at the logical byte
-   L = start + r / 8 * 1024 + r % 8 * 128 + 4 k, stored at L ^ ((L >> 7) & 7) << 4 — offsets from the
-   block's shared memory, whose base the GPU aligns to 1024 bytes.  Thread t of the warpgroup holds
-   rows 16 (t / 32 % 4) + (t % 32) / 4 (+8) and columns 8 j + 2 (t % 4) (+1) as register 4 j + i. */
+/* wgmma.mma_async.sync.aligned.m64n{n}k{8,16}.f32.{tf32,f16,bf16} of this thread's accumulators
+   (run when a wgmma_wait retires its group): a (64 x k) and b (n x k) are K-major tiles with
+   128-byte swizzled rows, element (r, k) at the logical byte L = start + r / 8 * 1024 + r % 8 * 128
+   + k * (element size), stored at L ^ ((L >> 7) & 7) << 4 — offsets from the block's shared
+   memory, whose base the GPU aligns to 1024 bytes.  Thread t of the warpgroup holds rows
+   16 (t / 32 % 4) + (t % 32) / 4 (+8) and columns 8 j + 2 (t % 4) (+1) as register 4 j + i. */
 static inline float tm_wgmma_elem(const void *tile, int r, int k, int kind) {
   const long start = (const char *)tile - tm_tls.smem;
   const long l = start + (r >> 3) * 1024 + (r & 7) * 128 + (kind ? 2 : 4) * k;
@@ -239,7 +239,8 @@ static void tm_wgmma_run(float *c, const void *a, const void *b, int n, int accu
     for (int i = 0; i < 4; ++i) {
       const int row = row0 + 8 * (i >> 1), col = 8 * j + 2 * (lane & 3) + (i & 1);
       double acc = accumulate ? c[4 * j + i] : 0.0;
-      for (int k = 0; k < (kind ? 16 : 8); ++k) acc += (double)tm_wgmma_elem(a, row, k, kind) * tm_wgmma_elem(b, col, k, kind);
+      for (int k = 0; k < (kind ? 16 : 8); ++k)
+        acc += (double)tm_wgmma_elem(a, row, k, kind) * tm_wgmma_elem(b, col, k, kind);
       c[4 * j + i] = tm_mma_sum(acc);
     }
 }
