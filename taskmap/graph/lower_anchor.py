@@ -52,7 +52,7 @@ from ..templates.matmul_cpu import MATMUL_CPU
 from ..templates.matmul_problem import MatmulProblem
 from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
-from ..templates.matmul_wgmma import MATMUL_WGMMA, enabled as wgmma_enabled
+from ..templates.matmul_wgmma import MATMUL_WGMMA, WG_M, enabled as wgmma_enabled
 from .derived import derived
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
@@ -135,13 +135,16 @@ def gpu_template(p: MatmulProblem, target: Target) -> Any:
     else SIMT for f32 (None: none).  An f32 problem that asks for 3xTF32 takes whichever of the
     3xTF32 tensor cores and the SIMT FMAs (as accurate) the cost models find faster at their best
     schedules: the tensor cores' tiles are at least 32 x 32, and three mma per product.  On sm_90a
-    with ``TASKMAP_WGMMA=1`` the wgmma template takes every TF32 and 3xTF32 problem."""
+    with ``TASKMAP_WGMMA=1`` the wgmma template takes the problems it applies to (TF32, 3xTF32,
+    f16 / bf16 linears) of at least a warpgroup's 64 rows: its cost model is not calibrated against
+    the others yet, and with fewer rows most of each wgmma would multiply padding."""
     return _gpu_template(p, target, wgmma_enabled())
 
 
 @functools.lru_cache(maxsize=512)
 def _gpu_template(p: MatmulProblem, target: Target, wgmma: bool) -> Any:
-    fits = [t for t in (MATMUL_WGMMA, MATMUL_TC, MATMUL_SIMT) if t.applies(p, target) and (wgmma or t is not MATMUL_WGMMA)]
+    fits = [t for t in (MATMUL_WGMMA, MATMUL_TC, MATMUL_SIMT)
+            if t.applies(p, target) and (t is not MATMUL_WGMMA or (wgmma and p.m >= WG_M))]
     if len(fits) == 2 and p.dtype == "float32" and p.tf32x3 and not p.tf32:
         return min(fits, key=lambda t: min((t.cost(p, target, s) for s in t.space(p, target)), default=float("inf")))
     return fits[0] if fits else None
