@@ -243,7 +243,16 @@ def bank_conflicts(lanes: int, per_lane: int) -> int:
     return max(1, ceil_div(lanes, slots) // max(1, ceil_div(lanes * VEC * 4, 128)))
 
 
-class MatmulSimtTemplate(KernelFamily):
+class GpuMatmulFamily(KernelFamily):
+    """What the GPU matmul templates share: their launch arguments (:func:`gpu_arguments`)."""
+
+    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
+                  schedule: Schedule | None = None) -> list[Any]:
+        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results."""
+        return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
+
+
+class MatmulSimtTemplate(GpuMatmulFamily):
     """f32 matmul on a GPU's CUDA cores (CUDA and HIP)."""
 
     name = "matmul_simt"
@@ -318,11 +327,6 @@ class MatmulSimtTemplate(KernelFamily):
         cfg = self.config(problem, target, schedule)
         return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, problem.out_dtype, cfg.bias))
 
-    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
-                  schedule: Schedule | None = None) -> list[Any]:
-        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results."""
-        return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
-
 
 def chain(main: Kernel, split: int, out_dtype: str, bias: bool) -> KernelChain:
     """The main kernel alone (arguments a, b, bias, c), or with split-K's reduction epilogue
@@ -348,4 +352,5 @@ def gpu_arguments(problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequen
 
 MATMUL_SIMT = MatmulSimtTemplate()
 
-__all__ = ["MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "build_kernel", "chain", "gpu_arguments", "lane_shape"]
+__all__ = ["GpuMatmulFamily", "MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "build_kernel", "chain",
+           "gpu_arguments", "lane_shape"]

@@ -41,7 +41,7 @@ warp tiles of at least 16 x 16, 2..4 stages, split-K; pruned by shared memory an
 thread.
 """
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..lang.kernel import kernel
 from ..ir.mapping import auto_map, custom_mapping
@@ -54,9 +54,9 @@ from ..backends.base import Target, TargetKind
 from ..ir.dtypes import scalar_type
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
-from .base import KernelFamily, Schedule
+from .base import Schedule
 from .matmul_problem import MatmulProblem
-from .matmul_simt import chain, gpu_arguments
+from .matmul_simt import GpuMatmulFamily, chain
 from .matmul_splitk import ceil_div, splits_for
 
 def _b_nk_rows(half: int) -> Any:
@@ -279,7 +279,7 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     return matmul_tc
 
 
-class MatmulTcTemplate(KernelFamily):
+class MatmulTcTemplate(GpuMatmulFamily):
     """f16 / bf16 matmul on NVIDIA tensor cores (sm_80 and later)."""
 
     name = "matmul_tc"
@@ -358,11 +358,6 @@ class MatmulTcTemplate(KernelFamily):
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)
         return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias))
-
-    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
-                  schedule: Schedule | None = None) -> list[Any]:
-        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results."""
-        return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
 
 
 MATMUL_TC = MatmulTcTemplate()

@@ -41,7 +41,7 @@ the mma.sync template; the tests and ``benchmarks/matmul_gpu.py`` call it direct
 
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..backends.base import Target, TargetKind
 from ..ir.dtypes import scalar_type
@@ -53,9 +53,9 @@ from ..lang import (attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
-from .base import KernelFamily, Schedule
+from .base import Schedule
 from .matmul_problem import MatmulProblem
-from .matmul_simt import chain, gpu_arguments
+from .matmul_simt import GpuMatmulFamily, chain
 from .matmul_splitk import ceil_div, splits_for
 
 WG_M = 64                     # rows of one wgmma (a warpgroup)
@@ -280,7 +280,7 @@ def build_kernel(cfg: WgConfig) -> Kernel:
     return matmul_wgmma
 
 
-class MatmulWgmmaTemplate(KernelFamily):
+class MatmulWgmmaTemplate(GpuMatmulFamily):
     """Matmul on Hopper's wgmma (sm_90a): f32 with TF32 or 3xTF32 products, or f16 / bf16."""
 
     name = "matmul_wgmma"
@@ -364,11 +364,6 @@ class MatmulWgmmaTemplate(KernelFamily):
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)
         return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias))
-
-    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
-                  schedule: Schedule | None = None) -> list[Any]:
-        """a, b, bias (a 1-element dummy without one), c; with split-K the f32 partial results."""
-        return gpu_arguments(problem, inputs, outputs, None if schedule is None else schedule["split"])
 
 
 MATMUL_WGMMA = MatmulWgmmaTemplate()
