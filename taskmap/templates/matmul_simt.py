@@ -32,6 +32,7 @@ from ..lang import (attrs, blockIdx, copy16, f32, register_tensor, shared_tensor
                           threadIdx, unroll)
 
 from ..backends.base import Target, TargetKind
+from ..ir.dtypes import scalar_type
 from ..runtime.args import aligned
 from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
@@ -96,13 +97,11 @@ def build_kernel(cfg: SimtConfig) -> Kernel:
     # of B's N x K tile or K x N tile
     load_a = auto_map((BM, BK // VEC), THREADS)
     load_b = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN // VEC), THREADS)
-    batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
-    A_T = f32[batch if A_BATCHED else 1, m, k]
-    B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
-    BIAS_T = f32[n] if cfg.bias else f32[nbias]
+    (m, n, k, cz), (A_T, B_T, BIAS_T, C_T) = gpu_param_types("float32", "float32", A_BATCHED, B_BATCHED, TRANS_B,
+                                                              cfg.bias, 1)
 
     @kernel
-    def matmul_simt(a: A_T, b: B_T, bias: BIAS_T, c: f32[cz, m, n]):
+    def matmul_simt(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
         attrs.grid_dim = ((n + BN - 1) // BN, (m + BM - 1) // BM, cz)
         attrs.block_dim = THREADS
         attrs.min_blocks = cfg.min_blocks
@@ -328,6 +327,20 @@ class MatmulSimtTemplate(GpuMatmulFamily):
         return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, problem.out_dtype, cfg.bias))
 
 
+def gpu_param_types(dtype: str, out_dtype: str, a_batched: bool, b_batched: bool, trans_b: bool, bias: bool,
+                    split: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The GPU templates' size symbols ``(m, n, k, cz)`` and the types of their parameters
+    ``(a, b, bias, c)``: A ``[batch | 1, m, k]``, B ``[batch | 1, n, k]`` (``trans_b``) or
+    ``[.., k, n]``, the bias in the output's type (``nbias`` long without one), C ``[cz, m, n]`` —
+    f32 partial sums under split-K."""
+    T, OUT = scalar_type(dtype), scalar_type(out_dtype)
+    batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
+    nb_a, nb_b = batch if a_batched else 1, batch if b_batched else 1
+    types = (T[nb_a, m, k], T[nb_b, n, k] if trans_b else T[nb_b, k, n], OUT[n] if bias else OUT[nbias],
+             OUT[cz, m, n] if split == 1 else f32[cz, m, n])
+    return (m, n, k, cz), types
+
+
 def chain(main: Kernel, split: int, out_dtype: str, bias: bool) -> KernelChain:
     """The main kernel alone (arguments a, b, bias, c), or with split-K's reduction epilogue
     (arguments a, b, bias, c, partial results)."""
@@ -353,4 +366,4 @@ def gpu_arguments(problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequen
 MATMUL_SIMT = MatmulSimtTemplate()
 
 __all__ = ["GpuMatmulFamily", "MATMUL_SIMT", "MatmulSimtTemplate", "SimtConfig", "build_kernel", "chain",
-           "gpu_arguments", "lane_shape"]
+           "gpu_arguments", "gpu_param_types", "lane_shape"]

@@ -48,7 +48,7 @@ from ..ir.mapping import auto_map, custom_mapping
 from ..lang import (MMA_K, MMA_M, MMA_N, MMA_TF32_K, attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait,
                     f32, lane_id, ldmatrix_x4, ldmatrix_x4_rows, ldmatrix_x4_rows_b32, mma_c_layout,
                     mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, mma_tf32_b_layout, register_tensor, round_tf32,
-                    shared_tensor, symbol, syncthreads, tf32_operand, threadIdx, unroll, warp_id)
+                    shared_tensor, syncthreads, tf32_operand, threadIdx, unroll, warp_id)
 
 from ..backends.base import Target, TargetKind
 from ..ir.dtypes import scalar_type
@@ -56,7 +56,7 @@ from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
 from .base import Schedule
 from .matmul_problem import MatmulProblem
-from .matmul_simt import GpuMatmulFamily, chain
+from .matmul_simt import GpuMatmulFamily, chain, gpu_param_types
 from .matmul_splitk import ceil_div, splits_for
 
 def _b_nk_rows(half: int) -> Any:
@@ -122,7 +122,7 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     WM, WN = BM // WGM, BN // WGN
     MI, NI = WM // MMA_M, WN // MMA_N
     THREADS = 32 * WGM * WGN
-    T, OUT = scalar_type(cfg.dtype), scalar_type(cfg.out_dtype)
+    T = scalar_type(cfg.dtype)
     TRANS_B, A_BATCHED, B_BATCHED, TF32, X3 = cfg.trans_b, cfg.a_batched, cfg.b_batched, cfg.tf32, cfg.x3
     assert TF32 or not X3
     BIAS = cfg.bias and S == 1
@@ -131,11 +131,8 @@ def build_kernel(cfg: TcConfig) -> Kernel:
     a_chunks = auto_map((BM, BK // VEC), THREADS)
     b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN // VEC), THREADS)
     SB_SHAPE = [STG, BN, BK + PAD_B] if TRANS_B else [STG, BK, BN + PAD_B]
-    batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
-    A_T = T[batch if A_BATCHED else 1, m, k]
-    B_T = T[batch if B_BATCHED else 1, n, k] if TRANS_B else T[batch if B_BATCHED else 1, k, n]
-    BIAS_T = OUT[n] if cfg.bias else OUT[nbias]
-    C_T = OUT[cz, m, n] if S == 1 else f32[cz, m, n]
+    (m, n, k, cz), (A_T, B_T, BIAS_T, C_T) = gpu_param_types(cfg.dtype, cfg.out_dtype, A_BATCHED, B_BATCHED, TRANS_B,
+                                                              cfg.bias, S)
 
     @kernel
     def matmul_tc(a: A_T, b: B_T, bias: BIAS_T, c: C_T):

@@ -47,7 +47,7 @@ from ..backends.base import Target, TargetKind
 from ..ir.dtypes import scalar_type
 from ..ir.mapping import auto_map
 from ..lang import (attrs, blockIdx, cp_async, cp_async_commit, cp_async_wait, f32, fence_proxy_async,
-                    register_tensor, round_tf32, shared_tensor, symbol, syncthreads, threadIdx, unroll,
+                    register_tensor, round_tf32, shared_tensor, syncthreads, threadIdx, unroll,
                     wgmma_c_layout, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_sw128, wgmma_sw128_b16, wgmma_tf32,
                     wgmma_wait)
 from ..lang.kernel import kernel
@@ -55,7 +55,7 @@ from ..runtime.kernel import Kernel
 from ..schedule.cost_model import Workload, estimate_time
 from .base import Schedule
 from .matmul_problem import MatmulProblem
-from .matmul_simt import GpuMatmulFamily, chain
+from .matmul_simt import GpuMatmulFamily, chain, gpu_param_types
 from .matmul_splitk import ceil_div, splits_for
 
 WG_M = 64                     # rows of one wgmma (a warpgroup)
@@ -102,7 +102,7 @@ class WgConfig:
 
 def build_kernel(cfg: WgConfig) -> Kernel:
     BM, BN, BK, STG, S, FLY = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.split, cfg.inflight
-    T, OUT = scalar_type(cfg.dtype), scalar_type(cfg.out_dtype)
+    T = scalar_type(cfg.dtype)
     ATOM_K = cfg.atom_k
     VEC = 16 // cfg.itemsize                          # elements per 16-byte chunk
     KSTEP = 32 // cfg.itemsize                        # k of one wgmma: 8 (tf32) or 16
@@ -119,11 +119,8 @@ def build_kernel(cfg: WgConfig) -> Kernel:
     a_chunks = auto_map((BM, BK // VEC), THREADS)
     b_chunks = auto_map((BN, BK // VEC), THREADS) if TRANS_B else auto_map((BK, BN), THREADS)
     a_split, b_split = (auto_map((KA, rows, ATOM_K), THREADS) for rows in (BM, BN))   # 3xTF32: element by element
-    batch, m, n, k, cz, nbias = (symbol(x) for x in ("batch", "m", "n", "k", "cz", "nbias"))
-    A_T = T[batch if A_BATCHED else 1, m, k]
-    B_T = T[batch if B_BATCHED else 1, n, k] if TRANS_B else T[batch if B_BATCHED else 1, k, n]
-    BIAS_T = OUT[n] if cfg.bias else OUT[nbias]
-    C_T = OUT[cz, m, n] if S == 1 else f32[cz, m, n]
+    (m, n, k, cz), (A_T, B_T, BIAS_T, C_T) = gpu_param_types(cfg.dtype, cfg.out_dtype, A_BATCHED, B_BATCHED, TRANS_B,
+                                                              cfg.bias, S)
 
     @kernel
     def matmul_wgmma(a: A_T, b: B_T, bias: BIAS_T, c: C_T):
