@@ -51,6 +51,7 @@ class Target:
     clock_hz: float = 0.0
     fma512_per_cycle: float = 0.0     # CPU: 512-bit FMAs per cycle and core, measured (0: unknown, taken as 1)
     llc_bandwidth: float = 0.0        # CPU: bytes/s one core reads from the last-level cache, measured (0: unknown)
+    llc_bytes: int = 0                # CPU: capacity of the last-level cache (0: unknown)
     transaction_bytes: int = 64       # smallest global-memory transaction (GPU sector, CPU cache line)
     max_threads_per_core: int = 0     # occupancy limits per SM / CU (0: no such limit; CPU: 1 task)
     max_blocks_per_core: int = 0
@@ -161,13 +162,14 @@ def host_cpu_target() -> Target:
     identity = (_cpuinfo_field("model name") or "", *flags)
     fma512 = zmm_fma_ratio(identity) if simd == 64 else 0.0
     l2 = _cpu_l2_bytes()
-    llc = llc_bandwidth(identity, l2, _cpu_cache_bytes(3, 0))
+    l3 = _cpu_cache_bytes(3, 0)
+    llc = llc_bandwidth(identity, l2, l3)
     target = Target(TargetKind.CPU, f"{platform.machine()}-native", warp_size=32,
                     max_threads_per_block=1024, max_shared_memory=1 << 20, max_shared_memory_optin=1 << 20,
                     vector_bytes=simd, num_cores=cores, features=keep, mem_bandwidth=HOST_MEM_BANDWIDTH,
                     cache_bandwidth=cores * 64 * clock, register_bandwidth=cores * 2 * min(simd, 32) * clock,
                     l2_bytes=cores * l2, clock_hz=clock, fma512_per_cycle=fma512, llc_bandwidth=llc,
-                    transaction_bytes=64, max_blocks_per_core=1)
+                    llc_bytes=l3 or cores * l2, transaction_bytes=64, max_blocks_per_core=1)
     lanes = simd // 4
     flops_per_cycle = 2 * lanes * target.vector_fma_rate if "fma" in flags else 2 * min(lanes, 8)
     return replace(target, peak_flops_f32=cores * flops_per_cycle * clock)

@@ -395,7 +395,13 @@ class CLikeFuncGen:
         step = "++" if s.step == 1 else f" += {s.step}"
         self.emit(f"for ({self.ctype(s.var.type)} {v} = {self.expr(s.start)}; {v} {cmp} {self.expr(s.stop)}; {v}{step}) {{", d)
         self.stmt(s.body, d + 1)
+        for line in self.loop_tail(s):
+            self.emit(line, d + 1)
         self.emit("}", d)
+
+    def loop_tail(self, s: S.For) -> list[str]:
+        """Lines a backend ends every iteration of ``s`` with (none)."""
+        return []
 
 
 def numel(t: TensorType) -> int:

@@ -365,7 +365,7 @@ class Splicer(IRRewriter):
         env[f.hole] = v
         env.update(self._inputs_env(f))
         value = E.cast(substitute(f.value, env), f.node.dtype)
-        return S.Store(self.var_of(f.node), tuple(out_idx), value)
+        return S.Store(self.var_of(f.node), tuple(out_idx), value, st.stream)
 
     def visit_Evaluate(self, ev: S.Evaluate) -> S.Stmt:
         call = ev.expr

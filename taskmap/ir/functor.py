@@ -138,7 +138,7 @@ _REBUILD: dict[type, Callable[[Any, tuple[Any, ...]], Any]] = {
     S.DeclScalar: _rebuild_decl_scalar,
     S.DeclTensor: lambda n, c: S.DeclTensor(c[0]),
     S.Assign: lambda n, c: S.Assign(c[0], c[1]),
-    S.Store: lambda n, c: S.Store(c[0], tuple(c[1:-1]), c[-1]),
+    S.Store: lambda n, c: S.Store(c[0], tuple(c[1:-1]), c[-1], n.stream),
     S.Seq: lambda n, c: S.seq(*c),
     S.For: lambda n, c: S.For(c[0], c[1], c[2], n.step, c[3], n.kind),
     S.MappingFor: _rebuild_mapping_for,

@@ -142,9 +142,11 @@ class TaskMapping(ABC):
         """All tasks, with the workers spread over CPU cores."""
         return MappingLoop(self, MappingLoopKind.PARALLEL)
 
-    def vectorize(self) -> MappingLoop:
-        """All tasks, with the workers as SIMD lanes."""
-        return MappingLoop(self, MappingLoopKind.VECTORIZE)
+    def vectorize(self, stream: bool = False) -> MappingLoop:
+        """All tasks, with the workers as SIMD lanes; ``stream=True`` makes the loop's stores
+        streaming (:attr:`taskmap.ir.stmt.Store.stream`: written past the caches on the CPU, for
+        outputs too big to stay in them)."""
+        return MappingLoop(self, MappingLoopKind.VECTORIZE, stream)
 
     def __iter__(self) -> Iterator[Any]:
         """All tasks, worker by worker (ints for 1-D mappings, tuples otherwise)."""
@@ -350,6 +352,7 @@ class MappingLoop:
 
     mapping: TaskMapping
     kind: MappingLoopKind
+    stream: bool = False     # the loop's stores are streaming (``vectorize(stream=True)``)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.mapping)

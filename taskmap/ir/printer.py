@@ -104,7 +104,8 @@ def stmt_lines(s: Any, names: _Names, indent: int = 0) -> list[str]:
     if isinstance(s, S.Assign):
         return [f"{pad}{names(s.var)} = {ex(s.value)}"]
     if isinstance(s, S.Store):
-        return [f"{pad}{names(s.tensor)}[{', '.join(ex(i) for i in s.indices)}] = {ex(s.value)}"]
+        hint = "  # stream" if s.stream else ""
+        return [f"{pad}{names(s.tensor)}[{', '.join(ex(i) for i in s.indices)}] = {ex(s.value)}{hint}"]
     if isinstance(s, S.For):
         step = f", {s.step}" if s.step != 1 else ""
         kind = "" if s.kind is S.ForKind.SERIAL else f"  # {s.kind.value}"

@@ -155,7 +155,7 @@ class Simplifier(ExprSimplifier):
         value = self.visit(s.value)
         if value is s.value and all(x is y for x, y in zip(indices, s.indices)):
             return s
-        return S.Store(s.tensor, indices, value)
+        return S.Store(s.tensor, indices, value, s.stream)
 
 
 

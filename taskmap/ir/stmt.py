@@ -67,9 +67,13 @@ class Assign(Stmt):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Store(Stmt):
+    """``tensor[indices] = value``; ``stream``: a streaming store (the value is not read again
+    soon: a CPU backend writes whole aligned vectors of it past the caches, non-temporally)."""
+
     tensor: Var
     indices: tuple[Expr, ...]
     value: Expr
+    stream: bool = False
 
 
 @dataclass(frozen=True, eq=False, repr=False)

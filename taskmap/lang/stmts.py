@@ -12,7 +12,7 @@ from ..ir import expr as E
 from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, i32
 from ..ir.expr import Expr, Var
-from ..ir.functor import collect
+from ..ir.functor import IRRewriter, collect
 from ..ir.primitives import PrimCall
 from ..ir.mapping import MappingLoop, MappingLoopKind, MappingOn, TaskMapping
 from ..ir.types import tensor_type
@@ -337,7 +337,7 @@ class StmtVisitor(ExprVisitor):
         elif isinstance(it, MappingOn):
             self.mapping_for(node, it.mapping, it.worker, MappingLoopKind.SEQUENTIAL)
         elif isinstance(it, MappingLoop):
-            self.mapping_for(node, it.mapping, None, it.kind)
+            self.mapping_for(node, it.mapping, None, it.kind, stream=it.stream)
         elif isinstance(it, TaskMapping):
             self.mapping_for(node, it, None, MappingLoopKind.SEQUENTIAL)
         else:
@@ -375,7 +375,7 @@ class StmtVisitor(ExprVisitor):
         return True
 
     def mapping_for(self, node: ast.For, m: TaskMapping, worker: Any, kind: MappingLoopKind,
-                    target: ast.AST | None = None, ordinal_name: str | None = None) -> None:
+                    target: ast.AST | None = None, ordinal_name: str | None = None, stream: bool = False) -> None:
         t = node.target if target is None else target
         elts = t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]
         for e in elts:
@@ -393,4 +393,13 @@ class StmtVisitor(ExprVisitor):
         ordinal = Var(ordinal_name, i32) if ordinal_name is not None else None
         bind = [(v.name, v) for v in (*vars_, *([ordinal] if ordinal is not None else []))]
         body = self.body(node.body, Frame(node, LoopKind.MAPPING), bind)
+        if stream:
+            body = _Streaming().visit(body)
         self.emit(S.MappingFor(vars_, m, w, kind, body, ordinal))
+
+
+class _Streaming(IRRewriter):
+    """Marks the stores of a ``vectorize(stream=True)`` loop's body as streaming."""
+
+    def visit_Store(self, s: S.Store) -> S.Stmt:
+        return S.Store(s.tensor, s.indices, s.value, True)

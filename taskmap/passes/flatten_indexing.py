@@ -25,7 +25,7 @@ class _Flatten(IRRewriter):
 
     def visit_Store(self, node: S.Store) -> S.Stmt:
         indices = tuple(self.visit(i) for i in node.indices)
-        return S.Store(node.tensor, _flat(node.tensor, indices), self.visit(node.value))
+        return S.Store(node.tensor, _flat(node.tensor, indices), self.visit(node.value), node.stream)
 
 
 def flatten_indexing(module: Module) -> Module:

@@ -32,6 +32,9 @@ and ``NP = ceil(n / NR)`` column panels of B:
   ``ne`` columns (``CpuConfig.ne``: one vector, set for problems whose ``n`` leaves such a
   remainder) runs a register tile of ``MR x ne`` instead: its K loop does a third of the 8x48
   tile's FMAs where the full tile would spend them on zero columns (196 = 4 x 48 + 4).
+* **streamed C** (``CpuConfig.stream``): the whole tiles' final stores are streaming
+  (``vectorize(stream=True)``: non-temporal vector stores on the CPU), and stay so with an
+  epilogue spliced in; edge tiles and partial sums are stored plainly.
 * **write-once output** (for post-scheduling fusion, :mod:`taskmap.fusion`): the kernel takes
   two C parameters, ``c`` and ``cw`` (same type).  The partial sums of every K block but the
   last are stored to ``cw`` and read back from it by the next K block; the last K block
@@ -78,6 +81,7 @@ class CpuConfig:
     pre_b: bool = False     # ``wb`` holds B packed beforehand (:func:`pack_b_panels`)
     ne: int = 0             # lanes of the narrow tile of a last column panel of at most ``ne`` columns (0: none)
     pf: int = 0             # elements ahead the micro-kernel prefetches the ``pre_a`` / ``pre_b`` panels (0: none)
+    stream: bool = False    # whole tiles of C stored past the caches (C does not fit them: :data:`STREAM_C`)
 
     def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
         """Elements of the two workspace buffers (packed A, packed B) — for ``pre_a`` / ``pre_b``,
@@ -109,6 +113,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     A_BATCHED, B_BATCHED = cfg.a_batched, cfg.b_batched
     assert NR % V == 0
+    STREAM = cfg.stream
     NE = cfg.ne                                      # the narrow tile's width (see make_micro)
     assert NE % V == 0 and 0 <= NE < NR
     # The panels packed beforehand (the weights) come from memory when a model runs: the micro-kernel
@@ -239,7 +244,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                             if r0 + r < m and c0 + s < n and c0 + s >= j * NR:
                                 c[ci, c0 + s, r0 + r] = acc[r, s]
                 elif full:
-                    for r, s in tile.vectorize():
+                    for r, s in tile.vectorize(stream=STREAM):
                         c[ci, r0 + r, c0 + s] = acc[r, s]
                 else:
                     edge = register_tensor(f32, [MR, W])

@@ -412,3 +412,36 @@ def test_channel_kernel_cost_counts_the_image_read_again_per_panel():
     assert extra == pytest.approx(panels // 2 * image / LLC_BANDWIDTH, rel=1e-6)
     small = dataclasses.replace(p, h=14, w=14, cin=64)        # 25 KB: stays in L2
     assert CONV_CPU.cost(small, CASCADE, sched) == pytest.approx(CONV_CPU.cost(small, big_l2, sched), rel=1e-9)
+
+
+@pytest.mark.parametrize("n, cores", [(3, 2), (5, 2), (4, 1)], ids=["image-shared-by-two-cores", "n5", "one-core"])
+@pytest.mark.parametrize("window", [(3, 2, 1, 1), (7, 2, 3, 1), (3, 1, 1, 2)], ids=lambda v: "k{}s{}p{}d{}".format(*v))
+def test_channel_kernel_pads_each_image_on_its_core(n, cores, window):
+    """Batches swept image by image, each core padding the images it reaches into its own copy
+    (``pad_each``): an image whose tiles two cores share is padded by both; the workspace holds
+    one padded image per core, not the batch."""
+    k, s, pad, d = window
+    p = ConvProblem(n, 5, 13, 11, 21, k, k, s, s, pad, pad, pad, pad, d, d, 1, "float32", False, True)
+    sched = channel_schedule(5, 1, packed=True, cores=cores)
+    cfg = dataclasses.replace(CONV_CPU.config(p, CPU, sched), pad_each=True)
+    assert cfg.by_image
+    hp, wp = cfg.padded(p.oh, p.ow)
+    assert cfg.workspace(p.n, p.cin, p.oh, p.ow) == cores * p.cin * hp * wp
+    x, w, _ = data(p, seed=n)
+    c = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)
+    kernel = build_cvec(cfg)
+    avail = {"x": x, "wt": pack_weights(w, cfg.nr), "c": c,
+             "xp": np.full(cfg.workspace(p.n, p.cin, p.oh, p.ow), np.nan, np.float32)}
+    kernel(*[avail[q.name] for q in kernel.func.params])
+    assert_close(c, reference(p, x, w), **tol(p))
+
+
+def test_pad_each_is_chosen_when_every_core_gets_two_images():
+    from taskmap.templates.conv_cpu import PAD_EACH_IMAGES
+
+    sched = channel_schedule(7, 2, packed=True, cores=2)
+    for n in (1, 2, 3, 4, 8):
+        p = problem(n, 64, 28, 28, 64, 3, 2, 1)
+        p = dataclasses.replace(p, const_weights=True)
+        assert CONV_CPU.config(p, CPU, sched).pad_each == (n >= PAD_EACH_IMAGES * 2)
+        assert not CONV_CPU.config(p, CPU, channel_schedule(7, 2, kc=64, packed=True, cores=2)).pad_each

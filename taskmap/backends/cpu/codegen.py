@@ -15,9 +15,9 @@ from __future__ import annotations
 from ...errors import UnsupportedError
 from ...ir import expr as E
 from ...ir import stmt as S
-from ...ir.dtypes import ScalarType, f16
+from ...ir.dtypes import ScalarType, f16, f32
 from ...ir.func import FuncKind, Function, Module
-from ...ir.functor import collect
+from ...ir.functor import collect, substitute
 from ...ir.primitives import WGMMA_OPS, Prim, PrimCall, is_warp_synchronous
 from ...ir.types import MemScope, TensorType
 from ..base import Target
@@ -73,6 +73,42 @@ class CpuFuncGen(CLikeFuncGen):
             return [f"#pragma GCC unroll {min(extent, 128) if extent else 8}"]
         return []
 
+    def loop_tail(self, s: S.For) -> list[str]:
+        # A core that streamed stores fences them before the others may read them.
+        return ["tm_stream_fence();"] if s.kind is S.ForKind.PARALLEL and self.gen.streams else []
+
+    def for_(self, s: S.For, d: int) -> None:
+        store = self.streamed(s)
+        if store is None:
+            super().for_(s, d)
+            return
+        # The lanes' values into an aligned buffer (gcc vectorizes it), then stored whole
+        # vectors at a time past the caches (tm_stream_f32, which checks the alignment).
+        v, n = self.names(s.var), const_extent(s)
+        self.nonneg.add(id(s.var))
+        base = substitute(store.indices[0], {s.var: s.start})
+        self.emit("{", d)
+        self.emit(f"float tm_st[{n}] __attribute__((aligned(64)));", d + 1)
+        self.emit("#pragma omp simd", d + 1)
+        self.emit(f"for (int32_t {v} = 0; {v} < {n}; {v}++) {{", d + 1)
+        self.emit(f"tm_st[{v}] = {self.store_value(store.tensor, store.value)};", d + 2)
+        self.emit("}", d + 1)
+        self.emit(f"tm_stream_f32(&{self.names(store.tensor)}[{self.expr(base)}], tm_st, {n});", d + 1)
+        self.emit("}", d)
+
+    def streamed(self, s: S.For) -> S.Store | None:
+        """The store of a vectorized loop that streams it (:attr:`Store.stream`): one f32 store, its
+        lanes consecutive elements, a constant number of whole vectors (else: stored plainly)."""
+        st, lanes = s.body, self.gen.target.vector_bytes // 4
+        if not (self.gen.streams and s.kind is S.ForKind.VECTORIZE and isinstance(st, S.Store) and st.stream
+                and st.tensor.dtype is f32 and len(st.indices) == 1 and lanes >= 8):
+            return None
+        n = const_extent(s)
+        whole = bool(n) and n % lanes == 0 and isinstance(s.start, E.Const) and s.start.value == 0
+        if not whole or collect(st.value, PrimCall) or _stride(st.indices[0], s.var) != 1:
+            return None
+        return st
+
     def check_independent(self, s: S.For, what: str) -> None:
         why = _omp_conflict(s)
         if why is not None:
@@ -89,6 +125,25 @@ class CpuFuncGen(CLikeFuncGen):
             self.emit(f"{storage} *{name} = ({storage} *)(tm_tls.smem + {offset});", d)
         else:  # 16-byte aligned, as on the GPU backends: vector copies and fragments rely on it
             self.emit(f"{storage} {name}[{numel(t)}] __attribute__((aligned(16)));", d)
+
+
+def _stride(e: E.Expr, var: E.Var) -> int | None:
+    """The coefficient of ``var`` in ``e`` when ``e`` is affine in it (None otherwise)."""
+    if e is var:
+        return 1
+    if isinstance(e, E.Binary) and e.op in (E.BinOp.ADD, E.BinOp.SUB, E.BinOp.MUL):
+        a, b = _stride(e.a, var), _stride(e.b, var)
+        if a is None or b is None:
+            return None
+        if e.op is E.BinOp.ADD:
+            return a + b
+        if e.op is E.BinOp.SUB:
+            return a - b
+        if a == 0 and b == 0:
+            return 0
+        k = e.a if a == 0 else e.b if b == 0 else None
+        return (a or b) * k.value if isinstance(k, E.Const) else None
+    return 0 if not any(x is var for x in collect(e, E.Var)) else None
 
 
 def _omp_conflict(loop: S.For) -> str | None:
@@ -120,6 +175,9 @@ class CGen:
         self.target = target
         self.smem_offsets: dict[int, int] = {}
         self.written = written_tensors(module)
+        #: a CPU kernel with streaming stores (its parallel iterations and its end fence them)
+        self.streams = module.entry_function.kind is FuncKind.CPU_KERNEL and any(
+            st.stream for f in module.functions for st in collect(f.body, S.Store))
 
     def render(self) -> str:
         out = [RUNTIME_C]
@@ -173,7 +231,8 @@ class CGen:
         g = CpuFuncGen(self, f)
         g.stmt(f.body, 1)
         params = ", ".join(self.entry_params(f, g)) or "void"
-        return "\n".join([f"int {entry_name(f.name)}({params}) {{", *g.lines, "  return TM_OK;", "}"])
+        fence = ["  tm_stream_fence();"] if self.streams else []
+        return "\n".join([f"int {entry_name(f.name)}({params}) {{", *g.lines, *fence, "  return TM_OK;", "}"])
 
     def gpu_kernel(self, f: Function) -> str:
         """Thread function + entry running the grid; threads are fibers if there are barriers."""

@@ -132,6 +132,30 @@ typedef ucontext_t tm_main_ctx;
 #endif
 enum { TM_RUN = 0, TM_AT_BLOCK = 1, TM_AT_WARP = 2, TM_DONE = 3 };  /* fiber states */
 """ + WARP_TYPES_C + r"""
+/* ---- streaming stores (Store.stream): n floats, a whole number of vectors, written past the
+   caches (non-temporal) where dst is aligned to a vector, else plainly; a thread that streamed
+   fences before others may read (tm_stream_fence: the end of a parallel iteration, of a kernel). */
+typedef float tm_st_f32x16 __attribute__((vector_size(64)));
+typedef float tm_st_f32x8 __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void tm_stream_f32(float *dst, const float *src, int n) {
+#if defined(__AVX512F__)
+  if (((uintptr_t)dst & 63) == 0) {
+    for (int i = 0; i < n; i += 16) __builtin_ia32_movntps512(dst + i, *(const tm_st_f32x16 *)(src + i));
+    return;
+  }
+#elif defined(__AVX__)
+  if (((uintptr_t)dst & 31) == 0) {
+    for (int i = 0; i < n; i += 8) __builtin_ia32_movntps256(dst + i, *(const tm_st_f32x8 *)(src + i));
+    return;
+  }
+#endif
+  memcpy(dst, src, (size_t)n * sizeof(float));
+}
+#if defined(__SSE__)
+#define tm_stream_fence() __builtin_ia32_sfence()
+#else
+#define tm_stream_fence() __sync_synchronize()
+#endif
 typedef struct {
   tm_main_ctx main;
 #if !defined(__x86_64__)
