@@ -186,7 +186,8 @@ def test_small_k_products_get_wide_blocks_and_write_c_in_long_runs():
     def cost(q, ncb):
         return MATMUL_CPU.cost(q, ZEN4, Schedule.of(mr=8, nr=48, kc=256, ncb=ncb, split="n", pack_a=True,
                                                     pack_b=True, cores=2))
-    runs = lambda ncb: 8 * 256 * -(-(-(-3136 // 48)) // ncb)      # noqa: E731
+    def runs(ncb):          # C's rows written per block of ncb panels of 48 columns, 8 images
+        return 8 * 256 * -(-(-(-3136 // 48)) // ncb)
     assert cost(p, 4) - cost(p, 32) == pytest.approx((runs(4) - runs(32)) * C_RUN / 2, rel=1e-6)
     assert choose(MATMUL_CPU, p, ZEN4, mode="model")["ncb"] >= 16
     small = MatmulProblem(1, 64, 784, 64, a_batched=False, const_a=True)        # C: 200 KB
