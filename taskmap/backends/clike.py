@@ -110,6 +110,8 @@ class CLikeFuncGen:
     TYPES: dict[str, str] = _CTYPES
     #: Names of float math functions: intrinsic -> (f32 name, f64 name).
     MATH: dict[E.Intrinsic, tuple[str, str]] = _FLOAT_FN
+    #: Names of float min and max (C's ``fmin`` / ``fmax``; an ``f`` suffix for f32).
+    MIN_MAX = ("fmin", "fmax")
 
     def __init__(self, gen: Any, func: Function) -> None:
         self.gen = gen
@@ -313,7 +315,7 @@ class CLikeFuncGen:
             return f"(({self.ctype(t)}){a} / ({self.ctype(t)}){b})"
         if op in (E.BinOp.MIN, E.BinOp.MAX):
             if t.is_float:
-                name = ("fmin" if op is E.BinOp.MIN else "fmax") + ("" if t is f64 else "f")
+                name = self.MIN_MAX[op is E.BinOp.MAX] + ("" if t is f64 else "f")
                 return f"(({self.ctype(t)}){name}({a}, {b}))"
             cmp = "<" if op is E.BinOp.MIN else ">"
             return f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"

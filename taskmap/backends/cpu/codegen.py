@@ -41,6 +41,9 @@ class CpuFuncGen(CLikeFuncGen):
     #: f32 erf and tanh are inline rational approximations (runtime_c.py): no libm call, so gcc
     #: vectorizes the loops that use them (GELU epilogues) and keeps their registers
     MATH = {**CLikeFuncGen.MATH, E.Intrinsic.ERF: ("tm_erff", "erf"), E.Intrinsic.TANH: ("tm_tanhf", "tanh")}
+    #: float min / max as a compare and a blend (runtime_c.py), which gcc vectorizes: libm's
+    #: fminf / fmaxf it calls once per lane
+    MIN_MAX = ("tm_fmin", "tm_fmax")
 
     def __init__(self, gen: "CGen", func: Function) -> None:
         super().__init__(gen, func)

@@ -58,6 +58,14 @@ TM_BITS_FN(float, uint32_t, f32)
 TM_BITS_FN(double, uint64_t, f64)
 TM_BITS_FN(_Float16, uint16_t, f16)
 
+/* fmin / fmax as a compare and a blend, which gcc vectorizes (libm's are calls, one per lane);
+   the same results — a NaN operand gives the other one — except that of two zeros, the second. */
+#define TM_MIN_MAX(T, s) \
+  static inline T tm_fmin##s(T a, T b) { return (a < b || b != b) ? a : b; } \
+  static inline T tm_fmax##s(T a, T b) { return (a > b || b != b) ? a : b; }
+TM_MIN_MAX(float, f)
+TM_MIN_MAX(double, )
+
 /* f32 erf and tanh without libm calls (gcc vectorizes loops of them): odd / even rational
    approximations on the range where the result is not +-1 in f32 (Eigen's fast erf / tanh
    coefficients); within 8 ulp (4.3e-7 absolute) of the correctly rounded result, NaN stays NaN. */
