@@ -108,6 +108,7 @@ class LoopRange:
     step: int
     kind: ForKind
     what: str
+    stream: bool = False      # ``vectorize(..., stream=True)``: the loop's stores are streaming
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,17 @@ shared_tensor = _tensor_builder("shared_tensor", MemScope.SHARED)
 register_tensor = _tensor_builder("register_tensor", MemScope.REGISTER)
 unroll = _loop_builder("unroll", ForKind.UNROLL)
 parallel = _loop_builder("parallel", ForKind.PARALLEL)
-vectorize = _loop_builder("vectorize", ForKind.VECTORIZE)
+def _vectorize(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> LoopRange:
+    kwargs = dict(kwargs)
+    stream = kwargs.pop("stream", False)
+    if not isinstance(stream, bool):
+        raise ctx.error(node, f"vectorize(): stream= must be a compile-time bool, got {ctx.value_str(stream)}")
+    r = range_args(ctx, node, "vectorize", ForKind.VECTORIZE, args, kwargs)
+    return LoopRange(r.start, r.stop, r.step, r.kind, r.what, stream)
+
+
+vectorize = Builtin("vectorize", _vectorize, "``for i in vectorize(n)`` / ``vectorize(start, stop[, step])``: "
+                    "a vectorize loop; ``stream=True``: its stores are streaming (past the caches on the CPU).")
 cast = Builtin("cast", _cast, "``cast(x, f16)``: convert a value to a scalar type.")
 bitcast = Builtin("bitcast", _bitcast, "``bitcast(x, i32)``: the bits of ``x`` read as another type of the "
                   "same size (f32 <-> i32/u32, f16/bf16 <-> i16/u16, f64 <-> i64/u64).")

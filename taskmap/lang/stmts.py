@@ -349,6 +349,8 @@ class StmtVisitor(ExprVisitor):
             raise self.error(node.target, f"a {r.what}() loop needs a single loop variable")
         var = Var(node.target.id, i32)
         body = self.body(node.body, Frame(node, LoopKind.RANGE), [(var.name, var)])
+        if r.stream:
+            body = _Streaming().visit(body)
         start, stop = E.as_expr(r.start), E.as_expr(r.stop)
         self.emit(S.For(var, start, stop, r.step, body, r.kind))
 

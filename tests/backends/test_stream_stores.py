@@ -18,7 +18,8 @@ from taskmap.fusion import fuse
 from taskmap.ir import stmt as S
 from taskmap.ir.expr import maximum
 from taskmap.ir.functor import collect
-from taskmap.lang import f32, i32
+from taskmap.errors import DSLError
+from taskmap.lang import f32, i32, unroll, vectorize
 from taskmap.templates.matmul_cpu import MATMUL_CPU, streams_c
 from taskmap.templates.matmul_problem import MatmulProblem
 from taskmap.testing import assert_close
@@ -50,6 +51,19 @@ def transposed(a: f32[4, 8 * V], c: f32[8 * V, 4]):
 @settings(max_examples=8, deadline=None)
 def test_streamed_results_at_any_alignment(off, seed):
     """Offsets that put the vectors on and off 64-byte lines: the same results."""
+    _check_relu_add(off, seed)
+
+
+@given(n=st.integers(1, 100), seed=st.integers(0, 1 << 16))
+@settings(max_examples=8, deadline=None)
+def test_any_length_streams_its_whole_vectors_and_stores_the_rest(n, seed):
+    a = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    c = np.full(n, np.nan, np.float32)
+    scaled(a, c)
+    np.testing.assert_array_equal(c, a * np.float32(3.0))
+
+
+def _check_relu_add(off, seed):
     rng = np.random.default_rng(seed)
     n = 8 * V + 2 * V
     a, b = (rng.standard_normal((4, n)).astype(np.float32) for _ in range(2))
@@ -68,6 +82,37 @@ def test_cpu_source_streams_and_fences():
         assert entry.count("tm_stream_fence();") == 2          # each parallel iteration, and the kernel's end
     else:
         assert "tm_stream_f32(" not in entry
+
+
+@taskmap.kernel
+def scaled(a: f32["n"], c: f32["n"]):
+    """A range loop: vectorize(n, stream=True)."""
+    for i in vectorize(a.shape[0], stream=True):
+        c[i] = a[i] * 3.0
+
+
+def test_a_vectorized_range_loop_streams_too():
+    a = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    c = np.full(1000, np.nan, np.float32)
+    scaled(a, c)
+    np.testing.assert_array_equal(c, a * np.float32(3.0))
+    assert all(s.stream for s in collect(scaled.lower().entry_function.body, S.Store))
+    source = scaled.build("cpu").source
+    assert ("tm_stream_f32(" in source[source.index("int tm_entry_scaled"):]) == STREAMS
+
+
+def test_stream_must_be_a_compile_time_bool():
+    def bad(a: f32[16], c: f32[16]):
+        for i in vectorize(16, stream=a[0] > 0.0):
+            c[i] = a[i]
+    with pytest.raises(DSLError, match="stream= must be a compile-time bool"):
+        taskmap.kernel(bad).lower()
+
+    def other(a: f32[16], c: f32[16]):
+        for i in unroll(16, stream=True):
+            c[i] = a[i]
+    with pytest.raises(DSLError, match="takes no keyword arguments"):
+        taskmap.kernel(other).lower()
 
 
 def test_a_strided_store_is_written_plainly():

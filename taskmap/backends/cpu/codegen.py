@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...errors import UnsupportedError
 from ...ir import expr as E
 from ...ir import stmt as S
-from ...ir.dtypes import ScalarType, f16, f32
+from ...ir.dtypes import ScalarType, f16, f32, i32
 from ...ir.func import FuncKind, Function, Module
 from ...ir.functor import collect, substitute
 from ...ir.primitives import WGMMA_OPS, Prim, PrimCall, is_warp_synchronous
@@ -85,30 +85,60 @@ class CpuFuncGen(CLikeFuncGen):
         if store is None:
             super().for_(s, d)
             return
-        # The lanes' values into an aligned buffer (gcc vectorizes it), then stored whole
-        # vectors at a time past the caches (tm_stream_f32, which checks the alignment).
-        v, n = self.names(s.var), const_extent(s)
+        # Whole vectors of lanes: their values into an aligned buffer (a loop gcc vectorizes), then
+        # stored past the caches (tm_stream_f32, which checks the alignment); a last partial
+        # vector, plainly.  Constant bounds give each vector a constant base (a register tile
+        # indexed by the lanes stays in registers).
+        self.check_independent(s, "vectorized")
+        lanes, lane = self.gen.target.vector_bytes // 4, E.Var("tm_lane", i32)
+        v, ln, dst = self.names(s.var), self.names(lane), self.names(store.tensor)
         self.nonneg.add(id(s.var))
-        base = substitute(store.indices[0], {s.var: s.start})
-        self.emit("{", d)
-        self.emit(f"float tm_st[{n}] __attribute__((aligned(64)));", d + 1)
-        self.emit("#pragma omp simd", d + 1)
-        self.emit(f"for (int32_t {v} = 0; {v} < {n}; {v}++) {{", d + 1)
-        self.emit(f"tm_st[{v}] = {self.store_value(store.tensor, store.value)};", d + 2)
-        self.emit("}", d + 1)
-        self.emit(f"tm_stream_f32(&{self.names(store.tensor)}[{self.expr(base)}], tm_st, {n});", d + 1)
-        self.emit("}", d)
+        value = self.store_value(store.tensor, store.value)
+
+        def vector(base: E.Expr, depth: int) -> None:
+            self.emit("{", depth)
+            self.emit(f"float tm_st[{lanes}] __attribute__((aligned(64)));", depth + 1)
+            self.emit("#pragma omp simd", depth + 1)
+            self.emit(f"for (int32_t {ln} = 0; {ln} < {lanes}; {ln}++) {{", depth + 1)
+            self.emit(f"const int32_t {v} = {self.expr(E.as_expr(base))} + {ln};", depth + 2)
+            self.emit(f"tm_st[{ln}] = {value};", depth + 2)
+            self.emit("}", depth + 1)
+            self.emit(f"tm_stream_f32(&{dst}[{self.expr(substitute(store.indices[0], {s.var: base}))}], tm_st, "
+                      f"{lanes});", depth + 1)
+            self.emit("}", depth)
+
+        n = const_extent(s)
+        if n is not None:                 # constant bounds: the vectors unrolled
+            lo = s.start.value
+            for q in range(n // lanes):
+                vector(E.const(lo + q * lanes), d)
+            tail = (E.const(lo + n // lanes * lanes), s.stop)
+        else:
+            at = E.Var("tm_at", i32)
+            a = self.names(at)
+            self.emit("{", d)
+            d += 1
+            self.emit(f"int32_t {a} = {self.expr(s.start)};", d)
+            self.emit(f"for (; {a} + {lanes} <= {self.expr(s.stop)}; {a} += {lanes}) {{", d)
+            vector(at, d + 1)
+            self.emit("}", d)
+            tail = (at, s.stop)
+        if n is None or n % lanes:
+            self.emit(f"for (int32_t {v} = {self.expr(tail[0])}; {v} < {self.expr(tail[1])}; {v}++) {{", d)
+            self.emit(f"{dst}[{self.expr(store.indices[0])}] = {value};", d + 1)
+            self.emit("}", d)
+        if n is None:
+            self.emit("}", d - 1)
 
     def streamed(self, s: S.For) -> S.Store | None:
-        """The store of a vectorized loop that streams it (:attr:`Store.stream`): one f32 store, its
-        lanes consecutive elements, a constant number of whole vectors (else: stored plainly)."""
-        st, lanes = s.body, self.gen.target.vector_bytes // 4
+        """The store of a vectorized loop that streams it (:attr:`Store.stream`): one f32 store
+        whose lanes are consecutive elements (else: stored plainly)."""
+        st = s.body
         if not (self.gen.streams and s.kind is S.ForKind.VECTORIZE and isinstance(st, S.Store) and st.stream
-                and st.tensor.dtype is f32 and len(st.indices) == 1 and lanes >= 8):
+                and s.step == 1 and st.tensor.dtype is f32 and len(st.indices) == 1
+                and self.gen.target.vector_bytes >= 32):
             return None
-        n = const_extent(s)
-        whole = bool(n) and n % lanes == 0 and isinstance(s.start, E.Const) and s.start.value == 0
-        if not whole or collect(st.value, PrimCall) or _stride(st.indices[0], s.var) != 1:
+        if collect(st.value, PrimCall) or _stride(st.indices[0], s.var) != 1:
             return None
         return st
 
