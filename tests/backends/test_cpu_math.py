@@ -89,7 +89,8 @@ from hypothesis import strategies as st  # noqa: E402
 import taskmap  # noqa: E402
 from taskmap import repeat, spatial  # noqa: E402
 from taskmap.backends.cpu.build import CFLAGS  # noqa: E402
-from taskmap.lang import f32, f64  # noqa: E402
+from taskmap.backends.base import host_cpu_target  # noqa: E402
+from taskmap.lang import f32, f64, sqrt  # noqa: E402
 
 lanes = repeat(4) * spatial(16)
 
@@ -139,3 +140,27 @@ def test_float_min_max_loops_vectorize(tmp_path):
     body = body[:body.index(".cfi_endproc")]
     assert not re.search(r"call\s+f(max|min)f", body)
     assert re.search(r"v(cmp|max|min)ps\s", body)
+
+
+@taskmap.kernel
+def roots(a: f32[64], c: f32[64]):
+    for i in lanes.vectorize():
+        c[i] = sqrt(a[i])
+
+
+def test_sqrt_vectorizes_and_keeps_ieee_results(tmp_path):
+    """``-fno-math-errno``: a vector square root, not a libm call per lane; NaN for negative inputs."""
+    a = np.random.default_rng(3).standard_normal(64).astype(np.float32) * 100
+    a[:4] = [0.0, -0.0, np.inf, -1.0]
+    c = np.empty_like(a)
+    roots(a, c)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(c, np.sqrt(a))
+    if shutil.which("gcc") is None or "avx512f" not in host_cpu_target().features:
+        return
+    path = tmp_path / "k.c"
+    path.write_text(roots.build("cpu").source)
+    asm = subprocess.run(["gcc", *(f for f in CFLAGS if f != "-shared"), "-S", "-o", "-", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    body = asm[asm.index("tm_entry_roots:"):]
+    assert "vsqrtps" in body[:body.index(".cfi_endproc")] and "call\tsqrtf" not in asm
