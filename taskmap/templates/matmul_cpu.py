@@ -77,10 +77,12 @@ L1_BYTES = 32 * 1024
 #: half of L2: small-K products (pointwise convolutions), whose C is written in longer runs.
 NCBS = (4, 8, 16, 32)
 #: Seconds a core spends per run of a row of C it writes (a row tile's row across one block of
-#: NCB panels) when C does not fit the L2s: each run starts a new stream for the prefetchers.
-#: Measured with a standalone copy of the kernel (64 -> 256 channels at 56 x 56, batch 8, a
-#: residual read in the epilogue, two cores): 3.34 / 3.00 / 2.85 / 2.74 ms with blocks of 4 / 8 / 16
-#: / 32 panels of 48 columns: ~20 ns a run for C, as much again for the residual's.
+#: NCB panels) when C goes to memory (:func:`streams_c`): each run starts a new stream for the
+#: prefetchers.  Measured with a standalone copy of the kernel (64 -> 256 channels at 56 x 56,
+#: batch 8, a residual read in the epilogue, two cores): 3.34 / 3.00 / 2.85 / 2.74 ms with blocks of
+#: 4 / 8 / 16 / 32 panels of 48 columns: ~20 ns a run for C, as much again for the residual's.
+#: Charged only there: for a C that stays in the LLC the term changed BERT's batch-8 picks to
+#: schedules 1.4% slower.
 C_RUN = 20e-9
 #: B is read in place when its rows are less than a page apart, or when K is at most
 #: ``FAR_IN_PLACE_K`` (pointwise convolutions' activations, rows ``H x W`` floats apart: one K
@@ -302,7 +304,7 @@ class MatmulCpuTemplate(KernelFamily):
         if used > 1:
             whole = b_elems * b_reads if split == "m" else a_elems
             seconds += 4 * whole * (1 - 1 / used) / SHARED_BANDWIDTH
-        if 4 * p.batch * p.m * p.n > l2 * max(1, target.num_cores):      # C's rows, in runs of one block
+        if streams_c(p, target):          # C's rows, in runs of one block, to memory
             seconds += p.batch * p.m * -(-np_ // ncb) * C_RUN / used
         # Packing, at a per-core copy bandwidth: the operand packed before the loops (B for "m", A
         # for "n") is read and written, then read again; the other one, packed block by block as it
