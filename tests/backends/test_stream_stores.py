@@ -169,3 +169,30 @@ def test_a_fused_epilogue_is_streamed_with_the_tile(m, n):
     fused(*[avail[q.name] for q in fused.func.params])
     assert_close(out, np.maximum(np.einsum("mk,bkn->bmn", a[0].astype(np.float64), b) + eb[:, None], 0.0),
                  rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(V < 16, reason="needs an AVX-512 host")
+def test_eight_lane_vectors_on_an_avx512_host():
+    """Source rendered for an 8-lane target (AVX2) and built on an AVX-512 host: each
+    ``tm_stream_f32`` call holds 8 floats and writes exactly those (32-byte streaming stores, or
+    plain ones off a 32-byte boundary), never a 64-byte vector past them."""
+    import ctypes
+    import dataclasses
+
+    from taskmap.backends.cpu import build_c, load_library
+
+    avx2 = dataclasses.replace(CPU, vector_bytes=32)
+    source = relu_add.render(avx2)
+    assert "tm_stream_f32(" in source and "tm_st, 8);" in source
+    entry = getattr(load_library(build_c(source, avx2, "relu_add").binary), "tm_entry_relu_add")
+    n = 8 * V + 2 * V
+    rng = np.random.default_rng(6)
+    a, b = (rng.standard_normal((4, n)).astype(np.float32) for _ in range(2))
+    for off in (0, 4, 8, 16):
+        c = np.full((4, n), np.nan, np.float32)
+        ptr = ctypes.c_void_p
+        assert entry(ptr(a.ctypes.data), ptr(b.ctypes.data), ptr(c.ctypes.data), ctypes.c_int32(off),
+                     ctypes.c_int32(n)) == 0
+        want = np.full((4, n), np.nan, np.float32)
+        want[:, off:off + 8 * V] = np.maximum(a + b, 0.0)[:, off:off + 8 * V]
+        np.testing.assert_array_equal(c, want)

@@ -147,12 +147,13 @@ typedef float tm_st_f32x16 __attribute__((vector_size(64)));
 typedef float tm_st_f32x8 __attribute__((vector_size(32)));
 static inline __attribute__((always_inline)) void tm_stream_f32(float *dst, const float *src, int n) {
 #if defined(__AVX512F__)
-  if (((uintptr_t)dst & 63) == 0) {
+  if (n % 16 == 0 && ((uintptr_t)dst & 63) == 0) {
     for (int i = 0; i < n; i += 16) __builtin_ia32_movntps512(dst + i, *(const tm_st_f32x16 *)(src + i));
     return;
   }
-#elif defined(__AVX__)
-  if (((uintptr_t)dst & 31) == 0) {
+#endif
+#if defined(__AVX__)
+  if (n % 8 == 0 && ((uintptr_t)dst & 31) == 0) {
     for (int i = 0; i < n; i += 8) __builtin_ia32_movntps256(dst + i, *(const tm_st_f32x8 *)(src + i));
     return;
   }
