@@ -190,6 +190,15 @@ def _loop_builder(what: str, kind: ForKind) -> Builtin:
     return Builtin(what, impl, f"``for i in {what}(n)`` / ``{what}(start, stop[, step])``: a {kind.value} loop.")
 
 
+def _vectorize(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> LoopRange:
+    kwargs = dict(kwargs)
+    stream = kwargs.pop("stream", False)
+    if not isinstance(stream, bool):
+        raise ctx.error(node, f"vectorize(): stream= must be a compile-time bool, got {ctx.value_str(stream)}")
+    r = range_args(ctx, node, "vectorize", ForKind.VECTORIZE, args, kwargs)
+    return LoopRange(r.start, r.stop, r.step, r.kind, r.what, stream)
+
+
 def _tensor_builder(what: str, scope: MemScope) -> Builtin:
     def impl(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> TensorSpec:
         check_args(ctx, node, what, args, kwargs, 2, 2)
@@ -258,15 +267,6 @@ shared_tensor = _tensor_builder("shared_tensor", MemScope.SHARED)
 register_tensor = _tensor_builder("register_tensor", MemScope.REGISTER)
 unroll = _loop_builder("unroll", ForKind.UNROLL)
 parallel = _loop_builder("parallel", ForKind.PARALLEL)
-def _vectorize(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> LoopRange:
-    kwargs = dict(kwargs)
-    stream = kwargs.pop("stream", False)
-    if not isinstance(stream, bool):
-        raise ctx.error(node, f"vectorize(): stream= must be a compile-time bool, got {ctx.value_str(stream)}")
-    r = range_args(ctx, node, "vectorize", ForKind.VECTORIZE, args, kwargs)
-    return LoopRange(r.start, r.stop, r.step, r.kind, r.what, stream)
-
-
 vectorize = Builtin("vectorize", _vectorize, "``for i in vectorize(n)`` / ``vectorize(start, stop[, step])``: "
                     "a vectorize loop; ``stream=True``: its stores are streaming (past the caches on the CPU).")
 cast = Builtin("cast", _cast, "``cast(x, f16)``: convert a value to a scalar type.")
