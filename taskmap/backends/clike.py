@@ -361,7 +361,7 @@ class CLikeFuncGen:
         elif isinstance(s, S.Assign):
             self.emit(f"{self.names(s.var)} = {self.cast(self.expr(s.value), s.value.dtype, s.var.type)};", d)
         elif isinstance(s, S.Store):
-            self.emit(f"{self.names(s.tensor)}[{self.expr(s.indices[0])}] = {self.store_value(s.tensor, s.value)};", d)
+            self.store(s, d)
         elif isinstance(s, S.For):
             self.for_(s, d)
         elif isinstance(s, S.If):
@@ -400,6 +400,9 @@ class CLikeFuncGen:
         for line in self.loop_tail(s):
             self.emit(line, d + 1)
         self.emit("}", d)
+
+    def store(self, s: S.Store, d: int) -> None:
+        self.emit(f"{self.names(s.tensor)}[{self.expr(s.indices[0])}] = {self.store_value(s.tensor, s.value)};", d)
 
     def loop_tail(self, s: S.For) -> list[str]:
         """Lines a backend ends every iteration of ``s`` with (none)."""

@@ -108,6 +108,20 @@ class GpuFuncGen(CLikeFuncGen):
     def prim(self, e: PrimCall) -> str:
         return self.gen.dialect.prims.render(self, e)
 
+    def store(self, s: S.Store, d: int) -> None:
+        """A streaming store (:attr:`Store.stream`) of a 32- or 64-bit element to global memory:
+        CUDA's evict-first store (``st.global.cs``), HIP's non-temporal one; others plainly."""
+        t = s.tensor.type
+        if not (s.stream and t.scope is MemScope.GLOBAL and t.dtype.nbytes in (4, 8) and not t.dtype.is_bool):
+            super().store(s, d)
+            return
+        ref = f"&{self.names(s.tensor)}[{self.expr(s.indices[0])}]"
+        value = self.store_value(s.tensor, s.value)
+        if self.gen.dialect.name == "cuda":
+            self.emit(f"__stcs({ref}, {value});", d)
+        else:
+            self.emit(f"__builtin_nontemporal_store({value}, {ref});", d)
+
     def loop_pragmas(self, s: S.For) -> list[str]:
         if s.kind is S.ForKind.UNROLL:
             extent = const_extent(s)

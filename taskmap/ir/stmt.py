@@ -68,7 +68,8 @@ class Assign(Stmt):
 @dataclass(frozen=True, eq=False, repr=False)
 class Store(Stmt):
     """``tensor[indices] = value``; ``stream``: a streaming store (the value is not read again
-    soon: a CPU backend writes whole aligned vectors of it past the caches, non-temporally)."""
+    soon: the CPU backend writes whole aligned vectors of it past the caches, non-temporally; CUDA
+    stores it evict-first, ``st.global.cs``; HIP non-temporally)."""
 
     tensor: Var
     indices: tuple[Expr, ...]

@@ -2,7 +2,8 @@
 vectorized loop's whole, consecutive vectors past the caches (``tm_stream_f32``: non-temporal
 where the address is aligned, plain stores where it is not) and fences them at the end of each
 parallel iteration and of the kernel; stores it cannot stream (a stride, a partial vector) are
-written plainly.  Results never change; the flag survives the passes and post-scheduling fusion."""
+written plainly.  CUDA stores them evict-first (``__stcs``), HIP non-temporally.  Results never
+change; the flag survives the passes and post-scheduling fusion."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taskmap
+from prim_checks import DEVICES, built_for_cuda, built_for_hip, run_on
 from taskmap import repeat, spatial
 from taskmap.backends.base import host_cpu_target
 from taskmap.compute import compute, tensor_input
@@ -19,7 +21,7 @@ from taskmap.ir import stmt as S
 from taskmap.ir.expr import maximum
 from taskmap.ir.functor import collect
 from taskmap.errors import DSLError
-from taskmap.lang import f32, i32, unroll, vectorize
+from taskmap.lang import attrs, f32, f64, i32, threadIdx, unroll, vectorize
 from taskmap.templates.matmul_cpu import MATMUL_CPU, streams_c
 from taskmap.templates.matmul_problem import MatmulProblem
 from taskmap.testing import assert_close
@@ -196,3 +198,38 @@ def test_eight_lane_vectors_on_an_avx512_host():
         want = np.full((4, n), np.nan, np.float32)
         want[:, off:off + 8 * V] = np.maximum(a + b, 0.0)[:, off:off + 8 * V]
         np.testing.assert_array_equal(c, want)
+
+
+# ---------------------------------------------------------------- GPU backends
+
+@taskmap.kernel
+def stream_copy(a: f32[1024], c: f32[1024], d: f64[1024], e: i32[1024]):
+    """Each of 256 threads stores 4 elements of each output, streaming."""
+    attrs.block_dim = 256
+    t = threadIdx.x
+    for q in vectorize(4, stream=True):
+        c[t * 4 + q] = a[t * 4 + q] * 2.0
+    for q in vectorize(4, stream=True):
+        d[t * 4 + q] = f64(a[t * 4 + q])
+    for q in vectorize(4, stream=True):
+        e[t * 4 + q] = i32(a[t * 4 + q] * 100.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpu_kernels_stream_results_unchanged(device):
+    a = np.random.default_rng(8).standard_normal(1024).astype(np.float32)
+    c, d, e = np.zeros(1024, np.float32), np.zeros(1024, np.float64), np.zeros(1024, np.int32)
+    _, c, d, e = run_on(device, stream_copy, a, c, d, e)
+    np.testing.assert_array_equal(c, a * 2)
+    np.testing.assert_array_equal(d, a.astype(np.float64))
+    np.testing.assert_array_equal(e, (a * 100).astype(np.int32))
+
+
+def test_cuda_streaming_stores_are_evict_first():
+    """CUDA: ``__stcs`` (st.global.cs), for f32, f64 and i32."""
+    built = built_for_cuda(stream_copy, "sm_80", ["st.global.cs.f32", "st.global.cs.f64", "st.global.cs.s32"])
+    assert built.source.count("__stcs(") == 3
+
+
+def test_hip_streaming_stores_are_non_temporal():
+    built_for_hip(stream_copy, expect_source=["__builtin_nontemporal_store("])
