@@ -127,17 +127,22 @@ def test_float_min_max_are_c_fmin_fmax(kernel, dtype, a, b):
     assert (lo[~nonzero] == 0).all() and (hi[~nonzero] == 0).all()
 
 
+def entry_assembly(kernel, name: str, tmp_path) -> str:
+    """gcc's assembly (the backend's flags) of the kernel's entry function."""
+    path = tmp_path / "k.c"
+    path.write_text(kernel.build("cpu").source)
+    asm = subprocess.run(["gcc", *(f for f in CFLAGS if f != "-shared"), "-S", "-o", "-", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    body = asm[asm.index(f"tm_entry_{name}:"):]
+    return body[:body.index(".cfi_endproc")]
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc for the assembly")
 def test_float_min_max_loops_vectorize(tmp_path):
     """No libm call per lane: the loop compiles to vector compares and blends."""
     source = min_max.build("cpu").source
     assert "tm_fminf(" in source and "tm_fmaxf(" in source and " fmaxf(" not in source
-    path = tmp_path / "k.c"
-    path.write_text(source)
-    asm = subprocess.run(["gcc", *(f for f in CFLAGS if f != "-shared"), "-S", "-o", "-", str(path)],
-                         capture_output=True, text=True, check=True).stdout
-    body = asm[asm.index("tm_entry_min_max:"):]
-    body = body[:body.index(".cfi_endproc")]
+    body = entry_assembly(min_max, "min_max", tmp_path)
     assert not re.search(r"call\s+f(max|min)f", body)
     assert re.search(r"v(cmp|max|min)ps\s", body)
 
@@ -148,19 +153,19 @@ def roots(a: f32[64], c: f32[64]):
         c[i] = sqrt(a[i])
 
 
-def test_sqrt_vectorizes_and_keeps_ieee_results(tmp_path):
-    """``-fno-math-errno``: a vector square root, not a libm call per lane; NaN for negative inputs."""
+def test_sqrt_keeps_ieee_results():
+    """NaN for negative inputs, -0 for -0, inf for inf (``-fno-math-errno`` changes no result)."""
     a = np.random.default_rng(3).standard_normal(64).astype(np.float32) * 100
     a[:4] = [0.0, -0.0, np.inf, -1.0]
     c = np.empty_like(a)
     roots(a, c)
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(c, np.sqrt(a))
-    if shutil.which("gcc") is None or "avx512f" not in host_cpu_target().features:
-        return
-    path = tmp_path / "k.c"
-    path.write_text(roots.build("cpu").source)
-    asm = subprocess.run(["gcc", *(f for f in CFLAGS if f != "-shared"), "-S", "-o", "-", str(path)],
-                         capture_output=True, text=True, check=True).stdout
-    body = asm[asm.index("tm_entry_roots:"):]
-    assert "vsqrtps" in body[:body.index(".cfi_endproc")] and "call\tsqrtf" not in asm
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or "avx512f" not in host_cpu_target().features,
+                    reason="needs gcc and AVX-512 for the assembly")
+def test_sqrt_loops_vectorize(tmp_path):
+    """``-fno-math-errno``: a vector square root, not a libm call per lane."""
+    body = entry_assembly(roots, "roots", tmp_path)
+    assert "vsqrtps" in body and "call\tsqrtf" not in body
