@@ -7,6 +7,7 @@ tuning, per template, on the benchmark shapes of the operator table.
     python benchmarks/model_vs_exhaustive.py conv --only C2 C9  # some problems of a group
     python benchmarks/model_vs_exhaustive.py route --only C3 C9 # the routing: direct vs implicit GEMM
     python benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda   # the GPU matmul templates
+    python benchmarks/model_vs_exhaustive.py wgmma --device cuda --dump times.json   # sm_90a's wgmma
 
 Each problem's whole tuning space is built and measured by ``taskmap.schedule.tune`` in isolated
 worker processes (``tune.compare_model_vs_exhaustive``; measured records go to the tuning cache,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,6 +48,7 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
     from taskmap.templates.matmul_problem import MatmulProblem
     from taskmap.templates.matmul_simt import MATMUL_SIMT
     from taskmap.templates.matmul_tc import MATMUL_TC
+    from taskmap.templates.matmul_wgmma import MATMUL_WGMMA
     from taskmap.templates.pwdw_cpu import PWDW_CPU
     from taskmap.templates.pwdw_problem import PwDwProblem
     from taskmap.templates.window import WINDOW, WindowProblem
@@ -85,20 +88,29 @@ def problems() -> dict[str, list[tuple[str, object, object]]]:
              (1, 2048, 1000), (512, 4608, 49)]
     gpu = [(f"{m}x{k}x{n} {dt}", MATMUL_TC if dt == "float16" else MATMUL_SIMT, MatmulProblem(1, m, n, k, dt, dt))
            for dt in ("float32", "float16") for m, k, n in gemms]
+    # on an H100 / H200: the wgmma template on BERT's batch-8 linears (N x K weights, bias) in TF32,
+    # 3xTF32 and f16
+    maths = {"tf32": {"tf32": True}, "3xtf32": {"tf32x3": True},
+             "f16": {"dtype": "float16", "out_dtype": "float16"}}
+    wgmma = [(f"{m}x{k}x{n} {math}", MATMUL_WGMMA, MatmulProblem(1, m, n, k, trans_b=True, bias=True, **kw))
+             for math, kw in maths.items() for m, k, n in ((1024, 768, 3072), (1024, 3072, 768), (1024, 768, 768))]
     return {"conv": convs, "route": routes, "depthwise": depthwise, "matmul": matmuls, "attention": attention,
-            "pwdw": pwdw, "gpu_matmul": gpu}
+            "pwdw": pwdw, "gpu_matmul": gpu, "wgmma": wgmma}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("groups", nargs="*",
-                    help="conv, route, depthwise, matmul, attention, pwdw; gpu_matmul with --device cuda (default: all)")
+                    help="conv, route, depthwise, matmul, attention, pwdw; gpu_matmul and wgmma with --device cuda "
+                         "(default: all that apply)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda: the GPU templates on the current GPU")
     ap.add_argument("--threads", type=int, default=0, help="cores the kernels use (default: all)")
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME",
                     help="problems whose label starts with one of these (e.g. C2 C9 512x512)")
     ap.add_argument("--no-confirm", action="store_true",
                     help="do not re-measure a model's choice that is not the best side by side with the best")
+    ap.add_argument("--dump", metavar="FILE", help="write every measured point (JSON: problem -> schedule -> "
+                    "seconds, and the model's choice) after each problem, to calibrate the cost model")
     args = ap.parse_args()
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -114,6 +126,7 @@ def main() -> None:
         target = dataclasses.replace(target, num_cores=args.threads)
     table = problems()
     rows = []
+    dumped: dict[str, object] = {}
     for group in args.groups or list(table):
         for label, template, p in table[group]:
             if not template.applies(p, target) or (args.only and not label.startswith(tuple(args.only))):
@@ -126,6 +139,12 @@ def main() -> None:
                          f"{r.ratio:.2f}", side])
             print(f"  {group} {label}: model {r.model_time * 1e3:.3f} ms, best {r.best_time * 1e3:.3f} ms "
                   f"({r.ratio:.2f}x; side by side {side})", flush=True)
+            if args.dump:
+                record = tune.tune(template, p, target, "exhaustive").record   # from the tuning cache
+                dumped[label] = {"model": str(r.model_choice), "model_costs": {
+                    str(s): template.cost(p, target, s) for s in template.space(p, target)},
+                    "times": {str(s): t for s, t in record.times.items()}}
+                Path(args.dump).write_text(json.dumps(dumped, indent=1))
     print(f"\n{machine_description()}, {datetime.date.today()}; {target.num_cores} core(s); medians of the tuner's "
           "runs in isolated workers")
     print_table(["group", "problem", "points", "model's choice ms", "best ms", "model / best", "side by side"], rows)

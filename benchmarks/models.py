@@ -57,6 +57,10 @@ DTYPE = torch.float32                   # --dtype: the models' weights and float
 #: The largest error of taskmap's output against eager's, relative to the largest value, per dtype
 #: (half precision: rounding in different places over a whole model).
 CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 1e-1}
+#: ... for f32 models whose matmuls run on TF32 on both sides (``--tf32``): 10-bit mantissas, rounded
+#: to nearest or truncated (Hopper's wgmma read the operands' top 19 bits), in different places.
+#: (An H200, session 27: BERT, GPT-2 and ViT on the wgmma template 1.4-2.2e-3 from eager's TF32.)
+TF32_CHECK_TOLERANCE = 5e-3
 MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit")
 
 
@@ -153,7 +157,8 @@ def compile_only(name: str, batch: int, device: str) -> None:
 def check(name: str, got: Any, want: Any) -> None:
     g, w = first_tensor(got).float(), first_tensor(want).float()
     err = float((g - w).abs().max() / max(1.0, float(w.abs().max())))
-    if not err < CHECK_TOLERANCE[DTYPE]:
+    tf32 = DTYPE == torch.float32 and (torch.get_float32_matmul_precision() == "high" or FP32_PRECISION == "tf32")
+    if not err < (TF32_CHECK_TOLERANCE if tf32 else CHECK_TOLERANCE[DTYPE]):
         raise AssertionError(f"{name}: taskmap's output is off by {err:.2e} (relative to the largest value)")
 
 

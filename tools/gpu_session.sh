@@ -7,9 +7,10 @@
 #   linears on 3xTF32 and SIMT against cuBLAS f32, and the wgmma example on TF32; models_3xtf32: the
 #   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request:
 #   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
-#   TF32 for every side —, models_wgmma — the same with TASKMAP_WGMMA=1 (TF32 anchors on the wgmma
-#   template, sm_90a) —, models_3xtf32_wgmma — models_3xtf32 on the wgmma template —, models_f16 and
-#   models_f16_wgmma — the models in f16 on mma.sync, then on wgmma —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
+#   TF32 for every side —, models_f16 — the models in f16 —, models_tf32_mma, models_3xtf32_mma and
+#   models_f16_mma — the same with TASKMAP_WGMMA=0 (mma.sync instead of sm_90a's wgmma, the A/B) —,
+#   wgmma_sweep — every schedule of the wgmma template's space on BERT's linears, dumped to
+#   $OUT/wgmma_sweep.json to fit its cost model —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
 #   and generate — transformers' generate under the backend against eager and inductor)
 #   The default stages' limits add up to more than one call's 600 s (session 17's times plus the
 #   3xTF32 stage: ~550 s); to be safe, split them: "cuda_tests matmul_gpu models_3xtf32", then
@@ -18,10 +19,11 @@
 #   taskmap/schedule/records/ and every later compile on that kind of GPU uses them.
 #   MODELS="resnet50 bert" TESTS="tests/backends" bash tools/gpu_session.sh cuda_tests models
 #
-# The wgmma template (session 25, written without a GPU) first needs: "cuda_tests matmul_gpu"
-# (its CUDA tests and the wgmma / 3xTF32 tables), then, if those pass, "models_3xtf32
-# models_3xtf32_wgmma", TF32_BATCH=8 "models_tf32 models_wgmma" and "models_f16 models_f16_wgmma"
-# (each pair: without, with).
+# Session 27 (H200) ran the wgmma template for the first time and turned it on: "cuda_tests
+# matmul_gpu" 100 s, each models_* stage at batch 8 for four models 60-80 s, wgmma_sweep on two
+# shapes 60 s, a fresh machine's start ~30 s.  Next: "cuda_tests" (session 27's two test fixes have
+# not run on a GPU), then the wgmma cost model's picks end to end ("models_3xtf32 models_tf32" with
+# TF32_BATCH=8), and a wider sweep (SWEEP_ONLY unset).
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
@@ -67,24 +69,26 @@ stage ops_f16 60 python3 benchmarks/ops_table.py --device cuda --dtype float16 -
 stage models_3xtf32 ${X3_SECONDS:-150} python3 benchmarks/models.py ${X3_MODELS:-bert gpt2 vit resnet50} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --fp32-precision 3xtf32 --batch ${X3_BATCH:-8} \
     --peers eager torch.compile --no-compile-times
-stage models_3xtf32_wgmma ${X3_SECONDS:-150} env TASKMAP_WGMMA=1 python3 benchmarks/models.py ${X3_MODELS:-bert gpt2 vit resnet50} \
+stage models_3xtf32_mma ${X3_SECONDS:-150} env TASKMAP_WGMMA=0 python3 benchmarks/models.py ${X3_MODELS:-bert gpt2 vit resnet50} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --fp32-precision 3xtf32 --batch ${X3_BATCH:-8} \
     --peers eager torch.compile --no-compile-times
 stage models_f16 ${F16_SECONDS:-150} python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
     --device cuda --dtype float16 --rounds 2 --seconds 0.5 --keep-going --batch ${F16_BATCH:-8} \
     --peers eager torch.compile --no-compile-times
-stage models_f16_wgmma ${F16_SECONDS:-150} env TASKMAP_WGMMA=1 python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
+stage models_f16_mma ${F16_SECONDS:-150} env TASKMAP_WGMMA=0 python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
     --device cuda --dtype float16 --rounds 2 --seconds 0.5 --keep-going --batch ${F16_BATCH:-8} \
     --peers eager torch.compile --no-compile-times
 stage models ${MODEL_SECONDS:-300} python3 benchmarks/models.py ${MODELS:-resnet50 bert gpt2 mobilenet_v2 inception_v3 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going ${MODEL_FLAGS:---batch 1 8 --peers eager torch.compile --no-compile-times}
 stage models_tf32 ${TF32_SECONDS:-200} python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch ${TF32_BATCH:-1 8} --peers eager torch.compile --no-compile-times
-stage models_wgmma ${WGMMA_SECONDS:-200} env TASKMAP_WGMMA=1 python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \
+stage models_tf32_mma ${WGMMA_SECONDS:-200} env TASKMAP_WGMMA=0 python3 benchmarks/models.py ${TF32_MODELS:-resnet50 bert gpt2 vit} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch ${TF32_BATCH:-1 8} --peers eager torch.compile --no-compile-times
 stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmarks/models.py ${TUNED_MODELS:-resnet50 bert} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --batch ${TUNED_BATCH:-1 8} --peers torch.compile --no-compile-times
 [[ "$WANT" == *" models_tuned "* ]] && python3 -m taskmap records export "$OUT/records"   # to ship: taskmap/schedule/records
+stage wgmma_sweep ${SWEEP_SECONDS:-200} python3 benchmarks/model_vs_exhaustive.py wgmma --device cuda --no-confirm \
+    --dump "$OUT/wgmma_sweep.json" ${SWEEP_ONLY:+--only $SWEEP_ONLY}
 stage gpu_exhaustive ${EXHAUSTIVE_SECONDS:-240} python3 benchmarks/model_vs_exhaustive.py gpu_matmul --device cuda \
     --only ${EXHAUSTIVE_ONLY:-128x768x768 512x4608x49 1x2048x1000}
 stage generate ${GENERATE_SECONDS:-200} python3 benchmarks/generate.py --device cuda --rounds 3 --model ${GENERATE_MODEL:-gpt2}

@@ -135,9 +135,10 @@ def gpu_template(p: MatmulProblem, target: Target) -> Any:
     else SIMT for f32 (None: none).  An f32 problem that asks for 3xTF32 takes whichever of the
     3xTF32 tensor cores and the SIMT FMAs (as accurate) the cost models find faster at their best
     schedules: the tensor cores' tiles are at least 32 x 32, and three mma per product.  On sm_90a
-    with ``TASKMAP_WGMMA=1`` the wgmma template takes the problems it applies to (TF32, 3xTF32,
-    f16 / bf16 linears) of at least a warpgroup's 64 rows: its cost model is not calibrated against
-    the others yet, and with fewer rows most of each wgmma would multiply padding."""
+    the wgmma template (unless ``TASKMAP_WGMMA=0``) takes the problems it applies to (TF32, 3xTF32,
+    f16 / bf16 linears) of at least a warpgroup's 64 rows: on an H200 it ran every measured TF32 and
+    f16 linear faster than the mma.sync template, 3xTF32 ones 0.8-1.4x as fast as mma.sync and the
+    transformers faster (session 27); with fewer rows most of each wgmma would multiply padding."""
     return _gpu_template(p, target, wgmma_enabled())
 
 

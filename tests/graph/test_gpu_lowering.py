@@ -394,11 +394,11 @@ def test_a_misaligned_input_view_is_copied_before_gpu_kernels_read_it():
     assert np.abs(got.astype(np.float32) - want).max() / np.abs(want).max() < 2e-3
 
 
-def test_tf32_anchors_on_wgmma_when_enabled(monkeypatch):
-    """On sm_90a with ``TASKMAP_WGMMA=1``, TF32 linear and conv anchors run the wgmma template —
-    the linear's bias + GELU and the conv's img2col (a K x N B, transposed into K-major tiles) and
-    bias + ReLU fused in — and match the products of the operands' top 19 bits; without the
-    variable they stay on the mma.sync template."""
+def test_tf32_anchors_on_wgmma_by_default(monkeypatch):
+    """On sm_90a, TF32 linear and conv anchors run the wgmma template — the linear's bias + GELU
+    and the conv's img2col (a K x N B, transposed into K-major tiles) and bias + ReLU fused in —
+    and match the products of the operands' top 19 bits; with ``TASKMAP_WGMMA=0`` they stay on the
+    mma.sync template."""
     import torch.nn.functional as F
 
     from taskmap.backends import cuda_target
@@ -411,8 +411,9 @@ def test_tf32_anchors_on_wgmma_when_enabled(monkeypatch):
     from taskmap.templates.matmul_wgmma import MATMUL_WGMMA
 
     p = MatmulProblem(1, 1024, 3072, 768, trans_b=True, tf32=True)
+    monkeypatch.setenv("TASKMAP_WGMMA", "0")
     assert gpu_template(p, cuda_target("sm_90a")) is MATMUL_TC
-    monkeypatch.setenv("TASKMAP_WGMMA", "1")
+    monkeypatch.delenv("TASKMAP_WGMMA")
     assert gpu_template(p, cuda_target("sm_90a")) is MATMUL_WGMMA
     x3 = MatmulProblem(1, 1024, 3072, 768, trans_b=True, tf32x3=True)
     assert gpu_template(x3, cuda_target("sm_90a")) is MATMUL_WGMMA

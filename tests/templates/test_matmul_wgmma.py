@@ -2,8 +2,10 @@
 (cp.async chunks) and unaligned (element-wise) tiles, a stored N x K B and a K x N one (transposed
 into K-major tiles), split-K, bias, batches; its space and choice; builds with NVRTC for sm_90a;
 and on an H100 / H200 under the ``cuda`` marker."""
+import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,7 +210,7 @@ def test_wgmma_half_template_on_the_gpu(dtype):
     m, n, k = 1024, 3072, 768
     p = MatmulProblem(1, m, n, k, dtype, dtype, trans_b=True, bias=True)
     a, w, bias = (torch.randn(*shape, device="cuda").to(tdt) for shape in ((1, m, k), (1, n, k), (n,)))
-    want = torch.nn.functional.linear(a.float(), w.float(), bias.float())
+    want = torch.nn.functional.linear(a.float(), w[0].float(), bias.float())
     best = choose(MATMUL_WGMMA, p, target, mode="model")
     for s in {best, wg(bm=128, bn=128, bk=64, stages=4, inflight=1)}:
         c = torch.full((1, m, n), float("nan"), device="cuda", dtype=tdt)
@@ -216,3 +218,23 @@ def test_wgmma_half_template_on_the_gpu(dtype):
         torch.cuda.synchronize()
         err = float((c.float() - want).abs().max() / want.abs().max())
         assert err < (4e-3 if dtype == "float16" else 2e-2), (s, err)
+
+
+def test_the_cost_model_picks_near_the_best_of_the_spaces_measured_on_an_h200():
+    # Every schedule of the space timed on an H200 (session 27, ``model_vs_exhaustive.py wgmma``) for
+    # BERT's batch-8 linears in TF32, 3xTF32 and f16: the model's pick is within 10% of the fastest on
+    # each (before its L2 re-reads, split cost and flat ring depth were fitted to these: 1.54x off,
+    # a split of K where the model counted re-reads as memory traffic and overrated extra tiles).
+    data = json.loads((Path(__file__).parent / "data" / "h200_wgmma_space.json").read_text())["problems"]
+    maths = {"tf32": {"tf32": True}, "3xtf32": {"tf32x3": True}, "f16": {"dtype": "float16", "out_dtype": "float16"}}
+    ratios = {}
+    for label, points in data.items():
+        shape, math = label.split()
+        m, k, n = map(int, shape.split("x"))
+        p = MatmulProblem(1, m, n, k, trans_b=True, bias=True, **maths[math])
+        times = {Schedule.of(**s): t for s, t in points}
+        assert set(times) == set(MATMUL_WGMMA.space(p, SM90A)), label      # the whole space was measured
+        pick = min(times, key=lambda s: MATMUL_WGMMA.cost(p, SM90A, s))
+        ratios[label] = times[pick] / min(times.values())
+    assert len(ratios) == 6 and max(ratios.values()) < 1.1, ratios
+
