@@ -64,6 +64,7 @@ Semantics:
 from __future__ import annotations
 
 from ..errors import FusionError
+from .place import place
 from .splice import can_fuse, fuse, fusion_key
 
-__all__ = ["FusionError", "can_fuse", "fuse", "fusion_key"]
+__all__ = ["FusionError", "can_fuse", "fuse", "fusion_key", "place"]

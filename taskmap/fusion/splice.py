@@ -143,9 +143,9 @@ def _bind_shape(what: str, ptype: TensorType, shape: tuple[Any, ...], env: dict[
 
 
 def _plan(entry: Function, prologues: dict[str, TensorNode], epilogues: dict[str, TensorNode],
-          env: dict[str, int]) -> list[Fused]:
+          env: dict[str, int], placements: Mapping[str, "Placement"] | None = None) -> list[Fused]:
     params = {p.name: p for p in entry.params}
-    plans = []
+    plans = [_placement_plan(params[name], name, pl, env) for name, pl in (placements or {}).items()]
     for name, node in prologues.items():
         p = params[name]
         if node.dtype is not p.type.dtype:
@@ -187,6 +187,31 @@ def _plan(entry: Function, prologues: dict[str, TensorNode], epilogues: dict[str
         others = tuple(n for n in graph_inputs(node) if n is not src)
         plans.append(Fused(name, node, True, others + (node,), inl.axes, value, hole, inv))
     return plans
+
+
+@dataclass(frozen=True)
+class Placement:
+    """An output parameter of ``shape`` written inside the larger tensor ``into`` instead: its element
+    ``i`` at ``into[i + offset]`` (:func:`taskmap.fusion.place`)."""
+
+    into: TensorNode
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+def _placement_plan(p: E.Var, name: str, pl: Placement, env: dict[str, int]) -> Fused:
+    if pl.into.dtype is not p.type.dtype:
+        raise FusionError(f"placement of '{name}': '{pl.into.name}' is {pl.into.dtype!r}, the parameter is "
+                          f"{p.type.dtype!r}")
+    if not (len(pl.offset) == len(pl.shape) == len(pl.into.shape)) or any(
+            o < 0 or o + d > int(t) for o, d, t in zip(pl.offset, pl.shape, pl.into.shape)):
+        raise FusionError(f"placement of '{name}': {list(pl.shape)} at {list(pl.offset)} is not inside "
+                          f"'{pl.into.name}' {_dims_text(pl.into.shape)}")
+    _bind_shape(f"placement of '{name}'", p.type, pl.shape, env)
+    axes = tuple(E.var(f"{name}_i{d}") for d in range(len(pl.shape)))
+    inv = IndexMap(axes, tuple(a + o if o else a for a, o in zip(axes, pl.offset)))
+    hole = E.Var(f"{name}_value", pl.into.dtype)
+    return Fused(name, pl.into, True, (pl.into,), (), hole, hole, inv)
 
 
 def _check_names(entry: Function, plans: list[Fused]) -> None:
@@ -491,17 +516,19 @@ def _rewrite_function(func: Function, fused_pos: dict[int, Fused], module: Modul
 
 
 def splice(module: Module, prologues: dict[str, TensorNode], epilogues: dict[str, TensorNode],
-           sizes: dict[str, int]) -> Module:
-    """The module with the definitions spliced in (see :func:`fuse`)."""
+           sizes: dict[str, int], placements: Mapping[str, Placement] | None = None) -> Module:
+    """The module with the definitions spliced in (see :func:`fuse`) and the ``placements`` made
+    (see :func:`taskmap.fusion.place`)."""
     entry = module.entry_function
     tensor_params = {p.name: p for p in entry.params if p.is_tensor}
-    for name in (*prologues, *epilogues):
+    placements = dict(placements or {})
+    for name in (*prologues, *epilogues, *placements):
         if name not in tensor_params:
             known = ", ".join(tensor_params)
             raise FusionError(f"{entry.name} has no tensor parameter '{name}' (its tensor parameters: {known})")
-    both = set(prologues) & set(epilogues)
+    both = (set(prologues) & set(epilogues)) | ((set(prologues) | set(epilogues)) & set(placements))
     if both:
-        raise FusionError(f"{sorted(both)} cannot have both a prologue and an epilogue")
+        raise FusionError(f"{sorted(both)} cannot have more than one of a prologue, an epilogue and a placement")
     for name, node in {**prologues, **epilogues}.items():
         if not isinstance(node, TensorNode):
             raise FusionError(f"the definition for '{name}' must be a compute node, got {type(node).__name__}")
@@ -511,7 +538,7 @@ def splice(module: Module, prologues: dict[str, TensorNode], epilogues: dict[str
     for name, v in sizes.items():
         if env.setdefault(name, int(v)) != int(v):
             raise FusionError(f"size '{name}' is {env[name]} by the definitions, {v} by sizes=")
-    plans_probe = _plan(entry, prologues, epilogues, env)   # checks (and binds the epilogue sizes) first
+    plans_probe = _plan(entry, prologues, epilogues, env, placements)   # checks (and binds sizes) first
     _check_names(entry, plans_probe)
     module = specialize(module, env)
     entry = module.entry_function
@@ -551,4 +578,4 @@ def _plan_by_id(plans: dict[str, Fused], fid: int) -> Fused:
     raise AssertionError("unknown fusion plan")
 
 
-__all__ = ["Fused", "Splicer", "can_fuse", "fuse", "fusion_key", "specialize", "splice"]
+__all__ = ["Fused", "Placement", "Splicer", "can_fuse", "fuse", "fusion_key", "specialize", "splice"]

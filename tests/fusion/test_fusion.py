@@ -316,7 +316,7 @@ def _refusals():
         ("name clash", dict(prologues={"a": compute("a", [1, 8, 8], lambda b, i, j: tensor_input(
             "b", "float32", [1, 8, 8])[b, i, j])}), "clashes with the anchor's parameter 'b'"),
         ("both", dict(prologues={"c": x}, epilogues={"c": compute("y", [1, 8, 8], lambda b, i, j: c[b, i, j])}),
-         "both a prologue and an epilogue"),
+         "more than one of a prologue, an epilogue"),
     ]
 
 
