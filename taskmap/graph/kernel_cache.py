@@ -8,7 +8,10 @@ backend's own cache (keyed by the source).
 The key holds the caller's description of the kernel (template, configuration, the fusion's
 definitions as text, sizes), the target and a fingerprint of taskmap's own source files (the
 lowering passes and the renderers included), so an edited compiler never reads a stale module
-or source.  ``TASKMAP_GRAPH_CACHE=0`` turns the cache off.
+or source.  ``TASKMAP_GRAPH_CACHE=0`` turns the cache off.  The module from before the lowering
+passes is stored too, so that a kernel from the cache can still be rewritten
+(:func:`derived_kernel`: a concat's input placed in its output, keyed by the kernel's own key
+and the rewrite).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import hashlib
 import os
 import pickle
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from ..runtime.kernel import Kernel
 
 _DISK = DiskCache("graph-kernels")
 _MEMORY: dict[str, Kernel] = {}
+_KEYS: "weakref.WeakKeyDictionary[Kernel, str]" = weakref.WeakKeyDictionary()    # kernel -> its key
 _LOCK = threading.Lock()
 
 
@@ -52,6 +57,20 @@ def cached_kernel(parts: tuple[object, ...], make: Callable[[], Kernel], target:
     process, from the disk cache (with its source for ``target``, which is not rendered again),
     or ``make()``-d, lowered, rendered and stored."""
     key = cache_key("graph-kernel", code_fingerprint(), parts, target)
+    return _cached(key, make, target)
+
+
+def derived_kernel(base: Kernel, parts: tuple[object, ...], make: Callable[[], Kernel], target: Target) -> Kernel:
+    """``make()`` — a rewrite of ``base`` described by ``parts`` — cached under ``base``'s key and
+    ``parts`` when ``base`` came from :func:`cached_kernel` (else made each time)."""
+    with _LOCK:
+        base_key = _KEYS.get(base)
+    if base_key is None:
+        return make()
+    return _cached(cache_key("graph-kernel-derived", base_key, parts), make, target)
+
+
+def _cached(key: str, make: Callable[[], Kernel], target: Target) -> Kernel:
     with _LOCK:
         hit = _MEMORY.get(key)
     if hit is not None:
@@ -62,7 +81,9 @@ def cached_kernel(parts: tuple[object, ...], make: Callable[[], Kernel], target:
         if enabled():
             _store(key, kernel, target)
     with _LOCK:
-        return _MEMORY.setdefault(key, kernel)
+        kernel = _MEMORY.setdefault(key, kernel)
+        _KEYS[kernel] = key
+        return kernel
 
 
 def _load(key: str, target: Target) -> Kernel | None:
@@ -70,13 +91,13 @@ def _load(key: str, target: Target) -> Kernel | None:
     if path is None:
         return None
     try:
-        module, sources = pickle.loads(path.read_bytes())
+        original, module, sources = pickle.loads(path.read_bytes())
     except Exception:  # noqa: BLE001 - an unreadable entry is rebuilt and overwritten
         return None
-    if not isinstance(module, Module) or not isinstance(sources, dict):
+    if not isinstance(original, Module) or not isinstance(module, Module) or not isinstance(sources, dict):
         return None
     source = sources.get(target)
-    return Kernel.from_lowered(module, {target: source} if isinstance(source, str) else None)
+    return Kernel.from_lowered(module, {target: source} if isinstance(source, str) else None, original)
 
 
 def _store(key: str, kernel: Kernel, target: Target) -> None:
@@ -85,10 +106,10 @@ def _store(key: str, kernel: Kernel, target: Target) -> None:
     except Exception:  # noqa: BLE001 - the build renders it again and reports the error
         sources = {}
     try:
-        data = pickle.dumps((kernel.lower(), sources), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((kernel.module, kernel.lower(), sources), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
         return
     _DISK.put_bytes(key, ".pkl", data)
 
 
-__all__ = ["cached_kernel", "code_fingerprint", "enabled"]
+__all__ = ["cached_kernel", "code_fingerprint", "derived_kernel", "enabled"]

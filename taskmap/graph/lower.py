@@ -25,7 +25,8 @@
 A kernel group's ``args`` are, per kernel parameter in order, a graph tensor (viewed as
 ``shapes[i]``), a :class:`~.lower_anchor.Workspace` (scratch shared by all kernels: each slot
 as large as the largest request), :class:`~.lower_anchor.Zeros` or a
-:class:`~.lower_template.Scalar`.  It writes ``outputs``.
+:class:`~.lower_template.Scalar`.  It writes ``outputs`` — or, placed by :mod:`.concat_place`,
+its range of a concatenation's output (``into``), which several groups then fill.
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class KernelGroup:
     shapes: tuple[tuple[int, ...] | None, ...] = ()
     fallback: str = ""
     then: tuple[AnchorPlan, ...] = ()     # more launches of this step (split-K's reduction)
+    into: Tensor | None = None            # writes its result inside this concat's output (.concat_place)
 
     @classmethod
     def of(cls, group: FusionGroup, plan: AnchorPlan, fallback: str = "") -> "KernelGroup":
@@ -97,7 +99,7 @@ class KernelGroup:
 
     @property
     def outputs(self) -> tuple[Tensor, ...]:
-        return self.group.outputs
+        return self.group.outputs if self.into is None else (self.into,)
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:

@@ -59,6 +59,7 @@ from ..errors import LaunchError
 from ..graph.derived import derived, shared_by
 from ..graph.ir import Graph, Op, Tensor
 from ..graph.kinds import OpKind
+from ..graph.concat_place import concat_inputs, concat_parts, place_group
 from ..graph.lower import KernelGroup, Scalar, Workspace, Zeros, graph_groups, lowered, workspace_sizes
 from ..graph.passes import debug_enabled, optimize
 from ..graph.printer import graph_str
@@ -234,9 +235,9 @@ class CompiledGraph:
                 for k in step.outputs:
                     if k in self.aliases:      # written inside a concat's output: its buffer, from here on
                         k = self.aliases[k][0]
-                        if k in self.assign:
-                            continue
                     elif k in keep or k not in last:
+                        continue
+                    if k in self.assign:       # a concat's output that an earlier part's kernel wrote
                         continue
                     need = max(nbytes[k], 1)
                     fits = [b for b in free if sizes[b] >= need]
@@ -536,13 +537,14 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
     lowering of the next groups; binaries already in the disk cache are only loaded).  The
     progress bar counts the fusion groups whose kernels are built."""
     groups = graph_groups(graph, target)
+    waiting = concat_inputs(graph, groups)       # batch > 1: maybe written in place (.concat_place)
     bar = tqdm(total=len(groups), desc=f"taskmap: compiling {graph.name}", unit="group", leave=False,
                disable=not progress if progress is not None else None)
     out: list[KernelGroup] = []
+    held: dict[Tensor, int] = {}                 # a concat's input -> its producer's index in out
     futures: dict[Kernel, Future[Any]] = {}
     with bar, ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 16)) as pool:
-        for kgs in lowered(graph, groups, target):
-            out.extend(kgs)
+        def submit(kgs: list[KernelGroup]) -> None:
             new = list(dict.fromkeys(k for kg in kgs for k, _, _ in kg.launches if k not in futures))
             for k in new:
                 futures[k] = pool.submit(k.build, kind.target)
@@ -550,6 +552,32 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
                 futures[new[-1]].add_done_callback(lambda _: bar.update(1))
             else:
                 bar.update(1)
+
+        for kgs in lowered(graph, groups, target):
+            ready = []
+            for kg in kgs:
+                reads = [t for t in kg.inputs if t in held]
+                if reads:                                # the concat (or its consumer): place, or build as is
+                    parts = concat_parts(kg.group, graph)
+                    placed = [place_group(out[held[p.tensor]], p, target) if p.tensor in held else None
+                              for p in parts or ()]
+                    if parts and all(placed):
+                        for p, pk in zip(parts, placed):
+                            out[held.pop(p.tensor)] = pk
+                            submit([pk])
+                        bar.update(1)                    # the copy is gone
+                        continue
+                    for t in reads:
+                        submit([out[held.pop(t)]])
+                if kg.kernel is not None and len(kg.outputs) == 1 and kg.outputs[0] in waiting:
+                    held[kg.outputs[0]] = len(out)       # built once its concat is decided
+                else:
+                    ready.append(kg)
+                out.append(kg)
+            if ready or not kgs:
+                submit(ready)
+        for t in list(held):
+            submit([out[held.pop(t)]])
         for f in futures.values():
             f.result()          # a build's error surfaces here
     return out

@@ -265,12 +265,15 @@ class Kernel:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_lowered(cls, module: Module, sources: Mapping[Target, str] | None = None) -> "Kernel":
+    def from_lowered(cls, module: Module, sources: Mapping[Target, str] | None = None,
+                     original: Module | None = None) -> "Kernel":
         """A kernel whose module is already lowered (e.g. loaded from a compile cache): it is
         built as it is, without running the lowering passes again.  ``sources``: its source
         already rendered for some targets (stored with the module), which the builds for those
-        exact targets use instead of rendering it again."""
-        k = cls(module)
+        exact targets use instead of rendering it again.  ``original``: the module before the
+        lowering passes (``module`` otherwise), which :attr:`module` then is — what a later
+        rewrite of the kernel (:func:`taskmap.fusion.place`) starts from."""
+        k = cls(original if original is not None else module)
         k._lowered = module
         k._sources.update(sources or {})
         return k

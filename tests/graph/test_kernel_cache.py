@@ -39,11 +39,15 @@ def test_lowered_kernels_come_back_from_disk(monkeypatch):
     monkeypatch.setattr(kernel_cache, "_MEMORY", {})
     calls = []
     real = kernel_cache.Kernel.from_lowered
-    monkeypatch.setattr(kernel_cache.Kernel, "from_lowered", lambda m, sources=None: calls.append(m) or real(m, sources))
+    monkeypatch.setattr(kernel_cache.Kernel, "from_lowered",
+                        lambda m, sources=None, original=None: calls.append(m) or real(m, sources, original))
     again = lower_graph(g, host_cpu_target())
     assert len(calls) == len(again) == len(first) == 1
-    names = [p.name for p in first[0].kernel.lower().entry_function.params]
-    assert [p.name for p in again[0].kernel.func.params] == names
+    lowered = [p.name for p in first[0].kernel.lower().entry_function.params]
+    assert [p.name for p in again[0].kernel.lower().entry_function.params] == lowered
+    # the module from before the lowering passes comes back too (what a placement rewrites)
+    assert [p.name for p in again[0].kernel.func.params] == [p.name for p in first[0].kernel.func.params]
+    assert again[0].kernel.module is not again[0].kernel.lower()
     xa = RNG.standard_normal((6, 12)).astype(np.float32)
     out = CompiledGraph(g, "cpu", "numpy")(xa)[0]
     np.testing.assert_allclose(out, np.exp(3 * np.tanh(xa @ w.T + 1)), rtol=1e-5)
@@ -103,7 +107,8 @@ def test_an_edited_compiler_reads_no_stored_module_or_source(monkeypatch, tmp_pa
     np.testing.assert_allclose(out, np.exp(3 * np.tanh(xa @ w.T + 1)), rtol=1e-5)
 
 
-@pytest.mark.parametrize("entry", [lambda m: m, lambda m: (m, ["not", "a", "dict"]), lambda m: ("x", {})])
+@pytest.mark.parametrize("entry", [lambda m: m, lambda m: (m, {}), lambda m: (m, m, ["not", "a", "dict"]),
+                                   lambda m: ("x", m, {})])
 def test_entries_of_another_layout_are_rebuilt(monkeypatch, entry):
     g, _ = graph()
     lower_graph(g, host_cpu_target())

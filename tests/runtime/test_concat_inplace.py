@@ -1,7 +1,8 @@
-"""Concatenations written in place (taskmap.runtime.concat_inplace): at batch 1 the kernels of a
-channel concat's inputs write into their ranges of its output and the copy step disappears;
-where that cannot be done (a batch, an input read elsewhere, a misaligned range, a graph output)
-the copy stays — and the numbers match PyTorch either way."""
+"""Concatenations written in place: at batch 1 the kernels of a channel concat's inputs write into
+their ranges of its output (taskmap.runtime.concat_inplace), at batch > 1 their kernels are
+rewritten to write with the output's image stride (taskmap.graph.concat_place), and the copy
+step disappears; where that cannot be done (an input read elsewhere, a misaligned range at batch
+1, a graph output) the copy stays — and the numbers match PyTorch either way."""
 import pytest
 import torch
 
@@ -50,12 +51,38 @@ def test_batch_one_concats_are_written_in_place_nested_too():
     assert sorted(off for _, off in cg.aliases.values()) == [0, 16 * 64 * 4, 32 * 64 * 4, 48 * 64 * 4]
 
 
-@pytest.mark.parametrize("why", ["batch", "reuse", "misaligned"])
+def _placed(cg):
+    """The steps whose kernels write inside a concat's output (batch > 1)."""
+    return [st.name for st in cg.steps if any(p.name.startswith("placed") for k in st.kernels for p in k.func.params)]
+
+
+@pytest.mark.parametrize("c, hw", [(16, 8), (1, 3)])        # odd channel counts and sizes too: no alignment rule
+def test_batch_concats_are_written_in_place_by_their_kernels_nested_too(c, hw):
+    torch.manual_seed(4)
+    cg = _compiled(Branches(c=c).eval(), torch.randn(3, 4, hw, 8))
+    assert _concat_steps(cg) == [] and not cg.aliases
+    assert len(_placed(cg)) == 4                            # a, b and the inner concat's two parts
+
+
+def test_placed_kernels_come_back_from_the_disk_cache():
+    """A second compile whose kernels are loaded, lowered, from the graph-kernel cache places them
+    again (from the modules stored beside the lowered ones, or the placed kernels' own entries)."""
+    from taskmap.graph import kernel_cache
+
+    torch.manual_seed(5)
+    model, x = Branches().eval(), torch.randn(2, 4, 8, 8)
+    _compiled(model, x)
+    kernel_cache._MEMORY.clear()
+    cg = _compiled(model, x)
+    assert _concat_steps(cg) == [] and len(_placed(cg)) == 4
+
+
+@pytest.mark.parametrize("why", ["reuse", "reuse at batch 2", "misaligned"])
 def test_concats_that_cannot_be_in_place_still_copy(why):
     torch.manual_seed(1)
-    model = Branches(c=1 if why == "misaligned" else 16, reuse=why == "reuse").eval()
-    cg = _compiled(model, torch.randn(2 if why == "batch" else 1, 4, 3 if why == "misaligned" else 8, 8))
-    assert _concat_steps(cg) and not cg.aliases, why      # all parts in place, or the copy
+    model = Branches(c=1 if why == "misaligned" else 16, reuse=why.startswith("reuse")).eval()
+    cg = _compiled(model, torch.randn(2 if why.endswith("2") else 1, 4, 3 if why == "misaligned" else 8, 8))
+    assert _concat_steps(cg) and not cg.aliases and not _placed(cg), why      # all parts in place, or the copy
 
 
 def test_a_concat_returned_by_the_graph_is_copied():
@@ -68,8 +95,9 @@ def test_a_concat_returned_by_the_graph_is_copied():
             return torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], 1)
 
     torch.manual_seed(2)
-    cg = _compiled(Out().eval(), torch.randn(1, 4, 8, 8))
-    assert _concat_steps(cg) and not cg.aliases
+    for batch in (1, 2):
+        cg = _compiled(Out().eval(), torch.randn(batch, 4, 8, 8))
+        assert _concat_steps(cg) and not cg.aliases and not _placed(cg)
 
 
 def test_in_place_parts_on_gpu_kernels():
@@ -80,4 +108,6 @@ def test_in_place_parts_on_gpu_kernels():
     torch.manual_seed(3)
     with emulate_gpu("sm_90"):
         cg = _compiled(Branches().eval(), torch.randn(1, 4, 8, 8))
-    assert _concat_steps(cg) == [] and len(cg.aliases) == 4
+        assert _concat_steps(cg) == [] and len(cg.aliases) == 4
+        cg = _compiled(Branches().eval(), torch.randn(2, 4, 8, 8))
+        assert _concat_steps(cg) == [] and len(_placed(cg)) == 4
