@@ -484,3 +484,48 @@ def test_wgmma_3xtf32_models_match_eager_as_f32_does(monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         names = [k.func.name for _, k in _kernels(fast)]
         assert names.count("matmul_wgmma") == (12 if model is bert else 3), names     # 6 linears a layer
+
+
+@pytest.mark.parametrize("dtype", ["tf32", "float16"])
+def test_constant_k_by_n_weights_are_transposed_for_wgmma(monkeypatch, dtype):
+    """GPT-2's Conv1D: a product with a constant K x N weight.  On sm_90a its weight is transposed
+    once to N x K, so the wgmma template takes it with its K-major tiles (f16: instead of
+    mma.sync; TF32: instead of copying B element by element), and the result matches; with
+    ``TASKMAP_WGMMA=0`` or in IEEE f32 (SIMT) the weight stays as it is."""
+    from taskmap.backends import cuda_target
+    from taskmap.graph import GraphBuilder, MatmulAttrs, OpKind
+    from taskmap.graph.lower_anchor import anchor_problem
+    from taskmap.ir.dtypes import f16, f32
+    from taskmap.runtime.graph import CompiledGraph
+
+    rng = np.random.default_rng(7)
+    npt = np.float16 if dtype == "float16" else np.float32
+    w, xa = rng.standard_normal((96, 48)).astype(npt), rng.standard_normal((72, 96)).astype(npt)
+
+    def build(tf32):
+        b = GraphBuilder(device="cuda:0")
+        x = b.input((72, 96), f16 if dtype == "float16" else f32)
+        y = b.op(OpKind.MATMUL, [x, b.constant(w)], MatmulAttrs(tf32=tf32))
+        return b.build([y])
+
+    g = build(dtype == "tf32")
+    with emulate_gpu("sm_90a"):
+        cg = CompiledGraph(g, "cpu", "numpy")
+        (got,) = cg(xa)
+    (st,) = cg.steps
+    assert st.kernel.func.name == "matmul_wgmma"         # f16: mma.sync before (wgmma reads K-major B only)
+    if dtype == "tf32":
+        top = lambda a: (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)  # noqa: E731
+        np.testing.assert_allclose(got, top(xa) @ top(w), rtol=1e-5, atol=2e-5)
+    else:
+        want = xa.astype(np.float64) @ w.astype(np.float64)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+    op = next(o for o in g.ops if o.kind is OpKind.MATMUL)
+    assert anchor_problem(op, cuda_target("sm_90a")).problem.trans_b
+    monkeypatch.setenv("TASKMAP_WGMMA", "0")
+    fresh = next(o for o in build(dtype == "tf32").ops if o.kind is OpKind.MATMUL)     # anchors are made once per op
+    assert not anchor_problem(fresh, cuda_target("sm_90a")).problem.trans_b
+    monkeypatch.delenv("TASKMAP_WGMMA")
+    if dtype == "tf32":
+        ieee = next(o for o in build(False).ops if o.kind is OpKind.MATMUL)
+        assert not anchor_problem(ieee, cuda_target("sm_90a")).problem.trans_b          # SIMT reads K x N
