@@ -21,9 +21,11 @@
 #
 # Session 27 (H200) ran the wgmma template for the first time and turned it on: "cuda_tests
 # matmul_gpu" 100 s, each models_* stage at batch 8 for four models 60-80 s, wgmma_sweep on two
-# shapes 60 s, a fresh machine's start ~30 s.  Next: "cuda_tests" (session 27's two test fixes have
-# not run on a GPU), then the wgmma cost model's picks end to end ("models_3xtf32 models_tf32" with
-# TF32_BATCH=8), and a wider sweep (SWEEP_ONLY unset).
+# shapes 60 s, a fresh machine's start ~30 s.  Next (offline work of session 27 not yet run on a
+# GPU: two test fixes, the wgmma cost model's new picks, GPT-2's K x N weights transposed for
+# wgmma, concatenations at batch > 1 written in place): "cuda_tests matmul_gpu", then
+# TF32_BATCH=8 "models_tf32 models_f16 models_3xtf32" (GPT-2 against session 27's 3.1 / 2.0 /
+# 6.5 ms), then "models" (the six at batch 1 and 8, default f32) and a wider wgmma_sweep.
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
