@@ -43,7 +43,8 @@ def place(anchor: Any, param: str, into: TensorNode, offset: Sequence[int], shap
     except IRError as e:
         raise FusionError(f"{kernel.__name__} placed in {into.name} does not verify: {e}") from None
     placed = Kernel(module)
-    placed.__doc__ = f"{kernel.__name__} with '{param}' written inside {into.name}{list(into.shape)} at {list(pl.offset)}"
+    placed.__doc__ = (f"{kernel.__name__} with '{param}' written inside {into.name}{list(into.shape)} "
+                      f"at {list(pl.offset)}")
     with _LOCK:
         return _MEMO.setdefault(kernel, {}).setdefault(key, placed)
 
