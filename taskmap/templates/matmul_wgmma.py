@@ -67,9 +67,9 @@ BLOCK_M = (64, 128)           # one or two warpgroups
 BLOCK_N = (64, 128, 256)
 STAGES = (3, 4)
 HALF_TYPES = ("float16", "bfloat16")
-L2_REREAD = 0.2               # cost model: a byte read again by another tile (an L2 hit) / one from memory
-SPLIT_COST = 12e-6            # ... seconds a split of K adds (the reduction's launch and the model's
-                              # overrating of the extra tiles: fitted on an H200, session 27)
+L2_REREAD = 0.1               # cost model: a byte read again by another tile (an L2 hit) / one from memory
+SPLIT_COST = 4e-6             # ... seconds a split of K adds (the partial sums' round trip, the reduction)
+ONE_WARPGROUP = 0.8           # ... the rate of a block of one warpgroup (64 rows) against two
 
 
 def enabled() -> bool:
@@ -334,10 +334,10 @@ class MatmulWgmmaTemplate(GpuMatmulFamily):
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
         padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, bk) * bk
         # TF32 at half the f16 rate; a group left running hides a little more (the ring's depth did not
-        # matter on an H200; these factors and the two below are fitted to session 27's measurements
-        # of its whole space on BERT's batch-8 linears: benchmarks/model_vs_exhaustive.py wgmma)
+        # matter on an H200; these factors and the constants above are fitted to session 27's
+        # measurements of its whole space on BERT's batch-8 linears: model_vs_exhaustive.py wgmma)
         eff = (0.5 if p.dtype == "float32" else 1.0) * (0.55 + 0.05 * s["inflight"])
-        eff *= min(1.0, bn / 128) * (p.batch * p.m * p.n * p.k) / padded
+        eff *= (ONE_WARPGROUP if bm == WG_M else 1.0) * (p.batch * p.m * p.n * p.k) / padded
         eff *= bk / (bk + 32 // size)   # each k-tile's wait, barrier and copies' addressing
         if p.k % (16 // size):
             eff *= 0.6                  # element-wise copies
