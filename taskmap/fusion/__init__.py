@@ -3,7 +3,7 @@ kernel's loads and bijective *epilogues* into its stores, after the anchor was s
 
 Public API::
 
-    from taskmap.fusion import fuse, can_fuse, FusionError
+    from taskmap.fusion import fuse, can_fuse, place, FusionError
     from taskmap.compute import tensor_input, compute
     from taskmap.ir.expr import call, Intrinsic, maximum
 
@@ -44,6 +44,12 @@ Semantics:
   exactly once and never reads it: templates guarantee this (the CPU matmul template keeps
   partial sums in a separate parameter ``cw``, see :mod:`taskmap.templates.matmul_cpu_kernel`);
   a kernel that loads ``p`` or writes it through a primitive is refused.
+* ``place(kernel, p, into, offset, shape)`` (:mod:`.place`): the output ``p``, viewed as
+  ``shape``, written inside the larger ``into`` (a ``tensor_input``) instead — ``Store(p, idx,
+  v)`` becomes ``Store(into, idx + offset, v)`` — the epilogue machinery with a shift as its
+  index map, under the same conditions; the other elements of ``into`` are never touched, so
+  several kernels can fill one tensor (a concatenation's inputs at batch > 1:
+  :mod:`taskmap.graph.concat_place`).
 * **Sizes.** A parameter dimension that is a symbolic size and whose definition gives an int
   binds that size everywhere (the fused kernel is specialised); ``sizes={"m": 64}`` binds
   more.  Every size left symbolic must still be a whole dimension of some parameter.
