@@ -37,3 +37,21 @@ def test_mobilenet_v2(batch):
 def test_inception_v3(batch):
     torch.manual_seed(0)
     compare(inception_v3(), torch.randn(batch, 3, 299, 299))
+
+
+@pytest.mark.slow
+def test_inception_v3_concats_in_place_on_gpu_kernels():
+    """At batch 2 in GPU emulation (sm_90: the CUDA templates' semantics on the host), every
+    branch of Inception's concatenations writes into its range of the concat's output — the
+    convolutions' implicit GEMMs and the pools placed with the output's image stride, the nested
+    concats of its last blocks too — and the model still matches eager."""
+    from taskmap.ops import emulate_gpu
+
+    torch.manual_seed(0)
+    with emulate_gpu("sm_90"):
+        fast = compare(inception_v3(), torch.randn(2, 3, 299, 299))
+    (entry,) = fast.entries.values()
+    steps = entry.compiled.steps
+    assert not [st.name for st in steps if st.kind.name == "CONCAT"]
+    placed = [st for st in steps if any(p.name.startswith("placed") for k in st.kernels for p in k.func.params)]
+    assert len(placed) == 40 and {st.kernel.func.name for st in placed} >= {"matmul_simt"}
