@@ -36,10 +36,10 @@ summed over all of K that drift is 10x f32's error; see ``matmul_tc``).  Three t
 tensor-core work, the split once per element and block, ``BN / 2`` more registers a thread.
 
 The graph compiler's choice on sm_90a for the products it applies to (:func:`enabled`;
-``TASKMAP_WGMMA=0`` turns it off): on an H200 (session 27) every wgmma kernel matched in the GPU tests, and it ran 1.2-2.0x
-faster than the mma.sync template on TF32 / f16 linears and BERT / ViT at batch 8 1.1-1.4x faster
-in 3xTF32 and f16 (``benchmarks/RESULTS.md``); it is still 0.3-0.6x cuBLAS (no TMA, no warp
-specialization).
+``TASKMAP_WGMMA=0`` turns it off): on an H200 (session 27) every wgmma kernel matched in the GPU
+tests, and it ran 1.2-2.0x faster than the mma.sync template on TF32 / f16 linears and BERT / ViT
+at batch 8 1.1-1.4x faster in 3xTF32 and f16 (``benchmarks/RESULTS.md``); it is still 0.3-0.6x
+cuBLAS (no TMA, no warp specialization).
 """
 
 import os
