@@ -202,18 +202,9 @@ class CompiledGraph:
         read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not); shared
         with the other compiled graphs of the same values (:mod:`taskmap.graph.derived`)."""
         if self.kind.device == "cpu" and in_place(data):
-            return self._converted(data)          # used in place: nothing to share
-        return derived((data,), ("constant", self.kind.library, self.kind.device), lambda: self._converted(data))
-
-    def _converted(self, data: np.ndarray) -> Any:
-        if self.kind.device == "cpu":
-            data = aligned(data)
-        if self.kind.library == "numpy":
-            return data
-        torch = sys.modules["torch"]
-        with warnings.catch_warnings():  # constants are read-only arrays; kernels never write them
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(data).to(self.kind.device)
+            return device_constant(data, self.kind)          # used in place: nothing to share
+        return derived((data,), ("constant", self.kind.library, self.kind.device),
+                       lambda: device_constant(data, self.kind))
 
     def _plan(self) -> None:
         """Assign buffers to the planned outputs by lifetime."""
@@ -583,6 +574,29 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
     return out
 
 
+def device_constant(data: np.ndarray, kind: ArrayKind) -> Any:
+    """A constant for the kernels of ``kind``: on the CPU starting on a cache line (packed weight
+    panels are read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not),
+    on a GPU copied to its memory."""
+    if kind.device == "cpu":
+        data = aligned(data)
+    if kind.library == "numpy":
+        return data
+    torch = sys.modules["torch"]
+    with warnings.catch_warnings():  # constants are read-only arrays; kernels never write them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data).to(kind.device)
+
+
+def _lowering_constant(data: np.ndarray, kind: ArrayKind) -> Any:
+    """A constant the lowering made (the CPU's packed panels, a GPU's K-major weights) as the
+    kernels take it: the array itself on the CPU, once on the device (shared like the graph's
+    constants) on a GPU."""
+    if kind.device == "cpu":
+        return data
+    return derived((data,), ("constant", kind.library, kind.device), lambda: device_constant(data, kind))
+
+
 def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: dict[str, Any],
                 stable: set[int], constants: dict[int, Any]) -> Step:
     out = kg.outputs[0]
@@ -599,7 +613,7 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
             elif isinstance(a, Scalar):
                 plan.append((-1, a.value, None))
             elif a not in slots and a.data is not None:     # a constant of the lowering's (packed weights)
-                plan.append((-1, a.data if s is None else a.data.reshape(s), None))
+                plan.append((-1, _lowering_constant(a.data if s is None else a.data.reshape(s), kind), None))
             else:
                 plan.append(_slot_arg(slots[a], s, constants))
         volatile = tuple(dict.fromkeys([o, *(k for k, _, _ in plan if k >= 0 and k not in stable)]))

@@ -508,12 +508,20 @@ def test_constant_k_by_n_weights_are_transposed_for_wgmma(monkeypatch, dtype):
         y = b.op(OpKind.MATMUL, [x, b.constant(w)], MatmulAttrs(tf32=tf32))
         return b.build([y])
 
+    import taskmap.runtime.graph as rg
+
+    made = []                           # the lowering's constants, as the runtime takes them on
+    real = rg._lowering_constant       # the kind's device (a GPU's memory: uploaded once)
+    monkeypatch.setattr(rg, "_lowering_constant", lambda data, kind: made.append(data) or real(data, kind))
     g = build(dtype == "tf32")
     with emulate_gpu("sm_90a"):
         cg = CompiledGraph(g, "cpu", "numpy")
         (got,) = cg(xa)
     (st,) = cg.steps
     assert st.kernel.func.name == "matmul_wgmma"         # f16: mma.sync before (wgmma reads K-major B only)
+    assert len(made) == 1 and np.array_equal(made[0].reshape(48, 96), w.T)
+    on_device = real(made[0], rg.ArrayKind("torch", "meta"))
+    assert isinstance(on_device, torch.Tensor) and on_device.device.type == "meta" and on_device.shape == made[0].shape
     if dtype == "tf32":
         top = lambda a: (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)  # noqa: E731
         np.testing.assert_allclose(got, top(xa) @ top(w), rtol=1e-5, atol=2e-5)
