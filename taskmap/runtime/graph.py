@@ -177,9 +177,15 @@ class CompiledGraph:
             if debug_enabled("graph"):
                 print(graph_str(graph), file=sys.stderr)
             self.slots: dict[Tensor, int] = {t: k for k, t in enumerate(graph.tensors())}
-            self.constants: dict[int, Any] = {self.slots[t]: self._convert(t.data) for t in graph.constants()}
-            steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse, self.constants)
-            self.steps, self.aliases = elide_concats(graph, self.slots, steps, set(self.constants)) if fuse \
+            # converted when a step reads them: a weight the lowering replaced by its packed or
+            # K-major copy is never copied to the device
+            lazy = _Constants({self.slots[t]: t.data for t in graph.constants()}, self._convert)
+            steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse, lazy)
+            # kept: those the kernels were given, those runners read, those the graph returns
+            read = lazy.given | {k for st in steps if st.kernel is None for k in st.inputs} | \
+                {self.slots[t] for t in graph.outputs}
+            self.constants: dict[int, Any] = {k: lazy.get(k) for k in lazy.raw if k in read}
+            self.steps, self.aliases = elide_concats(graph, self.slots, steps, set(lazy.raw)) if fuse \
                 else (steps, {})
             self._plan()
         self._by_slot = {k: t for t, k in self.slots.items()}
@@ -462,7 +468,7 @@ def _dtype_name(a: Any) -> str:
 
 
 def build_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: ArrayKind,
-                progress: bool | None = None, fuse: bool = True, constants: dict[int, Any] | None = None
+                progress: bool | None = None, fuse: bool = True, constants: _Constants | dict[int, Any] | None = None
                 ) -> list[Step]:
     """One step per fusion group (:func:`taskmap.graph.lower.lower_group`); with ``fuse=False``
     one step per op (injective ops as rule-based kernels, the others through their runners).
@@ -485,7 +491,7 @@ def build_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Array
 
 
 def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: ArrayKind,
-                 progress: bool | None, constants: dict[int, Any]) -> list[Step]:
+                 progress: bool | None, constants: _Constants | dict[int, Any]) -> list[Step]:
     """Steps of the fused kernel groups (kernels launch through :func:`_launch`: on a GPU
     prepared again only when an array that is not in the memory plan — a graph input or output,
     a runner's result — has moved)."""
@@ -574,6 +580,25 @@ def _lower_and_build(graph: Graph, target: Any, kind: ArrayKind, progress: bool 
     return out
 
 
+class _Constants:
+    """Slot -> the graph's constant as the kernels take it, converted on the first ``get``."""
+
+    def __init__(self, raw: dict[int, np.ndarray], convert: Callable[[np.ndarray], Any]) -> None:
+        self.raw, self._convert, self._done = raw, convert, {}
+
+    def get(self, k: int) -> Any:
+        if k not in self.raw:
+            return None
+        if k not in self._done:
+            self._done[k] = self._convert(self.raw[k])
+        return self._done[k]
+
+    @property
+    def given(self) -> set[int]:
+        """The slots converted so far."""
+        return set(self._done)
+
+
 def device_constant(data: np.ndarray, kind: ArrayKind) -> Any:
     """A constant for the kernels of ``kind``: on the CPU starting on a cache line (packed weight
     panels are read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not),
@@ -598,7 +623,7 @@ def _lowering_constant(data: np.ndarray, kind: ArrayKind) -> Any:
 
 
 def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: dict[str, Any],
-                stable: set[int], constants: dict[int, Any]) -> Step:
+                stable: set[int], constants: _Constants | dict[int, Any]) -> Step:
     out = kg.outputs[0]
     o = slots[out]
     launches = []
@@ -630,7 +655,7 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
 
 
 def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: Any, kind: ArrayKind,
-                 constants: dict[int, Any]) -> Step:
+                 constants: _Constants | dict[int, Any]) -> Step:
     out = op.output
     o = outs[0]
     if out.numel == 0:
@@ -657,7 +682,7 @@ def _host_work(o: int, out: Tensor, launches: list[Any]) -> HostWork | None:
     return HostWork(o, out.shape, out.dtype.name, tuple(launches))
 
 
-def _slot_arg(k: int, shape: tuple[int, ...] | None, constants: dict[int, Any]) -> _Arg:
+def _slot_arg(k: int, shape: tuple[int, ...] | None, constants: _Constants | dict[int, Any]) -> _Arg:
     """The argument reading slot ``k`` (seen with ``shape``): fixed when it is a constant."""
     c = constants.get(k)
     if c is None:

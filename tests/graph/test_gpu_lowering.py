@@ -520,6 +520,7 @@ def test_constant_k_by_n_weights_are_transposed_for_wgmma(monkeypatch, dtype):
     (st,) = cg.steps
     assert st.kernel.func.name == "matmul_wgmma"         # f16: mma.sync before (wgmma reads K-major B only)
     assert len(made) == 1 and np.array_equal(made[0].reshape(48, 96), w.T)
+    assert all(c.shape != w.shape for c in cg.constants.values())      # the K x N original: not kept
     on_device = real(made[0], rg.ArrayKind("torch", "meta"))
     assert isinstance(on_device, torch.Tensor) and on_device.device.type == "meta" and on_device.shape == made[0].shape
     if dtype == "tf32":
