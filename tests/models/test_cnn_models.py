@@ -43,8 +43,9 @@ def test_inception_v3(batch):
 def test_inception_v3_concats_in_place_on_gpu_kernels():
     """At batch 2 in GPU emulation (sm_90: the CUDA templates' semantics on the host), every
     branch of Inception's concatenations writes into its range of the concat's output — the
-    convolutions' implicit GEMMs and the pools placed with the output's image stride, the nested
-    concats of its last blocks too — and the model still matches eager."""
+    convolutions' implicit GEMMs (split-K ones through their reduction) and the pools placed with
+    the output's image stride, the nested concats of its last blocks too — and the model still
+    matches eager."""
     from taskmap.ops import emulate_gpu
 
     torch.manual_seed(0)
@@ -55,3 +56,5 @@ def test_inception_v3_concats_in_place_on_gpu_kernels():
     assert not [st.name for st in steps if st.kind.name == "CONCAT"]
     placed = [st for st in steps if any(p.name.startswith("placed") for k in st.kernels for p in k.func.params)]
     assert len(placed) == 40 and {st.kernel.func.name for st in placed} >= {"matmul_simt"}
+    # split-K chains too: the reduction, which writes the output, is the launch placed
+    assert any(st.more and any(p.name.startswith("placed") for p in st.more[-1].func.params) for st in placed)
