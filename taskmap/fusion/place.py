@@ -12,41 +12,20 @@ elements of ``into`` are never touched: several kernels can fill one tensor.
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from ..compute.nodes import TensorNode
-from ..errors import FusionError, IRError
-from ..ir.verify import verify
 from ..runtime.kernel import Kernel
-from .splice import Placement, _single_kernel, splice
-
-_MEMO: "weakref.WeakKeyDictionary[Kernel, dict[Any, Kernel]]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+from .splice import Placement, fuse
 
 
 def place(anchor: Any, param: str, into: TensorNode, offset: Sequence[int], shape: Sequence[int]) -> Kernel:
     """``anchor`` (a kernel) with its output parameter ``param`` (of ``shape``) written inside
-    ``into`` at ``offset`` (see the module docstring).  Raises :class:`FusionError` when it cannot."""
-    kernel = _single_kernel(anchor)
+    ``into`` at ``offset`` (see the module docstring; memoised as :func:`fuse` is).  Raises
+    :class:`FusionError` when it cannot."""
     pl = Placement(into, tuple(int(o) for o in offset), tuple(int(d) for d in shape))
-    key = (param, into.name, repr(into.dtype), tuple(into.shape), pl.offset, pl.shape)
-    with _LOCK:
-        hit = _MEMO.get(kernel, {}).get(key)
-    if hit is not None:
-        return hit
-    module = splice(kernel.module, {}, {}, {}, {param: pl})
-    try:
-        verify(module)
-    except IRError as e:
-        raise FusionError(f"{kernel.__name__} placed in {into.name} does not verify: {e}") from None
-    placed = Kernel(module)
-    placed.__doc__ = (f"{kernel.__name__} with '{param}' written inside {into.name}{list(into.shape)} "
-                      f"at {list(pl.offset)}")
-    with _LOCK:
-        return _MEMO.setdefault(kernel, {}).setdefault(key, placed)
+    return fuse(anchor, placements={param: pl})
 
 
 __all__ = ["place"]

@@ -43,12 +43,15 @@ from .hoist import hoist_invariants
 
 
 def fusion_key(prologues: Mapping[str, TensorNode] | None, epilogues: Mapping[str, TensorNode] | None,
-               sizes: Mapping[str, int] | None = None) -> str:
+               sizes: Mapping[str, int] | None = None, placements: Mapping[str, "Placement"] | None = None) -> str:
     """A text that identifies the definitions structurally (names, dtypes, shapes, expressions)."""
     parts = []
     for tag, defs in (("prologue", prologues or {}), ("epilogue", epilogues or {})):
         for name in sorted(defs):
             parts.append(f"{tag} {name}:\n{dag_str(defs[name])}\n-> {defs[name].dtype!r}{defs[name]._shape_str()}")
+    for name, pl in sorted((placements or {}).items()):
+        parts.append(f"placement {name} {list(pl.shape)} at {list(pl.offset)} in {pl.into.name} "
+                     f"{pl.into.dtype!r}{pl.into._shape_str()}")
     parts.append("sizes " + repr(sorted((sizes or {}).items())))
     return "\n".join(parts)
 
@@ -58,18 +61,20 @@ _LOCK = threading.Lock()
 
 
 def fuse(anchor: Any, prologues: Mapping[str, TensorNode] | None = None,
-         epilogues: Mapping[str, TensorNode] | None = None, sizes: Mapping[str, int] | None = None) -> Kernel:
-    """The anchor kernel with ``prologues`` spliced into the loads of the named input parameters
-    and ``epilogues`` into the stores of the named output parameters (see :mod:`taskmap.fusion`).
-    Raises :class:`FusionError` when it cannot."""
+         epilogues: Mapping[str, TensorNode] | None = None, sizes: Mapping[str, int] | None = None,
+         placements: Mapping[str, "Placement"] | None = None) -> Kernel:
+    """The anchor kernel with ``prologues`` spliced into the loads of the named input parameters,
+    ``epilogues`` into the stores of the named output parameters and ``placements`` made (see
+    :mod:`taskmap.fusion` and :func:`taskmap.fusion.place`).  Raises :class:`FusionError` when it
+    cannot."""
     kernel = _single_kernel(anchor)
-    prologues, epilogues = dict(prologues or {}), dict(epilogues or {})
-    key = fusion_key(prologues, epilogues, sizes)
+    prologues, epilogues, placements = dict(prologues or {}), dict(epilogues or {}), dict(placements or {})
+    key = fusion_key(prologues, epilogues, sizes, placements)
     with _LOCK:
         hit = _MEMO.get(kernel, {}).get(key)
     if hit is not None:
         return hit
-    module = splice(kernel.module, prologues, epilogues, dict(sizes or {}))
+    module = splice(kernel.module, prologues, epilogues, dict(sizes or {}), placements)
     try:
         verify(module)
     except IRError as e:        # a case the checks above do not foresee: refuse rather than miscompile

@@ -179,7 +179,8 @@ class CompiledGraph:
             self.slots: dict[Tensor, int] = {t: k for k, t in enumerate(graph.tensors())}
             # converted when a step reads them: a weight the lowering replaced by its packed or
             # K-major copy is never copied to the device
-            lazy = _Constants({self.slots[t]: t.data for t in graph.constants()}, self._convert)
+            lazy = _Constants({self.slots[t]: t.data for t in graph.constants()},
+                              lambda data: shared_constant(data, self.kind))
             steps = build_steps(graph, self.slots, self.target, self.kind, progress, fuse, lazy)
             # kept: those the kernels were given, those runners read, those the graph returns
             read = lazy.given | {k for st in steps if st.kernel is None for k in st.inputs} | \
@@ -202,15 +203,6 @@ class CompiledGraph:
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ compile time
-
-    def _convert(self, data: np.ndarray) -> Any:
-        """A constant for the kernels: on the CPU starting on a cache line (packed weight panels are
-        read as aligned vectors; numpy's arrays start 16 bytes off a line as often as not); shared
-        with the other compiled graphs of the same values (:mod:`taskmap.graph.derived`)."""
-        if self.kind.device == "cpu" and in_place(data):
-            return device_constant(data, self.kind)          # used in place: nothing to share
-        return derived((data,), ("constant", self.kind.library, self.kind.device),
-                       lambda: device_constant(data, self.kind))
 
     def _plan(self) -> None:
         """Assign buffers to the planned outputs by lifetime."""
@@ -613,13 +605,19 @@ def device_constant(data: np.ndarray, kind: ArrayKind) -> Any:
         return torch.from_numpy(data).to(kind.device)
 
 
+def shared_constant(data: np.ndarray, kind: ArrayKind) -> Any:
+    """A graph's constant for the kernels (:func:`device_constant`), shared with the other compiled
+    graphs of the same values (:mod:`taskmap.graph.derived`)."""
+    if kind.device == "cpu" and in_place(data):
+        return device_constant(data, kind)          # used in place: nothing to share
+    return derived((data,), ("constant", kind.library, kind.device), lambda: device_constant(data, kind))
+
+
 def _lowering_constant(data: np.ndarray, kind: ArrayKind) -> Any:
     """A constant the lowering made (the CPU's packed panels, a GPU's K-major weights) as the
     kernels take it: the array itself on the CPU, once on the device (shared like the graph's
     constants) on a GPU."""
-    if kind.device == "cpu":
-        return data
-    return derived((data,), ("constant", kind.library, kind.device), lambda: device_constant(data, kind))
+    return data if kind.device == "cpu" else shared_constant(data, kind)
 
 
 def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: dict[str, Any], zeros: dict[str, Any],
