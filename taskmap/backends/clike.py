@@ -16,7 +16,7 @@ from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, bf16, f32, f64
 from ..ir.func import FuncKind, Function, Module
 from ..ir.functor import collect, written_tensors as _written_under
-from ..ir.primitives import WGMMA_OPS, PrimCall
+from ..ir.primitives import WGMMA_OPS, Prim, PrimCall
 from ..ir.types import MemScope, TensorType
 
 _CTYPES = {
@@ -434,11 +434,13 @@ SWIZZLE_ALIGN = 1024
 
 def smem_layout(func: Function) -> tuple[dict[int, int], int]:
     """Byte offsets (by variable id) of a kernel's shared tensors in its one shared buffer, 16-byte
-    aligned (1024 for the tiles ``wgmma`` reads: its swizzle works on address bits), and the
+    aligned (1024 for the tiles ``wgmma`` reads and ``tma_load`` writes: their swizzle works on address bits), and the
     buffer's size.  The CPU and GPU backends and the launcher all use this."""
     offsets: dict[int, int] = {}
     total = 0
-    swizzled = {id(c.args[i].tensor) for c in collect(func.body, PrimCall) if c.op in WGMMA_OPS for i in (1, 2)}
+    calls = collect(func.body, PrimCall)
+    swizzled = {id(c.args[i].tensor) for c in calls if c.op in WGMMA_OPS for i in (1, 2)}
+    swizzled |= {id(c.args[0].tensor) for c in calls if c.op is Prim.TMA_LOAD}     # TMA: 128 (1024 swizzled)
     for decl in collect(func.body, S.DeclTensor):
         t = decl.var.type
         if t.scope is MemScope.SHARED:

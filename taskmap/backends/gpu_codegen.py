@@ -17,12 +17,13 @@ from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, f16
 from ..ir.func import FuncKind, Function, Module
 from ..ir.functor import collect
-from ..ir.primitives import WGMMA_OPS, PrimCall
+from ..ir.primitives import WGMMA_OPS, Prim, PrimCall
 from ..ir.types import MemScope, TensorType
 from .base import Target
 from .clike import SWIZZLE_ALIGN, CLikeFuncGen, const_extent, func_name, numel, smem_layout, written_tensors
 from .clike_runtime import HELPERS
 from .gpu_primitives import CudaPrims, GpuPrims, HipPrims
+from .tma import tensor_maps, tma_calls
 
 _INT_TYPEDEFS = """typedef signed char int8_t;
 typedef short int16_t;
@@ -150,6 +151,12 @@ class GpuCodegen:
         self.dialect = dialect
         self.written = written_tensors(module)
         self.smem_offsets, self.smem_bytes = smem_layout(module.entry_function)
+        for f in module.functions:
+            if f is not module.entry_function and tma_calls(f):
+                raise UnsupportedError(f"{f.name}: tma_load() in a device function: its tensor map is a parameter "
+                                       "of the kernel, so call tma_load in the kernel itself")
+        #: the kernel's tensor maps (extra parameters ``tm_map<i>``), by TensorMapSpec.key()
+        self.tensor_maps = {s.key(): i for i, s in enumerate(tensor_maps(module.entry_function))}
 
     def render(self) -> str:
         entry = self.module.entry_function
@@ -181,11 +188,12 @@ class GpuCodegen:
         g = GpuFuncGen(self, f)
         params = [g.param_decl(p, self.written) for p in f.params]
         params += [f"int32_t {g.names.size(sv.name)}" for sv in f.size_vars]
+        params += [f"const __grid_constant__ tm_tensor_map tm_map{i}" for i in self.tensor_maps.values()]
         g.stmt(f.body, 1)
         threads = f.launch.block_size() if f.launch is not None else None
         bounds = self.dialect.launch_bounds(threads, f.launch.min_blocks if f.launch is not None else 0,
                                             self.target.warp_size)
-        swizzled = any(c.op in WGMMA_OPS for c in collect(f.body, PrimCall))
+        swizzled = any(c.op in WGMMA_OPS or c.op is Prim.TMA_LOAD for c in collect(f.body, PrimCall))
         smem = [f"  extern __shared__ __align__({SWIZZLE_ALIGN if swizzled else 16}) unsigned char tm_smem[];"] \
             if self.smem_bytes else []
         return "\n".join([f'extern "C" __global__ void {bounds}{f.name}({", ".join(params)}) {{',

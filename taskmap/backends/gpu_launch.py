@@ -53,8 +53,10 @@ class GpuLauncher:
 
     def __init__(self, func: Function, load: Callable[[int], Any], launch: Callable[..., None],
                  set_max_dynamic_shared: Callable[[Any, int], None] | None = None,
-                 check_resources: ResourceCheck | None = None) -> None:
+                 check_resources: ResourceCheck | None = None,
+                 extra_args: Callable[[Sequence[Any], int], list[Any]] | None = None) -> None:
         self.func = func
+        self._extra = extra_args      # arguments after the sizes (CUDA's tensor maps), from (values, device)
         self._load = load
         self._launch = launch
         self._set_smem = set_max_dynamic_shared
@@ -83,5 +85,8 @@ class GpuLauncher:
         if smem_bytes > entry.smem_opted_in and self._set_smem is not None:
             self._set_smem(entry.function, smem_bytes)
             entry.smem_opted_in = smem_bytes
-        self._launch(entry.function, grid, block, smem_bytes, stream, pack_values(self.func, values))
+        args = pack_values(self.func, values)
+        if self._extra is not None:
+            args += self._extra(values, device)
+        self._launch(entry.function, grid, block, smem_bytes, stream, args)
         return 0

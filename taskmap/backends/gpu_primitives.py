@@ -25,7 +25,8 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from ..ir.dtypes import ScalarType, bf16, f16, u64
-from ..ir.primitives import Prim, PrimCall
+from ..ir.primitives import MBAR_OPS, Prim, PrimCall
+from .tma import spec_of
 
 _COPY = r"""
 TM_FN void tm_copy16(void *dst, const void *src) { *(int4 *)dst = *(const int4 *)src; }
@@ -93,6 +94,32 @@ TM_FN void NAME(void *dst, const void *src) { \
    (from one 8-row atom to the next), layout type 1 (128-byte swizzle). */
 TM_FN unsigned long long tm_wgmma_desc_sw128(const void *p) {
   return (unsigned long long)((tm_smem_addr(p) & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+/* mbarriers and TMA (sm_90).  A tensor map is CUDA's opaque 128-byte CUtensorMap, passed by value
+   as a __grid_constant__ kernel parameter; the copy engine reads it through its address. */
+struct __align__(64) tm_tensor_map { unsigned long long opaque[16]; };
+TM_FN void tm_mbar_init(void *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(tm_smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+TM_FN void tm_mbar_arrive(void *bar, int tx) {
+  if (tx) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(tm_smem_addr(bar)), "r"(tx)
+                       : "memory");
+  else asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(tm_smem_addr(bar)) : "memory");
+}
+TM_FN void tm_mbar_wait(void *bar, int parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(tm_smem_addr(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+/* c0: batch, c1: row, c2: column (the map's dimensions innermost first) */
+TM_FN void tm_tma_load(void *dst, const tm_tensor_map *map, void *bar, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%2, %3, %4}], [%5];\n"
+               :: "r"(tm_smem_addr(dst)), "l"((unsigned long long)map), "r"(c2), "r"(c1), "r"(c0),
+                  "r"(tm_smem_addr(bar)) : "memory");
 }
 TM_LDMATRIX(tm_ldmatrix_x1, "x1", 1, "{%0}", "=r"(r[0]))
 TM_LDMATRIX(tm_ldmatrix_x2, "x2", 2, "{%0, %1}", "=r"(r[0]), "=r"(r[1]))
@@ -248,6 +275,10 @@ class CudaPrims(GpuPrims):
             if "mma_tf32" not in target.features:
                 raise UnsupportedError(f"{g.func.name}: mma_sync_m16n8k8_tf32() needs sm_80 or newer, not {target.name}")
             return f"tm_mma_m16n8k8_tf32<{int(a[3].value)}>({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])})"
+        if e.op in MBAR_OPS or e.op is Prim.TMA_LOAD:
+            if "tma" not in target.features:
+                raise UnsupportedError(f"{g.func.name}: {e.op.spec.name}() needs sm_90 or newer, not {target.name}")
+            return _tma(g, e)
         if e.op is Prim.FENCE_PROXY_ASYNC:
             if "tma" not in target.features:
                 raise UnsupportedError(f"{g.func.name}: fence_proxy_async() needs sm_90 or newer, not {target.name}")
@@ -276,6 +307,19 @@ def _wgmma(g: Any, a: tuple) -> str:
             f'wgmma.mma_async.sync.aligned.{shape}.f32.{kind}.{kind} {{{regs}}}, %{k}, %{k + 1}, p, 1, 1{tail};\\n}}\\n" '
             f': {outs} : "l"(tm_wgmma_desc_sw128({g.ref(a[1])})), "l"(tm_wgmma_desc_sw128({g.ref(a[2])})), '
             f'"r"({int(a[4].value)}))')
+
+
+def _tma(g: Any, e: PrimCall) -> str:
+    a, ref, x = e.args, g.ref, g.expr
+    if e.op is Prim.MBAR_INIT:
+        return f"tm_mbar_init({ref(a[0])}, (int)({x(a[1])}))"
+    if e.op is Prim.MBAR_ARRIVE:
+        return f"tm_mbar_arrive({ref(a[0])}, (int)({x(a[1])}))"
+    if e.op is Prim.MBAR_WAIT:
+        return f"tm_mbar_wait({ref(a[0])}, (int)({x(a[1])}))"
+    index = g.gen.tensor_maps[spec_of(g.func, e).key()]
+    coords = ", ".join(f"(int)({x(c)})" for c in a[6:9])
+    return f"tm_tma_load({ref(a[0])}, &tm_map{index}, {ref(a[2])}, {coords})"
 
 
 def _wgmma_keep(g: Any, a: tuple) -> str:

@@ -455,6 +455,8 @@ def _gpu_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_def
     p = anc.problem
     template = gpu_template(p, target)
     sched = tune.choose(template, p, target)
+    if template is MATMUL_WGMMA and ("a" in pro_defs or "b" in pro_defs):
+        sched = MATMUL_WGMMA.without_tma(sched)      # the copy engine cannot run a prologue
     sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
     key = (template.name, template.version, template.config(p, target, sched))
     out = {"c": (anchor.output, p.c_shape)}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .dtypes import ScalarType, bf16, bool_, f16, f32, f64, i16, i32, i64, u16, u32, u64
 from .expr import Const, Expr, Load, Var, cached_hash
-from .types import MemScope
+from .types import MemScope, row_major
 
 
 class PrimKind(enum.Enum):
@@ -99,6 +99,22 @@ class Prim(enum.Enum):
     #: orders this thread's ordinary shared-memory writes before later reads by the tensor cores
     #: (wgmma) or the copy engine (with a barrier after it)
     FENCE_PROXY_ASYNC = PrimSpec("fence_proxy_async", PrimKind.MEMORY, 0, value=False)
+    #: (bar, count): initialize the shared ``u64`` mbarrier ``bar`` to expect ``count`` arrivals per
+    #: phase, phase 0 pending (one thread; a ``syncthreads()`` before anyone else uses it)
+    MBAR_INIT = PrimSpec("mbarrier_init", PrimKind.MEMORY, 2, refs=(0,), writes=(0,), value=False)
+    #: (bar, tx_bytes): arrive once on ``bar``; with tx_bytes > 0 first expect that many bytes of
+    #: asynchronous copies (``tma_load``) more for the current phase, which completes when its arrivals
+    #: and its bytes are all in
+    MBAR_ARRIVE = PrimSpec("mbarrier_arrive", PrimKind.MEMORY, 2, refs=(0,), writes=(0,), value=False)
+    #: (bar, parity): wait until the phase of ``bar`` with this parity (0 or 1) has completed
+    MBAR_WAIT = PrimSpec("mbarrier_wait", PrimKind.MEMORY, 2, refs=(0,), value=False)
+    #: (dst, src, bar, rows, cols, swizzle, c0, c1, c2): a TMA copy of the ``rows x cols`` box of the
+    #: global tensor ``src`` (rank 2 or 3, row-major; ``src`` references its element 0) at
+    #: coordinates (c0: batch, 0 for rank 2; c1: row; c2: column) into the shared tile at ``dst``
+    #: (rows of ``cols`` elements; with ``swizzle`` 128 rows of 128 bytes whose 16-byte chunk c is
+    #: stored as c ^ row % 8: the wgmma layout), elements outside the tensor zero-filled; its bytes
+    #: (all ``rows * cols`` of them) complete on ``bar``
+    TMA_LOAD = PrimSpec("tma_load", PrimKind.MEMORY, 9, refs=(0, 1, 2), writes=(0, 2), consts=(3, 4, 5), value=False)
     #: (ref, level): a hint to bring the cache line of ``ref`` into the cache of ``level`` (1 or 2);
     #: no effect on results, and ``ref`` may lie past the tensor's end (a prefetch never faults)
     PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 2, refs=(0,), consts=(1,), value=False)
@@ -121,6 +137,11 @@ CP_ASYNC_BYTES = (4, 8, 16)
 TRANSPOSE_SIZES = (1, 2, 4, 8, 16, 32)
 TRANSPOSE_TYPES = (f32,)
 LDMATRIX_NUMS = (1, 2, 4)
+#: The mbarrier and TMA primitives (sm_90: the copy engine's asynchronous loads and their barriers).
+MBAR_OPS = (Prim.MBAR_INIT, Prim.MBAR_ARRIVE, Prim.MBAR_WAIT)
+TMA_SWIZZLES = (0, 128)
+#: A TMA box: at most 256 elements a dimension; its rows 16-byte multiples.
+TMA_BOX_MAX = 256
 #: Cache levels ``prefetch`` fetches into.
 PREFETCH_LEVELS = (1, 2)
 #: Elements each mma_sync_m16n8k16 operand reference covers (C f32, A and B f16/bf16), per lane.
@@ -167,7 +188,7 @@ def needs_gpu(op: Prim) -> bool:
     ``copy16`` and ``transpose_block`` are also valid in CPU kernels)."""
     return op.spec.kind in (PrimKind.WARP, PrimKind.MMA) or op in (
         Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT, Prim.WGMMA_FENCE, Prim.WGMMA_COMMIT, Prim.WGMMA_WAIT,
-        Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC)
+        Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC, Prim.TMA_LOAD) or op in MBAR_OPS
 
 
 # ----------------------------------------------------------------------------- checks
@@ -290,12 +311,53 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
         if _scope(args[0]) is not MemScope.REGISTER or args[0].dtype is not f32 or (_int_const(args[1]) or 0) < 1:
             return 0, f"{name}() takes wgmma accumulators: an f32 register tensor element and a count >= 1"
         return None
+    if op in MBAR_OPS or op is Prim.TMA_LOAD:
+        return _tma_problem(op, name, args)
     if op is Prim.PREFETCH:
         if _scope(args[0]) is MemScope.REGISTER:
             return 0, f"prefetch() needs an element of a global or shared tensor; '{args[0].tensor.name}' is a " \
                       "register tensor"
         if _int_const(args[1]) not in PREFETCH_LEVELS:
             return 1, f"prefetch() fetches into the cache level 1 or 2, got {_int_const(args[1])}"
+    return None
+
+
+def _tma_problem(op: Prim, name: str, args: tuple[Expr, ...]) -> Problem:
+    bar_at = 2 if op is Prim.TMA_LOAD else 0
+    bar = args[bar_at]
+    if _scope(bar) is not MemScope.SHARED or bar.dtype is not u64:
+        return bar_at, f"the barrier of {name}() is a u64 shared tensor element; '{bar.tensor.name}' is " \
+                       f"{_scope(bar).value} {bar.dtype!r}"
+    if op is not Prim.TMA_LOAD:
+        if op is not Prim.MBAR_WAIT and not args[1].dtype.is_integer:
+            return 1, f"argument 2 of {name}() must be an integer, got {args[1].dtype!r}"
+        if op is Prim.MBAR_WAIT and not (args[1].dtype.is_integer or args[1].dtype.is_bool):
+            return 1, f"the parity of {name}() must be an integer (0 or 1), got {args[1].dtype!r}"
+        return None
+    dst, src = args[0], args[1]
+    rows, cols, swizzle = (int(a.value) for a in args[3:6])  # type: ignore[attr-defined]
+    if _scope(dst) is not MemScope.SHARED:
+        return 0, f"the destination of tma_load() must be a shared tensor element, '{dst.tensor.name}' is " \
+                  f"{_scope(dst).value}"
+    st = src.tensor.type
+    if _scope(src) is not MemScope.GLOBAL or st.ndim not in (2, 3):
+        return 1, f"the source of tma_load() is an element of a global tensor of rank 2 or 3; '{src.tensor.name}' " \
+                  f"is {_scope(src).value} of rank {st.ndim}"
+    if st.layout != row_major(st.shape):
+        return 1, f"tma_load() reads row-major tensors; '{src.tensor.name}' has layout {st.layout!r}"
+    if dst.dtype is not src.dtype or dst.dtype.nbytes not in (2, 4):
+        return 0, f"tma_load() copies 16- or 32-bit elements between tensors of one type, got {dst.dtype!r} and " \
+                  f"{src.dtype!r}"
+    row_bytes = cols * dst.dtype.nbytes
+    if not (1 <= rows <= TMA_BOX_MAX and 1 <= cols <= TMA_BOX_MAX) or row_bytes % 16:
+        return 4, f"a tma_load() box is rows x cols with both at most {TMA_BOX_MAX} and rows of a multiple of 16 " \
+                  f"bytes, got {rows} x {cols} of {dst.dtype!r}"
+    if swizzle not in TMA_SWIZZLES or (swizzle and row_bytes != swizzle):
+        return 5, f"the swizzle of tma_load() is 0 or 128 (rows of exactly 128 bytes), got {swizzle} with rows of " \
+                  f"{row_bytes} bytes"
+    for i in (6, 7, 8):
+        if not args[i].dtype.is_integer:
+            return i, f"the coordinates of tma_load() must be integers, got {args[i].dtype!r}"
     return None
 
 
@@ -368,6 +430,8 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return int(args[3].value) // 2 if index == 0 else (rows - 1) * per + per // 4  # type: ignore[attr-defined]
     if op is Prim.WGMMA_KEEP:
         return int(args[1].value)  # type: ignore[attr-defined]
+    if op is Prim.TMA_LOAD and index == 0:
+        return int(args[3].value) * int(args[4].value)  # type: ignore[attr-defined]
     if op is Prim.LDMATRIX:    # per matrix: a 32-bit register of each lane; a 16-byte row
         width = args[index].dtype.nbytes
         return 4 * int(args[2].value) // width if index == 0 else 16 // width  # type: ignore[attr-defined]
@@ -387,6 +451,10 @@ def alignment(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return 16
     if op is Prim.CP_ASYNC:
         return int(args[2].value)  # type: ignore[attr-defined]
+    if op is Prim.TMA_LOAD and index == 0:     # the swizzle repeats every 1024 bytes
+        return 1024 if int(args[5].value) else 128  # type: ignore[attr-defined]
+    if op in MBAR_OPS or (op is Prim.TMA_LOAD and index == 2):
+        return 8
     if op in (Prim.MMA_M16N8K16, Prim.MMA_M16N8K8_TF32, Prim.LDMATRIX) or op in WGMMA_OPS:
         return 4
     return args[index].dtype.nbytes

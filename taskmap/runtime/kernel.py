@@ -39,7 +39,11 @@ _STATUS = {1: "out of memory while setting up thread blocks on the CPU",
               "same warp primitive with the same mask together (not syncthreads(), not another primitive)",
            6: "cp_async() into a shared tile that a pending wgmma_tf32() still reads: wgmma_wait() for that group "
               "before refilling the tile (the copy may land before the tensor cores read it; the CPU emulation "
-              "checks)"}
+              "checks)",
+           7: "deadlock: every live thread of a block waits on an mbarrier phase that nothing left can complete "
+              "(mbarrier_wait() for a parity whose phase lacks arrivals or tma_load bytes; a GPU would hang)",
+           8: "mbarrier_arrive() on a barrier with no arrival pending in its phase (more arrivals than "
+              "mbarrier_init()'s count, or a barrier never initialized), or an mbarrier_init() count outside 1..32767"}
 
 
 def launch_dims(func: Function, sizes: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -39,7 +39,8 @@ The graph compiler's choice on sm_90a for the products it applies to (:func:`ena
 ``TASKMAP_WGMMA=0`` turns it off): on an H200 (session 27) every wgmma kernel matched in the GPU
 tests, and it ran 1.2-2.0x faster than the mma.sync template on TF32 / f16 linears and BERT / ViT
 at batch 8 1.1-1.4x faster in 3xTF32 and f16 (``benchmarks/RESULTS.md``); it is still 0.3-0.6x
-cuBLAS (no TMA, no warp specialization).
+cuBLAS (no TMA, no warp specialization).  ``TASKMAP_WGMMA=tma`` gives the linears it applies to the
+warp-specialized TMA form instead (:mod:`.matmul_wgmma_tma`, not yet timed on a GPU).
 """
 
 import os
@@ -60,6 +61,7 @@ from .base import Schedule
 from .matmul_problem import MatmulProblem
 from .matmul_simt import GpuMatmulFamily, chain, gpu_param_types
 from .matmul_splitk import ceil_div, splits_for
+from .matmul_wgmma_tma import build_kernel_tma, tma_applies
 
 WG_M = 64                     # rows of one wgmma (a warpgroup)
 WG_THREADS = 128
@@ -77,6 +79,12 @@ def enabled() -> bool:
     return os.environ.get("TASKMAP_WGMMA", "1") != "0"
 
 
+def tma_enabled() -> bool:
+    """Whether the template's schedules are those of its TMA form where it applies
+    (``TASKMAP_WGMMA=tma``: opt-in until timed on a GPU)."""
+    return os.environ.get("TASKMAP_WGMMA", "1") == "tma"
+
+
 @dataclass(frozen=True)
 class WgConfig:
     bm: int
@@ -92,6 +100,7 @@ class WgConfig:
     x3: bool = False          # f32 as 3xTF32: tiles split into tf32 high and low parts, three wgmma
     dtype: str = "float32"
     out_dtype: str = "float32"
+    tma: bool = False         # the TMA form: tiles by the copy engine, a producer warp (matmul_wgmma_tma)
 
     @property
     def itemsize(self) -> int:
@@ -103,7 +112,11 @@ class WgConfig:
         return 128 // self.itemsize
 
     def smem_bytes(self) -> int:
-        return (self.stages + 2 * self.x3) * (self.bm + self.bn) * self.bk * self.itemsize
+        return (self.stages + 2 * self.x3) * (self.bm + self.bn) * self.bk * self.itemsize + 16 * self.stages * self.tma
+
+    @property
+    def threads(self) -> int:
+        return WG_THREADS * self.bm // WG_M + 32 * self.tma
 
 
 def build_kernel(cfg: WgConfig) -> Kernel:
@@ -287,7 +300,12 @@ class MatmulWgmmaTemplate(GpuMatmulFamily):
     """Matmul on Hopper's wgmma (sm_90a): f32 with TF32 or 3xTF32 products, or f16 / bf16."""
 
     name = "matmul_wgmma"
-    version = 1             # 1: TF32 (0 or 1 wgmma group left running), 3xTF32, f16 / bf16
+
+    @property
+    def version(self) -> Any:
+        """1: TF32 (0 or 1 wgmma group left running), 3xTF32, f16 / bf16; "1-tma": the space of
+        ``TASKMAP_WGMMA=tma`` (its choices are remembered and cached apart)."""
+        return "1-tma" if tma_enabled() else 1
 
     def applies(self, problem: Any, target: Target) -> bool:
         if not (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CUDA and "wgmma" in target.features
@@ -304,6 +322,7 @@ class MatmulWgmmaTemplate(GpuMatmulFamily):
         p = problem
         x3 = self._cfg(p, 64, 64, 64, 3, 1, 1).x3
         atom = 128 // scalar_type(p.dtype).nbytes
+        tma = int(tma_enabled() and tma_applies(p))
         out = []
         for bm in BLOCK_M:
             for bn in BLOCK_N:
@@ -313,11 +332,15 @@ class MatmulWgmmaTemplate(GpuMatmulFamily):
                     continue
                 for bk in (atom, 2 * atom):
                     for stages in STAGES:
-                        cfg = self._cfg(p, bm, bn, bk, stages, 1, 0)
+                        cfg = self._cfg(p, bm, bn, bk, stages, 1, 0, tma)
                         if cfg.smem_bytes() > target.max_shared_memory_optin:
                             continue
                         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn)
                         for split in splits_for(target, tiles, p.k, bk):
+                            if tma:                   # one group always left running
+                                out.append(Schedule.of(bm=bm, bn=bn, bk=bk, stages=stages, split=split, inflight=1,
+                                                       tma=1))
+                                continue
                             # a group left running: 3xTF32 always; ptxas serializes the wgmma past 128
                             # columns or with one tile loaded ahead (3 stages)
                             flights = (0, 1) if bn <= 128 and stages >= 4 else (0,)
@@ -329,7 +352,7 @@ class MatmulWgmmaTemplate(GpuMatmulFamily):
     def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
         p, s = problem, schedule.as_dict()
         bm, bn, bk, split = s["bm"], s["bn"], s["bk"], s["split"]
-        cfg = self._cfg(p, bm, bn, bk, s["stages"], split, s["inflight"])
+        cfg = self._cfg(p, bm, bn, bk, s["stages"], split, s["inflight"], s.get("tma", 0))
         size = cfg.itemsize
         tiles = p.batch * ceil_div(p.m, bm) * ceil_div(p.n, bn) * split
         padded = p.batch * ceil_div(p.m, bm) * bm * ceil_div(p.n, bn) * bn * ceil_div(p.k, bk) * bk
@@ -345,6 +368,8 @@ class MatmulWgmmaTemplate(GpuMatmulFamily):
             eff *= 0.8                  # B's elements copied one by one into K-major tiles
         if cfg.x3:
             eff *= 0.85                 # the split pass (beside the previous tile's wgmma) and a barrier
+        if cfg.tma:
+            eff *= 0.8 / 0.6            # no copies' addressing, no block barrier: not measured yet (a guess)
         out_b = scalar_type(p.out_dtype).nbytes
         # A and B from memory once; the tiles' re-reads mostly hit the L2, at a fifth of the cost
         once = size * p.batch * (p.m * p.k + p.k * p.n)
@@ -352,26 +377,38 @@ class MatmulWgmmaTemplate(GpuMatmulFamily):
         global_bytes = once + L2_REREAD * reread + p.batch * p.m * p.n * (12 * split if split > 1 else out_b)
         w = Workload(flops=p.flops * (3 if cfg.x3 else 1), global_bytes=global_bytes,
                      cache_bytes=p.flops / 2 * size * (1 / bm + 1 / bn), work_items=tiles,
-                     threads_per_item=WG_THREADS * bm // WG_M,
+                     threads_per_item=cfg.threads,
                      registers_per_thread=min(255, bn // 2 * (1 + cfg.x3) + 48), shared_per_item=cfg.smem_bytes(),
                      inner_bytes=size * bk, matrix_units=True, compute_efficiency=eff)
         return estimate_time(target, w) + (SPLIT_COST if split > 1 else 0.0) + 3e-6
 
     @staticmethod
-    def _cfg(p: MatmulProblem, bm: int, bn: int, bk: int, stages: int, split: int, inflight: int) -> WgConfig:
+    def _cfg(p: MatmulProblem, bm: int, bn: int, bk: int, stages: int, split: int, inflight: int,
+             tma: int = 0) -> WgConfig:
         return WgConfig(bm, bn, bk, stages, split, inflight, p.a_batched, p.b_batched, p.trans_b, p.bias,
-                        p.dtype == "float32" and p.tf32x3 and not p.tf32, p.dtype, p.out_dtype)
+                        p.dtype == "float32" and p.tf32x3 and not p.tf32, p.dtype, p.out_dtype, bool(tma))
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> WgConfig:
         """Everything the kernel depends on (the key of its cache entries)."""
         s = schedule.as_dict()
-        return self._cfg(problem, s["bm"], s["bn"], s["bk"], s["stages"], s["split"], s["inflight"])
+        return self._cfg(problem, s["bm"], s["bn"], s["bk"], s["stages"], s["split"], s["inflight"], s.get("tma", 0))
+
+    @staticmethod
+    def without_tma(schedule: Schedule) -> Schedule:
+        """The cp.async form of a schedule: for operands a fused prologue computes (the copy engine
+        reads tensors, not definitions); a group is left running where that form allows it."""
+        s = schedule.as_dict()
+        if not s.pop("tma", 0):
+            return schedule
+        s["inflight"] = int(s["bn"] <= 128 and s["stages"] >= 4)
+        return Schedule.of(**s)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Any:
         cfg = self.config(problem, target, schedule)
-        return self.kernel(cfg, lambda: chain(build_kernel(cfg), cfg.split, cfg.out_dtype, cfg.bias))
+        build = build_kernel_tma if cfg.tma else build_kernel
+        return self.kernel(cfg, lambda: chain(build(cfg), cfg.split, cfg.out_dtype, cfg.bias))
 
 
 MATMUL_WGMMA = MatmulWgmmaTemplate()
 
-__all__ = ["MATMUL_WGMMA", "MatmulWgmmaTemplate", "WgConfig", "build_kernel", "enabled"]
+__all__ = ["MATMUL_WGMMA", "MatmulWgmmaTemplate", "WgConfig", "build_kernel", "enabled", "tma_enabled"]

@@ -443,6 +443,41 @@ def test_tf32_anchors_on_wgmma_by_default(monkeypatch):
         assert st.kernel.build("cuda", arch="sm_90a").binary
 
 
+def test_tma_form_takes_linears_and_leaves_prologues_to_cp_async(monkeypatch):
+    """``TASKMAP_WGMMA=tma``: a linear whose operands are tensors runs the TMA form (tiles by the copy
+    engine) with its bias + GELU fused; a linear whose input a prologue computes (tanh) and a conv
+    (img2col) keep the cp.async form, still one kernel each; all match the truncated products."""
+    import torch.nn.functional as F
+
+    from taskmap.graph import Conv2dAttrs, GraphBuilder, MatmulAttrs, OpKind, UnaryAttrs, UnaryFn
+    from taskmap.ir.dtypes import f32
+    from taskmap.runtime.graph import CompiledGraph
+
+    monkeypatch.setenv("TASKMAP_WGMMA", "tma")
+    rng = np.random.default_rng(3)
+    r = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    w, bias, w2, cw = r(48, 96), r(48), r(40, 96), r(64, 8, 3, 3)
+    b = GraphBuilder(device="cuda:0")
+    x, x2, img = b.input((72, 96), f32), b.input((72, 96), f32), b.input((2, 8, 10, 10), f32)
+    y = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)], MatmulAttrs(tf32=True))],
+             UnaryAttrs(UnaryFn.GELU))
+    t = b.op(OpKind.LINEAR, [b.op(OpKind.UNARY, [x2], UnaryAttrs(UnaryFn.TANH)), b.constant(w2)], MatmulAttrs(tf32=True))
+    z = b.op(OpKind.CONV2D, [img, b.constant(cw)], Conv2dAttrs((1, 1), (1, 1), (1, 1), 1, tf32=True))
+    xa, xb, ia = r(72, 96), r(72, 96), r(2, 8, 10, 10)
+    with emulate_gpu("sm_90a"):
+        cg = CompiledGraph(b.build([y, t, z]), "cpu", "numpy")
+        gy, gt, gz = cg(xa, xb, ia)
+    assert [st.kernel.func.name for st in cg.steps] == ["matmul_wgmma_tma", "matmul_wgmma", "matmul_wgmma"]
+    top = lambda a: torch.from_numpy((np.asarray(a, np.float32).view(np.uint32) & np.uint32(0xFFFFE000))  # noqa: E731
+                                     .view(np.float32).astype(np.float64))
+    d = lambda a: torch.from_numpy(np.asarray(a, np.float64))  # noqa: E731
+    np.testing.assert_allclose(gy, F.gelu(F.linear(top(xa), top(w), d(bias))).numpy(), rtol=1e-5, atol=2e-5)
+    # the kernel's tanh may differ from numpy's in a last bit, which truncation to tf32 can keep
+    np.testing.assert_allclose(gt, F.linear(top(np.tanh(xb)), top(w2)).numpy(), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(gz, F.conv2d(top(ia), top(cw), padding=1).numpy(), rtol=1e-5, atol=2e-5)
+    assert "cp.async.bulk.tensor" in cg.steps[0].kernel.build("cuda", arch="sm_90a").artifact.extra.ptx
+
+
 def test_wgmma_3xtf32_models_match_eager_as_f32_does(monkeypatch):
     """End to end on sm_90a with ``TASKMAP_WGMMA=1`` and ``fp32_precision="3xtf32"`` (cuDNN's TF32
     off, so the convolutions take 3xTF32 too): a small BERT and a conv block run their linears and

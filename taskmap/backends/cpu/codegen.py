@@ -18,7 +18,7 @@ from ...ir import stmt as S
 from ...ir.dtypes import ScalarType, f16, f32, i32
 from ...ir.func import FuncKind, Function, Module
 from ...ir.functor import collect, substitute
-from ...ir.primitives import WGMMA_OPS, Prim, PrimCall, is_warp_synchronous
+from ...ir.primitives import MBAR_OPS, WGMMA_OPS, Prim, PrimCall, is_warp_synchronous
 from ...ir.types import MemScope, TensorType
 from ..base import Target
 from ..clike import CLikeFuncGen, const_extent, element_bytes, func_name, numel, smem_layout, written_tensors
@@ -277,8 +277,9 @@ class CGen:
         g.stmt(f.body, 1)
         prims = [p.op for h in self.module.functions for p in collect(h.body, PrimCall)]
         needs = (1 if any(map(is_warp_synchronous, prims)) else 0) | (2 if Prim.CP_ASYNC in prims else 0) | \
-            (4 if any(op in WGMMA_OPS for op in prims) else 0)
-        # Threads are fibers when they must stop midway: barriers, warp rendezvous, cp.async queues.
+            (4 if any(op in WGMMA_OPS for op in prims) else 0) | \
+            (8 if any(op in MBAR_OPS or op is Prim.TMA_LOAD for op in prims) else 0)
+        # Threads are fibers when they must stop midway: barriers, warp rendezvous, cp.async queues, mbarriers.
         has_barrier = needs != 0 or any(collect(h.body, S.Barrier) for h in self.module.functions)
         arg_names = [g.names(p) for p in f.params] + [g.names.size(sv.name) for sv in f.size_vars]
         fields = [g.param_decl(p, self.written) + ";" for p in f.params]

@@ -18,6 +18,7 @@ completion in turn, without fibers.  Faults the GPU would raise (misaligned vect
 partial-warp ``mma``) are recorded in the launch's status (``tm_fault``) and reported by Python.
 """
 from ..clike_runtime import HELPERS
+from .tma_c import TMA_PRIMS_C, TMA_TYPES_C
 from .warp_c import WARP_PRIMS_C, WARP_TYPES_C
 
 #: The system headers every generated source includes first.  No ``<immintrin.h>``: parsing it
@@ -44,6 +45,8 @@ RUNTIME_C = SYSTEM_HEADER + r"""
 #define TM_ERR_WARP 4
 #define TM_ERR_DIVERGED 5
 #define TM_ERR_WGMMA_RACE 6
+#define TM_ERR_DEADLOCK 7
+#define TM_ERR_MBAR 8
 #define TM_FN static inline
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
 /* A scalar argument of a packed entry: the first bytes of its 64-bit word. */
@@ -138,8 +141,8 @@ typedef ucontext_t tm_main_ctx;
 #define TM_SWITCH_TO_FIBER(s, f) swapcontext(&(s)->main, &(f)->ctx)
 #define TM_SWITCH_TO_MAIN(s, f) swapcontext(&(f)->ctx, &(s)->main)
 #endif
-enum { TM_RUN = 0, TM_AT_BLOCK = 1, TM_AT_WARP = 2, TM_DONE = 3 };  /* fiber states */
-""" + WARP_TYPES_C + r"""
+enum { TM_RUN = 0, TM_AT_BLOCK = 1, TM_AT_WARP = 2, TM_DONE = 3, TM_AT_MBAR = 4 };  /* fiber states */
+""" + WARP_TYPES_C + TMA_TYPES_C + r"""
 /* ---- streaming stores (Store.stream): n floats, a whole number of vectors, written past the
    caches (non-temporal) where dst is aligned to a vector, else plainly; a thread that streamed
    fences before others may read (tm_stream_fence: the end of a parallel iteration, of a kernel). */
@@ -178,6 +181,8 @@ typedef struct {
   tm_cpq *cpq;         /* one queue of pending cp.async copies per thread (kernels with cp_async) */
   tm_wgq *wgq;         /* one queue of pending wgmma per thread (kernels with wgmma) */
   tm_wgr wgr;          /* the tiles those pending wgmma read */
+  tm_tmaq *tmaq;       /* the block's pending TMA copies (kernels with mbarriers / tma_load) */
+  unsigned long mbar_events;   /* changes of any mbarrier: progress while threads wait on them */
   void (*entry)(const void *);
   const void *arg;
 } tm_sched;
@@ -215,6 +220,7 @@ static inline void tm_warp_wait(tm_sched *s) {
 #define TM_NEED_WARPS 1
 #define TM_NEED_CPQ 2
 #define TM_NEED_WGQ 4
+#define TM_NEED_TMA 8
 static int tm_sched_init(tm_sched *s, int n, size_t stack_size, int warp_size, int needs) {
   memset(s, 0, sizeof *s);
   s->n = n;
@@ -230,6 +236,10 @@ static int tm_sched_init(tm_sched *s, int n, size_t stack_size, int warp_size, i
   if (needs & TM_NEED_WGQ) {
     s->wgq = (tm_wgq *)calloc((size_t)n, sizeof(tm_wgq));
     if (!s->wgq) return TM_ERR_ALLOC;
+  }
+  if (needs & TM_NEED_TMA) {
+    s->tmaq = (tm_tmaq *)calloc(1, sizeof(tm_tmaq));
+    if (!s->tmaq) return TM_ERR_ALLOC;
   }
   s->stack_size = (stack_size + 4095) & ~(size_t)4095;
   s->map_size = s->stack_size * (size_t)n;
@@ -250,6 +260,7 @@ static void tm_sched_free(tm_sched *s) {
   free(s->warps);
   free(s->cpq);
   free(s->wgq);
+  free(s->tmaq);
 }
 
 static void tm_fiber_reset(tm_sched *s, int t) {
@@ -284,9 +295,11 @@ static void tm_run_block(tm_sched *s, void (*entry)(const void *), const void *a
   s->entry = entry; s->arg = arg;
   for (int t = 0; t < s->n; ++t) tm_fiber_reset(s, t);
   s->wgr.n = 0;
+  if (s->tmaq) s->tmaq->n = 0;
   tm_sched *prev = tm_cur_sched;
   tm_cur_sched = s;
   const int W = s->warp_size;
+  unsigned long events = s->mbar_events;
   for (int alive = s->n; alive > 0;) {
     for (int w0 = 0; w0 < s->n; w0 += W) {
       const int w1 = w0 + W < s->n ? w0 + W : s->n;
@@ -307,9 +320,19 @@ static void tm_run_block(tm_sched *s, void (*entry)(const void *), const void *a
           if (s->fibers[t].state == TM_AT_WARP) s->fibers[t].state = TM_RUN;
       }
     }
+    int at_mbar = 0;
+    for (int t = 0; t < s->n; ++t) at_mbar += s->fibers[t].state == TM_AT_MBAR;
+    if (at_mbar) {                       /* waiters test their barriers again, if any changed */
+      if (s->mbar_events == events) { tm_fault(TM_ERR_DEADLOCK); break; }   /* nothing can: abandon the block */
+      events = s->mbar_events;
+      for (int t = 0; t < s->n; ++t)
+        if (s->fibers[t].state == TM_AT_MBAR) s->fibers[t].state = TM_RUN;
+      continue;
+    }
     for (int t = 0; t < s->n; ++t)       /* every live thread is at the block barrier */
       if (s->fibers[t].state == TM_AT_BLOCK) s->fibers[t].state = TM_RUN;
   }
+  if (s->tmaq) tm_tma_land(NULL);        /* copies nobody waited for land all the same */
   tm_cur_sched = prev;
 }
-""" + WARP_PRIMS_C
+""" + WARP_PRIMS_C + TMA_PRIMS_C

@@ -43,7 +43,8 @@ from typing import Any
 
 from ...errors import UnsupportedError
 from ...ir.dtypes import bf16
-from ...ir.primitives import WGMMA_OPS, Prim, PrimCall
+from ...ir.primitives import MBAR_OPS, WGMMA_OPS, Prim, PrimCall
+from .tma_c import render_tma_c
 
 WARP_TYPES_C = r"""
 /* ---- GPU primitives: warp exchange areas and cp.async queues ------------------------------- */
@@ -510,6 +511,8 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return "tm_wgmma_commit()"
     if op is Prim.WGMMA_WAIT:
         return f"tm_wgmma_wait({x(a[0])})"
+    if op in MBAR_OPS or op is Prim.TMA_LOAD:
+        return render_tma_c(g, e)
     if op in (Prim.WGMMA_FENCE, Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC):    # order nothing here
         return "((void)0)"
     raise UnsupportedError(f"the C backend cannot render {op.spec.name}()")  # pragma: no cover

@@ -1,7 +1,8 @@
 """The CUDA backend: IR -> CUDA C++ (``gpu_codegen``), NVRTC -> cubin/PTX, driver API -> launch.
 
 The module is loaded lazily, on the first launch on each GPU (a build never needs the device).
-Before each launch the block is checked against what the loaded function can run: its register
+Kernels that ``tma_load`` get their tensor maps as extra arguments, made at launch
+(:mod:`.tensor_map`).  Before each launch the block is checked against what the loaded function can run: its register
 count times the block's threads must fit the device's registers per block, which the generated
 ``__launch_bounds__`` guarantees only when the block size is a compile-time constant.
 """
@@ -16,6 +17,7 @@ from ..gpu_codegen import CUDA, render_gpu
 from ..gpu_launch import GpuLauncher
 from . import driver
 from .nvrtc import NvrtcOptions, compile_cuda
+from .tensor_map import TensorMaps
 
 _limits: dict[tuple[int, int], tuple[int, int, int]] = {}
 _limits_lock = threading.Lock()
@@ -63,4 +65,6 @@ class CudaBackend:
     def load(self, binary: Binary, func: Function) -> GpuLauncher | None:
         if not driver.cuda_available():
             return None
-        return GpuLauncher(func, _loader(binary), driver.launch, driver.set_max_dynamic_shared, check_registers)
+        maps = TensorMaps(func)
+        return GpuLauncher(func, _loader(binary), driver.launch, driver.set_max_dynamic_shared, check_registers,
+                           maps if maps else None)
