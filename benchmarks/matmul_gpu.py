@@ -14,7 +14,9 @@ Needs an NVIDIA GPU and a CUDA build of PyTorch; elsewhere it says so and exits.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -105,7 +107,8 @@ def main(sizes: list[int]) -> int:
           f"template vs cuBLAS (TF32 allowed), {name}; min of 3 alternating rounds of CUDA graph replays; wgmma "
           "err: max |c - f64 product of the operands (TF32: truncated)| / max |that product|")
     print_table(["m x n x k", "math", "example ms", "example TFLOP/s", "wgmma template schedule", "template ms",
-                 "template TFLOP/s", "mma.sync ms", "mma.sync TFLOP/s", "cuBLAS ms", "cuBLAS TFLOP/s", "wgmma err"],
+                 "template TFLOP/s", "TMA form schedule", "TMA ms", "TMA TFLOP/s", "mma.sync ms", "mma.sync TFLOP/s",
+                 "cuBLAS ms", "cuBLAS TFLOP/s", "wgmma err"],
                 wgmma_rows())
     return 0
 
@@ -236,8 +239,22 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
     return rows
 
 
+@contextlib.contextmanager
+def tma_form():
+    """Choices made inside are the wgmma template's TMA form (``TASKMAP_WGMMA=tma``)."""
+    old = os.environ.get("TASKMAP_WGMMA")
+    os.environ["TASKMAP_WGMMA"] = "tma"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TASKMAP_WGMMA"]
+        else:
+            os.environ["TASKMAP_WGMMA"] = old
+
+
 def wgmma_rows(rounds: int = 3) -> list[list[str]]:
-    """Linears on the wgmma template (the model's schedule) against the tensor-core template
+    """Linears on the wgmma template (the model's schedule) and its TMA form against the tensor-core template
     (mma.sync, the model's schedule) and cuBLAS, on TF32 (TF32 allowed in cuBLAS; the wgmma example
     beside them: examples/matmul_wgmma.py, two warpgroups, 128 x 128 tiles) and in f16, in
     alternating rounds of CUDA graph replays."""
@@ -252,7 +269,7 @@ def wgmma_rows(rounds: int = 3) -> list[list[str]]:
 
     target = current_cuda_target(0)
     if "wgmma" not in target.features:
-        return [[f"{target.name} has no wgmma"] + [""] * 11]
+        return [[f"{target.name} has no wgmma"] + [""] * 14]
     rows = []
     for dtype in ("float32", "float16"):
         tdt = getattr(torch, dtype)
@@ -265,9 +282,14 @@ def wgmma_rows(rounds: int = 3) -> list[list[str]]:
             p = MatmulProblem(1, m, n, k, dtype, dtype, trans_b=True, tf32=dtype == "float32")
             s = tune.choose(MATMUL_TC, p, target, mode="model")
             sw = tune.choose(MATMUL_WGMMA, p, target, mode="model")
-            outs = {key: torch.empty(m, n, device="cuda", dtype=tdt) for key in ("wgmma", "template", "mma", "cublas")}
+            with tma_form():
+                st = tune.choose(MATMUL_WGMMA, p, target, mode="model")
+            outs = {key: torch.empty(m, n, device="cuda", dtype=tdt)
+                    for key in ("wgmma", "template", "tma", "mma", "cublas")}
             runs = {"template": prepared(MATMUL_WGMMA, p, target, sw, MATMUL_WGMMA.arguments(
                         p, [a[None], w[None]], [outs["template"][None]], sw)),
+                    "tma": prepared(MATMUL_WGMMA, p, target, st, MATMUL_WGMMA.arguments(
+                        p, [a[None], w[None]], [outs["tma"][None]], st)),
                     "mma": prepared(MATMUL_TC, p, target, s, MATMUL_TC.arguments(p, [a[None], w[None]],
                                                                                   [outs["mma"][None]], s)),
                     "cublas": lambda a=a, w=w, out=outs["cublas"]: torch.matmul(a, w.t(), out=out)}
@@ -280,7 +302,7 @@ def wgmma_rows(rounds: int = 3) -> list[list[str]]:
                     fn()
                 torch.cuda.synchronize()
                 err = max(float((outs[key].double() - want).abs().max() / want.abs().max())
-                          for key in ("wgmma", "template") if key in runs)
+                          for key in ("wgmma", "template", "tma") if key in runs)
                 times: dict[str, list[float]] = {key: [] for key in runs}
                 for _ in range(rounds):
                     for key, fn in runs.items():
@@ -292,7 +314,9 @@ def wgmma_rows(rounds: int = 3) -> list[list[str]]:
             ex = (f"{t['wgmma']:.3f}", f"{flop / t['wgmma'] / 1e9:.1f}") if "wgmma" in t else ("-", "-")
             rows.append([f"{m}x{n}x{k}", "tf32" if dtype == "float32" else "f16", *ex,
                          ",".join(f"{x}={y}" for x, y in sw.as_dict().items()), f"{t['template']:.3f}",
-                         f"{flop / t['template'] / 1e9:.1f}", f"{t['mma']:.3f}", f"{flop / t['mma'] / 1e9:.1f}",
+                         f"{flop / t['template'] / 1e9:.1f}",
+                         ",".join(f"{x}={y}" for x, y in st.as_dict().items()), f"{t['tma']:.3f}",
+                         f"{flop / t['tma'] / 1e9:.1f}", f"{t['mma']:.3f}", f"{flop / t['mma'] / 1e9:.1f}",
                          f"{t['cublas']:.3f}", f"{flop / t['cublas'] / 1e9:.1f}", f"{err:.1e}"])
     return rows
 
