@@ -182,7 +182,13 @@ class GpuPrims:
             return self.cp_async(g, e)
         if op is Prim.PREFETCH:
             return self.prefetch(g, e)
+        if op is Prim.BAR_SYNC:     # AMD's s_barrier has no id or thread count: CUDA only
+            return self.named_barrier(g, e)
         return self.tensor_core(g, e)
+
+    def named_barrier(self, g: Any, e: PrimCall) -> str:
+        raise UnsupportedError(f"{g.func.name}: bar_sync() (a named barrier among some warps) has no equivalent on "
+                               f"{g.gen.target.name}; use syncthreads()")
 
     def prefetch(self, g: Any, e: PrimCall) -> str:
         """A cache hint; none by default (it changes no result)."""
@@ -257,6 +263,9 @@ class CudaPrims(GpuPrims):
         if e.op is Prim.CP_ASYNC_WAIT:
             return f"tm_cp_async_wait<{g.expr(a[0])}>()"
         return f"tm_cp_async{a[2].value}({g.ref(a[0])}, {g.ref(a[1])}, (int)({g.expr(a[3])}))"
+
+    def named_barrier(self, g: Any, e: PrimCall) -> str:
+        return f'asm volatile("bar.sync %0, %1;\\n" :: "r"({int(e.args[0].value)}), "r"((int)({g.expr(e.args[1])})) : "memory")'
 
     def prefetch(self, g: Any, e: PrimCall) -> str:
         # generic addressing: any state space; never faults

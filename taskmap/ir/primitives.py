@@ -115,6 +115,9 @@ class Prim(enum.Enum):
     #: stored as c ^ row % 8: the wgmma layout), elements outside the tensor zero-filled; its bytes
     #: (all ``rows * cols`` of them) complete on ``bar``
     TMA_LOAD = PrimSpec("tma_load", PrimKind.MEMORY, 9, refs=(0, 1, 2), writes=(0, 2), consts=(3, 4, 5), value=False)
+    #: (id, count): a named barrier (1..15): wait until ``count`` threads (whole warps) have arrived at
+    #: barrier ``id`` — a ``syncthreads()`` among some warps of the block (warp specialization)
+    BAR_SYNC = PrimSpec("bar_sync", PrimKind.MEMORY, 2, consts=(0,), value=False)
     #: (ref, level): a hint to bring the cache line of ``ref`` into the cache of ``level`` (1 or 2);
     #: no effect on results, and ``ref`` may lie past the tensor's end (a prefetch never faults)
     PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 2, refs=(0,), consts=(1,), value=False)
@@ -188,7 +191,7 @@ def needs_gpu(op: Prim) -> bool:
     ``copy16`` and ``transpose_block`` are also valid in CPU kernels)."""
     return op.spec.kind in (PrimKind.WARP, PrimKind.MMA) or op in (
         Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT, Prim.WGMMA_FENCE, Prim.WGMMA_COMMIT, Prim.WGMMA_WAIT,
-        Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC, Prim.TMA_LOAD) or op in MBAR_OPS
+        Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC, Prim.TMA_LOAD, Prim.BAR_SYNC) or op in MBAR_OPS
 
 
 # ----------------------------------------------------------------------------- checks
@@ -313,6 +316,12 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
         return None
     if op in MBAR_OPS or op is Prim.TMA_LOAD:
         return _tma_problem(op, name, args)
+    if op is Prim.BAR_SYNC:
+        if not 1 <= int(args[0].value) <= 15:  # type: ignore[attr-defined]
+            return 0, f"bar_sync() names barrier 1 to 15 (0 is syncthreads()), got {args[0].value}"  # type: ignore
+        if not args[1].dtype.is_integer:
+            return 1, f"the thread count of bar_sync() must be an integer, got {args[1].dtype!r}"
+        return None
     if op is Prim.PREFETCH:
         if _scope(args[0]) is MemScope.REGISTER:
             return 0, f"prefetch() needs an element of a global or shared tensor; '{args[0].tensor.name}' is a " \

@@ -30,7 +30,7 @@ from .gpu_builtins import (FULL_MASK, all_sync, any_sync, atomic_add, atomic_cas
                            shfl_down_sync, shfl_sync, shfl_up_sync, shfl_xor_sync, syncwarp, transpose_block, warp_id,
                            warp_size, fence_proxy_async, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_tf32, wgmma_wait)
 from .kernel import kernel
-from .tma_builtins import mbarrier_arrive, mbarrier_init, mbarrier_wait, tma_load
+from .tma_builtins import bar_sync, mbarrier_arrive, mbarrier_init, mbarrier_wait, tma_load
 from .mma import (MMA_K, MMA_M, MMA_N, MMA_TF32_K, ldmatrix_x1_rows, ldmatrix_x2_rows, ldmatrix_x4_rows,
                   ldmatrix_x4_rows_b32, mma_a_layout, mma_b_layout, mma_c_layout, mma_tf32_a_layout, mma_tf32_b_layout, round_tf32,
                   tf32_operand, wgmma_c_layout, wgmma_sw128, wgmma_sw128_b16)
@@ -49,6 +49,6 @@ __all__ = [
     "log1p", "log2", "parallel", "pow", "register_tensor", "repeat", "round", "rsqrt", "select", "shared_tensor",
     "sin", "sinh", "spatial", "sqrt", "symbol", "syncthreads", "tan", "tanh", "threadIdx", "transpile", "trunc",
     "u8", "u16", "u32", "u64", "unroll", "vectorize", "fence_proxy_async", "wgmma_c_layout", "wgmma_commit",
-    "wgmma_f16", "wgmma_fence", "wgmma_sw128", "wgmma_sw128_b16", "wgmma_tf32", "wgmma_wait", "mbarrier_arrive",
+    "wgmma_f16", "wgmma_fence", "wgmma_sw128", "wgmma_sw128_b16", "wgmma_tf32", "wgmma_wait", "bar_sync", "mbarrier_arrive",
     "mbarrier_init", "mbarrier_wait", "tma_load",
 ]

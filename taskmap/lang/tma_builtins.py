@@ -1,4 +1,5 @@
-"""DSL builtins for Hopper's copy engine (TMA) and its barriers (mbarriers), sm_90 (IR:
+"""DSL builtins for Hopper's copy engine (TMA) and its barriers (mbarriers), sm_90, and named barriers
+(``bar_sync``: a barrier among some warps, any GPU) — the pieces of warp-specialized kernels (IR:
 :mod:`taskmap.ir.primitives`).
 
 An mbarrier is an element of a ``u64`` shared tensor.  One thread initializes it with
@@ -87,6 +88,21 @@ def _tma_load(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
     return S.Evaluate(finish(ctx, node, call, {3: "rows", 4: "cols", 5: "swizzle"}))
 
 
+def _bar_sync(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+    id_v, count_v = take_args(ctx, node, "bar_sync", args, kwargs, ("id", "count"), 2, {})
+    ctx.mark_gpu(node, "bar_sync()")
+    bar = const_int(id_v)
+    if bar is None:
+        raise ctx.error(arg_node(node, 0, "id"), f"the id of bar_sync() must be a compile-time integer, got "
+                                                 f"{ctx.value_str(id_v)}")
+    count = int_arg(ctx, node, 1, count_v, "the thread count of bar_sync()", "count")
+    return S.Evaluate(finish(ctx, node, PrimCall(Prim.BAR_SYNC, (E.const(bar), count)), {0: "id", 1: "count"}))
+
+
+bar_sync = Builtin("bar_sync", _bar_sync,
+                   "``bar_sync(id, count)``: a named barrier (id 1 to 15): the calling warps wait until count "
+                   "threads (a multiple of the warp size) have arrived at barrier id — syncthreads() among some "
+                   "warps of the block, e.g. the consumers of a warp-specialized kernel.")
 mbarrier_init = Builtin("mbarrier_init", _mbarrier_init,
                         "``mbarrier_init(bar[i], count)``: one thread makes the u64 shared element bar[i] an "
                         "mbarrier whose phases complete after count arrivals (and their expected bytes); a "
@@ -103,4 +119,4 @@ tma_load = Builtin("tma_load", _tma_load,
                    "into shared memory, zero-filling what lies outside src; its bytes complete on bar[i].  "
                    "swizzle=128: rows of 128 bytes in wgmma's swizzled layout.  sm_90.")
 
-__all__ = ["mbarrier_arrive", "mbarrier_init", "mbarrier_wait", "tma_load"]
+__all__ = ["bar_sync", "mbarrier_arrive", "mbarrier_init", "mbarrier_wait", "tma_load"]

@@ -43,7 +43,8 @@ _STATUS = {1: "out of memory while setting up thread blocks on the CPU",
            7: "deadlock: every live thread of a block waits on an mbarrier phase that nothing left can complete "
               "(mbarrier_wait() for a parity whose phase lacks arrivals or tma_load bytes; a GPU would hang)",
            8: "mbarrier_arrive() on a barrier with no arrival pending in its phase (more arrivals than "
-              "mbarrier_init()'s count, or a barrier never initialized), or an mbarrier_init() count outside 1..32767"}
+              "mbarrier_init()'s count, or a barrier never initialized), or an mbarrier_init() count outside 1..32767",
+           9: "bar_sync() with a thread count that is not a positive multiple of the warp size within the block"}
 
 
 def launch_dims(func: Function, sizes: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:

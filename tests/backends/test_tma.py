@@ -11,7 +11,7 @@ import taskmap
 from taskmap.backends.cuda.tensor_map import box_geometry
 from taskmap.backends.tma import TensorMapSpec, tensor_maps
 from taskmap.errors import LaunchError, TaskmapError, UnsupportedError
-from taskmap.lang import (attrs, blockIdx, f16, f32, gridDim, mbarrier_arrive, mbarrier_init, mbarrier_wait,
+from taskmap.lang import (attrs, bar_sync, blockIdx, f16, f32, gridDim, mbarrier_arrive, mbarrier_init, mbarrier_wait,
                           register_tensor, shared_tensor, symbol, syncthreads, threadIdx, tma_load, u64, wgmma_sw128,
                           wgmma_sw128_b16)
 
@@ -337,3 +337,66 @@ def test_tma_misuse_is_a_clear_error():
     expect(big_box, "a tma_load() box is rows x cols with both at most 256")
     expect(f32_barrier, "the barrier of tma_load() is a u64 shared tensor element; 'bar' is shared f32")
     expect(misaligned_tile, "tma_load() needs a 128-byte aligned address, but element 36 of 'tile'")
+
+
+@taskmap.kernel
+def named_exchange(a: f32[64], out: f32[96]):
+    """Warps 0 and 1 swap halves of a through shared memory behind a named barrier of 64 threads;
+    warp 2 waits for them on an mbarrier (no syncthreads after the start: it is not held)."""
+    attrs.block_dim = 96
+    buf = shared_tensor(f32, [64])
+    done = shared_tensor(u64, [1])
+    if threadIdx.x == 0:
+        mbarrier_init(done[0], 2)
+    syncthreads()
+    if threadIdx.x < 64:
+        buf[threadIdx.x] = a[threadIdx.x] * 2.0
+        bar_sync(1, 64)
+        out[threadIdx.x] = buf[63 - threadIdx.x]
+        bar_sync(1, 64)
+        if threadIdx.x % 32 == 0:
+            mbarrier_arrive(done[0])
+    else:
+        mbarrier_wait(done[0], 0)
+        out[threadIdx.x] = out[threadIdx.x - 64] + 1.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_named_barrier_holds_only_its_warps(device):
+    a = RNG.standard_normal(64).astype(np.float32)
+    got = run_on(device, named_exchange, a, np.zeros(96, np.float32))[1]
+    want = np.concatenate([2 * a[::-1], 2 * a[::-1][:32] + 1])
+    np.testing.assert_array_equal(got, want)
+
+
+def half_block(count):
+    @taskmap.kernel
+    def halves(out: f32[64]):
+        attrs.block_dim = 64
+        if threadIdx.x < 32:
+            out[threadIdx.x] = 1.0
+            bar_sync(2, count)
+    return halves
+
+
+def test_named_barrier_builds_for_cuda_only():
+    built = built_for_cuda(half_block(32), "sm_80", ["bar.sync"])
+    assert 'asm volatile("bar.sync %0, %1;\\n" :: "r"(2), "r"((int)(32)) : "memory")' in built.source
+    with pytest.raises(UnsupportedError, match=r"bar_sync\(\) \(a named barrier among some warps\) has no "
+                                               r"equivalent on hip:gfx90a"):
+        half_block(32).build("hip", arch="gfx90a")
+
+
+def test_named_barrier_faults():
+    out = np.zeros(64, np.float32)
+    half_block(32)(out)                                       # one warp: complete
+    np.testing.assert_array_equal(out[:32], 1.0)
+    with pytest.raises(TaskmapError, match="deadlock"):      # waits for a second warp that never comes
+        half_block(64)(out)
+    with pytest.raises(TaskmapError, match=r"bar_sync\(\) with a thread count that is not a positive multiple of the "
+                                           r"warp size"):
+        half_block(48)(out)
+    with pytest.raises(taskmap.errors.DSLError, match=r"bar_sync\(\) names barrier 1 to 15 \(0 is syncthreads\(\)\)"):
+        @taskmap.kernel
+        def zero(out: f32[64]):
+            bar_sync(0, 64)

@@ -478,18 +478,20 @@ def test_tma_form_takes_linears_and_leaves_prologues_to_cp_async(monkeypatch):
     assert "cp.async.bulk.tensor" in cg.steps[0].kernel.build("cuda", arch="sm_90a").artifact.extra.ptx
 
 
-def test_wgmma_3xtf32_models_match_eager_as_f32_does(monkeypatch):
-    """End to end on sm_90a with ``TASKMAP_WGMMA=1`` and ``fp32_precision="3xtf32"`` (cuDNN's TF32
-    off, so the convolutions take 3xTF32 too): a small BERT and a conv block run their linears and
-    convolutions on the wgmma template — epilogues (bias, GELU, residual adds, BN, ReLU), split-K
-    and img2col fused in — and match eager within f32's tolerances.  (Every product but BERT's
-    pooler has at least a warpgroup's 64 rows: fewer go to the other templates.)"""
+@pytest.mark.parametrize("mode", ["1", "tma"])
+def test_wgmma_3xtf32_models_match_eager_as_f32_does(monkeypatch, mode):
+    """End to end on sm_90a with ``TASKMAP_WGMMA=1`` (and ``=tma``: the linears on the TMA form) and
+    ``fp32_precision="3xtf32"`` (cuDNN's TF32 off, so the convolutions take 3xTF32 too): a small BERT
+    and a conv block run their linears and convolutions on the wgmma template — epilogues (bias,
+    GELU, residual adds, BN, ReLU), split-K and img2col fused in — and match eager within f32's
+    tolerances.  (Every product but BERT's pooler has at least a warpgroup's 64 rows: fewer go to
+    the other templates.)"""
     transformers = pytest.importorskip("transformers")
     from taskmap.frontend.torch import precision
 
     real = precision.current
     monkeypatch.setattr(precision, "current", lambda dev: real("cuda:0"))     # as if captured on a GPU
-    monkeypatch.setenv("TASKMAP_WGMMA", "1")
+    monkeypatch.setenv("TASKMAP_WGMMA", mode)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch.manual_seed(3)
     bert = transformers.BertModel(transformers.BertConfig(
@@ -518,7 +520,9 @@ def test_wgmma_3xtf32_models_match_eager_as_f32_does(monkeypatch):
             got, want = got.last_hidden_state, want.last_hidden_state
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         names = [k.func.name for _, k in _kernels(fast)]
-        assert names.count("matmul_wgmma") == (12 if model is bert else 3), names     # 6 linears a layer
+        tma = names.count("matmul_wgmma_tma")
+        assert names.count("matmul_wgmma") + tma == (12 if model is bert else 3), names     # 6 linears a layer
+        assert tma == (0 if mode == "1" or model is block else 12), names
 
 
 @pytest.mark.parametrize("dtype", ["tf32", "float16"])

@@ -49,6 +49,30 @@ def test_tma_form_matches_the_truncated_product(schedule, shape, a_batched):
     assert np.abs(c - full).max() > 20 * np.abs(c - want).max()      # tf32 products, not f32 ones
 
 
+@pytest.mark.parametrize("schedule,shape", [
+    (tma(), (37, 29, 44)),                                  # edges: zero-filled lows too
+    (tma(bm=128, bn=128, stages=4), (130, 72, 1536)),       # two warpgroups split B together; long K
+    (tma(bm=128, bk=64, stages=3, split=2), (70, 40, 1000)),   # two swizzle columns, split-K
+], ids=["edges", "two-warpgroups-long-k", "bk64-splitk"])
+def test_tma_form_3xtf32_is_as_accurate_as_f32(schedule, shape):
+    """3xTF32 on the TMA form (the consumers split the tiles, a named barrier among them): within 3x
+    the error of the SIMT template's f32 FMAs against the f64 product, far below TF32's."""
+    from dataclasses import replace
+
+    from taskmap.templates.matmul_simt import MATMUL_SIMT
+    from test_matmul_simt import SM80, simt
+
+    p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=True, bias=True, tf32x3=True)
+    cfg = MATMUL_WGMMA.config(p, SM90A, schedule)
+    assert cfg.x3 and cfg.tma
+    c, full = run(MATMUL_WGMMA, p, schedule, SM90A)
+    c_f32, _ = run(MATMUL_SIMT, replace(p, tf32x3=False), simt(), SM80)
+    c_tf32, _ = run(MATMUL_WGMMA, replace(p, tf32x3=False, tf32=True), schedule, SM90A)
+    err = {name: np.abs(x - full).max() for name, x in (("x3", c), ("f32", c_f32), ("tf32", c_tf32))}
+    assert err["x3"] <= 3 * err["f32"], err
+    assert err["tf32"] > 100 * err["x3"], err
+
+
 @pytest.mark.parametrize("dtype,out,schedule", [
     ("float16", "float16", tma(bk=64)),
     ("bfloat16", "float32", tma(bm=128, bn=128, bk=128, stages=4)),
@@ -75,9 +99,10 @@ def test_tma_space_is_opt_in_and_applies_to_aligned_linears(tma_mode, monkeypatc
     assert space and all(s["tma"] == 1 and s["inflight"] == 1 for s in space)
     best = choose(MATMUL_WGMMA, linear, SM90A, mode="model")
     assert best["tma"] == 1
-    # not for a K x N B, 3xTF32, or rows off 16 bytes: those keep the cp.async form
-    for p in (MatmulProblem(1, 512, 512, 512, tf32=True), MatmulProblem(1, 512, 512, 512, trans_b=True, tf32x3=True),
-              MatmulProblem(1, 512, 512, 510, trans_b=True, tf32=True),
+    x3 = MATMUL_WGMMA.space(MatmulProblem(1, 512, 512, 512, trans_b=True, tf32x3=True), SM90A)
+    assert x3 and all(s["tma"] == 1 and s["bn"] <= 128 for s in x3)
+    # not for a K x N B or rows off 16 bytes: those keep the cp.async form
+    for p in (MatmulProblem(1, 512, 512, 512, tf32=True), MatmulProblem(1, 512, 512, 510, trans_b=True, tf32=True),
               MatmulProblem(1, 512, 512, 500, "float16", "float16", trans_b=True)):
         assert all("tma" not in s.as_dict() for s in MATMUL_WGMMA.space(p, SM90A)), p
     assert MATMUL_WGMMA.space(MatmulProblem(1, 512, 512, 504, "float16", "float16", trans_b=True), SM90A)[0]["tma"]
@@ -100,15 +125,16 @@ def test_tma_form_threads_and_shared_memory(tma_mode):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on the PATH")
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_ptxas_keeps_the_tma_form_pipelined(tma_mode, dtype, tmp_path):
+@pytest.mark.parametrize("math", ["tf32", "tf32x3", "float16"])
+def test_ptxas_keeps_the_tma_form_pipelined(tma_mode, math, tmp_path):
     """Every schedule: no serialized wgmma (ptxas's C7515), no spills, the copy engine's loads and the
     barriers' waits in the code, and at most the registers 128 C + 32 threads leave a thread."""
-    kw = {"tf32": True} if dtype == "float32" else {"dtype": dtype, "out_dtype": dtype}
+    kw = {math: True} if math.startswith("tf32") else {"dtype": math, "out_dtype": math}
     p = MatmulProblem(1, 4096, 4096, 4096, trans_b=True, bias=True, **kw)
     for s in MATMUL_WGMMA.space(p, SM90A):
         ptx = MATMUL_WGMMA.instantiate(p, SM90A, s).build("cuda", arch="sm_90a").compiled[0].artifact.extra.ptx
         assert "cp.async.bulk.tensor.3d" in ptx and "mbarrier.try_wait.parity" in ptx and "cp.async.ca" not in ptx
+        assert ("bar.sync" in ptx.replace("bar.sync \t0", "")) == (math == "tf32x3")
         (tmp_path / "k.ptx").write_text(ptx)
         log = subprocess.run([shutil.which("ptxas"), "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
                               str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True).stderr

@@ -278,7 +278,7 @@ class CGen:
         prims = [p.op for h in self.module.functions for p in collect(h.body, PrimCall)]
         needs = (1 if any(map(is_warp_synchronous, prims)) else 0) | (2 if Prim.CP_ASYNC in prims else 0) | \
             (4 if any(op in WGMMA_OPS for op in prims) else 0) | \
-            (8 if any(op in MBAR_OPS or op is Prim.TMA_LOAD for op in prims) else 0)
+            (8 if any(op in MBAR_OPS or op in (Prim.TMA_LOAD, Prim.BAR_SYNC) for op in prims) else 0)
         # Threads are fibers when they must stop midway: barriers, warp rendezvous, cp.async queues, mbarriers.
         has_barrier = needs != 0 or any(collect(h.body, S.Barrier) for h in self.module.functions)
         arg_names = [g.names(p) for p in f.params] + [g.names.size(sv.name) for sv in f.size_vars]

@@ -47,6 +47,7 @@ RUNTIME_C = SYSTEM_HEADER + r"""
 #define TM_ERR_WGMMA_RACE 6
 #define TM_ERR_DEADLOCK 7
 #define TM_ERR_MBAR 8
+#define TM_ERR_NAMED 9
 #define TM_FN static inline
 #define TM_BITCAST(dst, src) memcpy(&(dst), &(src), sizeof(dst))
 /* A scalar argument of a packed entry: the first bytes of its 64-bit word. */
@@ -131,17 +132,17 @@ __asm__(
   "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
   "  ret\n.size tm_switch_x86,.-tm_switch_x86\n");
 void tm_switch_x86(void **save_sp, void *to_sp);
-typedef struct { void *sp; int state; } tm_fiber;
+typedef struct { void *sp; int state, wait_id; } tm_fiber;
 typedef void *tm_main_ctx;
 #define TM_SWITCH_TO_FIBER(s, f) tm_switch_x86(&(s)->main, (f)->sp)
 #define TM_SWITCH_TO_MAIN(s, f) tm_switch_x86(&(f)->sp, (s)->main)
 #else
-typedef struct { ucontext_t ctx; int state; } tm_fiber;
+typedef struct { ucontext_t ctx; int state, wait_id; } tm_fiber;
 typedef ucontext_t tm_main_ctx;
 #define TM_SWITCH_TO_FIBER(s, f) swapcontext(&(s)->main, &(f)->ctx)
 #define TM_SWITCH_TO_MAIN(s, f) swapcontext(&(f)->ctx, &(s)->main)
 #endif
-enum { TM_RUN = 0, TM_AT_BLOCK = 1, TM_AT_WARP = 2, TM_DONE = 3, TM_AT_MBAR = 4 };  /* fiber states */
+enum { TM_RUN = 0, TM_AT_BLOCK = 1, TM_AT_WARP = 2, TM_DONE = 3, TM_AT_MBAR = 4, TM_AT_NAMED = 5 };  /* fiber states */
 """ + WARP_TYPES_C + TMA_TYPES_C + r"""
 /* ---- streaming stores (Store.stream): n floats, a whole number of vectors, written past the
    caches (non-temporal) where dst is aligned to a vector, else plainly; a thread that streamed
@@ -182,7 +183,8 @@ typedef struct {
   tm_wgq *wgq;         /* one queue of pending wgmma per thread (kernels with wgmma) */
   tm_wgr wgr;          /* the tiles those pending wgmma read */
   tm_tmaq *tmaq;       /* the block's pending TMA copies (kernels with mbarriers / tma_load) */
-  unsigned long mbar_events;   /* changes of any mbarrier: progress while threads wait on them */
+  unsigned long mbar_events;   /* changes of any mbarrier or named barrier: progress while threads wait */
+  int named[16];       /* arrivals at each named barrier (bar_sync) */
   void (*entry)(const void *);
   const void *arg;
 } tm_sched;
@@ -214,6 +216,24 @@ static inline void tm_barrier(void) {
 static inline void tm_warp_wait(tm_sched *s) {
   tm_fiber *f = &s->fibers[s->cur];
   f->state = TM_AT_WARP;
+  TM_SWITCH_TO_MAIN(s, f);
+}
+
+/* A named barrier (bar.sync id, count): the last of count arrivals releases the others. */
+static inline void tm_bar_sync(int id, int count) {
+  tm_sched *s = tm_cur_sched;
+  if (!s) return;
+  if (count <= 0 || count > s->n || count % s->warp_size) { tm_fault(TM_ERR_NAMED); return; }
+  s->mbar_events++;
+  if (++s->named[id] >= count) {
+    s->named[id] = 0;
+    for (int t = 0; t < s->n; ++t)
+      if (s->fibers[t].state == TM_AT_NAMED && s->fibers[t].wait_id == id) s->fibers[t].state = TM_RUN;
+    return;
+  }
+  tm_fiber *f = &s->fibers[s->cur];
+  f->state = TM_AT_NAMED;
+  f->wait_id = id;
   TM_SWITCH_TO_MAIN(s, f);
 }
 
@@ -296,6 +316,7 @@ static void tm_run_block(tm_sched *s, void (*entry)(const void *), const void *a
   for (int t = 0; t < s->n; ++t) tm_fiber_reset(s, t);
   s->wgr.n = 0;
   if (s->tmaq) s->tmaq->n = 0;
+  memset(s->named, 0, sizeof s->named);
   tm_sched *prev = tm_cur_sched;
   tm_cur_sched = s;
   const int W = s->warp_size;
@@ -320,10 +341,13 @@ static void tm_run_block(tm_sched *s, void (*entry)(const void *), const void *a
           if (s->fibers[t].state == TM_AT_WARP) s->fibers[t].state = TM_RUN;
       }
     }
-    int at_mbar = 0;
-    for (int t = 0; t < s->n; ++t) at_mbar += s->fibers[t].state == TM_AT_MBAR;
-    if (at_mbar) {                       /* waiters test their barriers again, if any changed */
-      if (s->mbar_events == events) { tm_fault(TM_ERR_DEADLOCK); break; }   /* nothing can: abandon the block */
+    int waiting = 0, runnable = 0;       /* at mbarriers or named barriers; released by a named barrier */
+    for (int t = 0; t < s->n; ++t) {
+      waiting += s->fibers[t].state == TM_AT_MBAR || s->fibers[t].state == TM_AT_NAMED;
+      runnable += s->fibers[t].state == TM_RUN;
+    }
+    if (waiting || runnable) {           /* mbarrier waiters test again, if anything changed */
+      if (!runnable && s->mbar_events == events) { tm_fault(TM_ERR_DEADLOCK); break; }   /* abandon the block */
       events = s->mbar_events;
       for (int t = 0; t < s->n; ++t)
         if (s->fibers[t].state == TM_AT_MBAR) s->fibers[t].state = TM_RUN;

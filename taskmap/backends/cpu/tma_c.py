@@ -137,6 +137,8 @@ def render_tma_c(g: Any, e: PrimCall) -> str:
         return f"tm_mbar_arrive((uint64_t *){ref(a[0])}, (int32_t)({x(a[1])}))"
     if e.op is Prim.MBAR_WAIT:
         return f"tm_mbar_wait((uint64_t *){ref(a[0])}, (int)({x(a[1])}))"
+    if e.op is Prim.BAR_SYNC:
+        return f"tm_bar_sync({int(a[0].value)}, (int)({x(a[1])}))"
     shape = a[1].tensor.type.shape
     dims = ["1"] * (3 - len(shape)) + [f"(long)({x(d)})" for d in shape]
     coords = ", ".join(f"(int32_t)({x(c)})" for c in a[6:9])

@@ -511,7 +511,7 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return "tm_wgmma_commit()"
     if op is Prim.WGMMA_WAIT:
         return f"tm_wgmma_wait({x(a[0])})"
-    if op in MBAR_OPS or op is Prim.TMA_LOAD:
+    if op in MBAR_OPS or op in (Prim.TMA_LOAD, Prim.BAR_SYNC):
         return render_tma_c(g, e)
     if op in (Prim.WGMMA_FENCE, Prim.WGMMA_KEEP, Prim.FENCE_PROXY_ASYNC):    # order nothing here
         return "((void)0)"
