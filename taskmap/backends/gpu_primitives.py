@@ -381,6 +381,10 @@ class HipPrims(GpuPrims):
         return self.cp_async_sync(g, e)
 
     def tensor_core(self, g: Any, e: PrimCall) -> str:
+        if e.op in MBAR_OPS or e.op is Prim.TMA_LOAD:
+            raise UnsupportedError(f"{g.func.name}: {e.op.spec.name}() belongs to NVIDIA Hopper's copy engine (TMA) and "
+                                   f"its barriers, with no HIP equivalent on {g.gen.target.name}; this kernel runs on "
+                                   "CUDA sm_90+ and on the CPU")
         raise UnsupportedError(f"{g.func.name}: {e.op.spec.name}() is an NVIDIA tensor-core instruction with no HIP "
                                f"equivalent on {g.gen.target.name} (AMD's MFMA uses other fragment layouts and is "
                                "not exposed yet); this kernel runs on CUDA sm_80+ and on the CPU")

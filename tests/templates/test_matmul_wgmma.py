@@ -146,13 +146,19 @@ def test_wgmma_3xtf32_is_as_accurate_as_f32(schedule, shape, trans_b):
     """3xTF32 on wgmma: the tiles split into tf32 high and low parts in shared memory, three wgmma
     per 8 of K into a partial accumulator added per k-tile with round-to-nearest: within 3x the
     error of the SIMT template's f32 FMAs against the f64 product, and far below TF32's."""
+    p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32x3=True)
+    assert MATMUL_WGMMA.config(p, SM90A, schedule).x3
+    assert_as_accurate_as_f32(p, schedule)
+
+
+def assert_as_accurate_as_f32(p, schedule):
+    """The 3xTF32 problem ``p`` on ``schedule``: within 3x the error of the SIMT template's f32 FMAs
+    against the f64 product, and far below TF32's on the same schedule."""
     from dataclasses import replace
 
     from taskmap.templates.matmul_simt import MATMUL_SIMT
     from test_matmul_simt import SM80, simt
 
-    p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=trans_b, bias=True, tf32x3=True)
-    assert MATMUL_WGMMA.config(p, SM90A, schedule).x3
     c, full = run(MATMUL_WGMMA, p, schedule, SM90A)
     c_f32, _ = run(MATMUL_SIMT, replace(p, tf32x3=False), simt(), SM80)
     c_tf32, _ = run(MATMUL_WGMMA, replace(p, tf32x3=False, tf32=True), schedule, SM90A)

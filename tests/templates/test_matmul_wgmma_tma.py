@@ -16,7 +16,7 @@ from taskmap.templates.matmul_problem import MatmulProblem
 from taskmap.templates.matmul_wgmma import MATMUL_WGMMA
 from taskmap.testing import assert_close
 from test_matmul_simt import operands, run
-from test_matmul_wgmma import truncated
+from test_matmul_wgmma import assert_as_accurate_as_f32, truncated
 
 SM90A = cuda_target("sm_90a")
 
@@ -57,20 +57,10 @@ def test_tma_form_matches_the_truncated_product(schedule, shape, a_batched):
 def test_tma_form_3xtf32_is_as_accurate_as_f32(schedule, shape):
     """3xTF32 on the TMA form (the consumers split the tiles, a named barrier among them): within 3x
     the error of the SIMT template's f32 FMAs against the f64 product, far below TF32's."""
-    from dataclasses import replace
-
-    from taskmap.templates.matmul_simt import MATMUL_SIMT
-    from test_matmul_simt import SM80, simt
-
     p = MatmulProblem(2, *shape, "float32", "float32", b_batched=False, trans_b=True, bias=True, tf32x3=True)
     cfg = MATMUL_WGMMA.config(p, SM90A, schedule)
     assert cfg.x3 and cfg.tma
-    c, full = run(MATMUL_WGMMA, p, schedule, SM90A)
-    c_f32, _ = run(MATMUL_SIMT, replace(p, tf32x3=False), simt(), SM80)
-    c_tf32, _ = run(MATMUL_WGMMA, replace(p, tf32x3=False, tf32=True), schedule, SM90A)
-    err = {name: np.abs(x - full).max() for name, x in (("x3", c), ("f32", c_f32), ("tf32", c_tf32))}
-    assert err["x3"] <= 3 * err["f32"], err
-    assert err["tf32"] > 100 * err["x3"], err
+    assert_as_accurate_as_f32(p, schedule)
 
 
 @pytest.mark.parametrize("dtype,out,schedule", [

@@ -31,13 +31,18 @@ def box_geometry(func: Function, spec: TensorMapSpec, values: Sequence[Any]) -> 
     tensor ``spec`` maps, from the launch's values (parameters, then sizes); checked for TMA."""
     param = func.params[spec.param]
     t = param.type
-    env = {sv: E.const(int(v)) for sv, v in zip(func.size_vars, values[len(func.params):])}
+    sizes = values[len(func.params):]
     dims = []
     for d in t.shape:
-        v = simplify_expr(substitute(d, env))
-        if not isinstance(v, E.Const):
-            raise LaunchError(f"{func.name}(): cannot evaluate the size {d!r} of '{param.name}' for its tensor map")
-        dims.append(int(v.value))
+        if isinstance(d, E.Const):
+            dims.append(int(d.value))
+        elif isinstance(d, E.SizeVar) and d in func.size_vars:      # the common cases, without the simplifier
+            dims.append(int(sizes[func.size_vars.index(d)]))
+        else:
+            v = simplify_expr(substitute(d, {sv: E.const(int(x)) for sv, x in zip(func.size_vars, sizes)}))
+            if not isinstance(v, E.Const):
+                raise LaunchError(f"{func.name}(): cannot evaluate the size {d!r} of '{param.name}' for its tensor map")
+            dims.append(int(v.value))
     dims = [1] * (3 - len(dims)) + dims
     size = t.dtype.nbytes
     address = int(values[spec.param])
