@@ -102,7 +102,8 @@ def main(sizes: list[int]) -> int:
           "|c - f64 product| / max |f64 product|")
     print_table(["m x n x k", "3xTF32 schedule", "3xTF32 ms", "SIMT ms", "cuBLAS ms", "3xTF32 TFLOP/s",
                  "cuBLAS/3xTF32", "cuBLAS/SIMT", "3xTF32 err", "SIMT err", "cuBLAS err", "wgmma 3xTF32 ms",
-                 "cuBLAS/wgmma 3xTF32", "wgmma 3xTF32 err"], x3_rows())
+                 "cuBLAS/wgmma 3xTF32", "wgmma 3xTF32 err", "TMA 3xTF32 ms", "cuBLAS/TMA 3xTF32", "TMA 3xTF32 err"],
+                x3_rows())
     print(f"\nTF32 and f16 linears (B = N x K weight): the wgmma example and template (sm_90a) vs the mma.sync "
           f"template vs cuBLAS (TF32 allowed), {name}; min of 3 alternating rounds of CUDA graph replays; wgmma "
           "err: max |c - f64 product of the operands (TF32: truncated)| / max |that product|")
@@ -211,11 +212,12 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
         scale = float(exact.abs().max())
         runs, outs, scheds = {}, {}, {}
         for key, template, tf32x3 in (("x3", MATMUL_TC, True), ("simt", MATMUL_SIMT, False),
-                                      ("wgmma", MATMUL_WGMMA, True)):
+                                      ("wgmma", MATMUL_WGMMA, True), ("tma", MATMUL_WGMMA, True)):
             p = MatmulProblem(1, m, n, k, trans_b=True, bias=True, tf32x3=tf32x3)
             if not template.applies(p, target):
                 continue
-            scheds[key] = tune.choose(template, p, target, mode="model")
+            with tma_form() if key == "tma" else contextlib.nullcontext():
+                scheds[key] = tune.choose(template, p, target, mode="model")
             outs[key] = torch.empty(1, m, n, device="cuda")
             runs[key] = prepared(template, p, target, scheds[key], template.arguments(p, [a, w, bias], [outs[key]],
                                                                                       scheds[key]))
@@ -230,8 +232,8 @@ def x3_rows(rounds: int = 3) -> list[list[str]]:
             for key, fn in runs.items():
                 times[key].append(graph_median_ms(fn))
         t = {key: min(v) for key, v in times.items()}
-        wg = (f"{t['wgmma']:.3f}", f"{t['cublas'] / t['wgmma']:.2f}", f"{err['wgmma']:.1e}") if "wgmma" in t \
-            else ("-", "-", "-")
+        wg = tuple(x for key in ("wgmma", "tma") for x in (
+            (f"{t[key]:.3f}", f"{t['cublas'] / t[key]:.2f}", f"{err[key]:.1e}") if key in t else ("-", "-", "-")))
         rows.append([f"{m}x{n}x{k}", ",".join(f"{x}={y}" for x, y in scheds["x3"].as_dict().items()),
                      f"{t['x3']:.3f}", f"{t['simt']:.3f}", f"{t['cublas']:.3f}", f"{2.0 * m * n * k / t['x3'] / 1e9:.1f}",
                      f"{t['cublas'] / t['x3']:.2f}", f"{t['cublas'] / t['simt']:.2f}", f"{err['x3']:.1e}",

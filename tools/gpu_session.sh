@@ -10,8 +10,9 @@
 #   TF32 for every side —, models_f16 — the models in f16 —, models_tf32_mma, models_3xtf32_mma and
 #   models_f16_mma — the same with TASKMAP_WGMMA=0 (mma.sync instead of sm_90a's wgmma, the A/B) —,
 #   wgmma_sweep — every schedule of the wgmma template's space on BERT's linears, dumped to
-#   $OUT/wgmma_sweep.json to fit its cost model —, models_tf32_tma, models_f16_tma and
-#   wgmma_tma_sweep — the same with TASKMAP_WGMMA=tma (the template's TMA form) —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
+#   $OUT/wgmma_sweep.json to fit its cost model —, models_tf32_tma, models_f16_tma,
+#   models_3xtf32_tma and wgmma_tma_sweep — the same with TASKMAP_WGMMA=tma (the template's TMA
+#   form) —, gpu_exhaustive — the GPU matmul cost model against exhaustive tuning —
 #   and generate — transformers' generate under the backend against eager and inductor)
 #   The default stages' limits add up to more than one call's 600 s (session 17's times plus the
 #   3xTF32 stage: ~550 s); to be safe, split them: "cuda_tests matmul_gpu models_3xtf32", then
@@ -32,10 +33,11 @@
 # producer warp, mbarriers; TASKMAP_WGMMA=tma) and the tma_load / mbarrier primitives, checked in
 # emulation and by ptxas only.  First: "cuda_tests matmul_gpu" (tests/backends/test_tma.py and
 # tests/templates/test_matmul_wgmma_tma.py run the primitives and every TMA schedule on the GPU;
-# matmul_gpu's wgmma table gains the TMA form's columns), then "models_tf32_tma models_f16_tma"
-# against "models_tf32 models_f16" (TF32_BATCH=8), then wgmma_tma_sweep to fit the form's cost
-# (its compute efficiency is a guess: 0.8 against the cp.async form's 0.55-0.6).  If it wins, make
-# it the default (matmul_wgmma.tma_enabled) and try it for 3xTF32 (split A and B in the consumers).
+# matmul_gpu's TF32 / f16 and 3xTF32 tables gain the TMA form's columns), then
+# "models_3xtf32_tma models_3xtf32" (the f32 bar: 3xTF32 against torch.compile f32 at batch 8),
+# "models_tf32_tma models_f16_tma" against "models_tf32 models_f16" (TF32_BATCH=8), then
+# wgmma_tma_sweep to fit the form's cost (its compute efficiency is a guess: 0.8 against the
+# cp.async form's 0.55-0.6).  If it wins, make it the default (matmul_wgmma.tma_enabled).
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
@@ -100,6 +102,9 @@ stage models_tf32_tma ${TMA_SECONDS:-200} env TASKMAP_WGMMA=tma python3 benchmar
     --device cuda --rounds 2 --seconds 0.5 --keep-going --tf32 --batch ${TMA_BATCH:-8} --peers eager torch.compile --no-compile-times
 stage models_f16_tma ${TMA_SECONDS:-200} env TASKMAP_WGMMA=tma python3 benchmarks/models.py ${TMA_MODELS:-bert gpt2 vit} \
     --device cuda --dtype float16 --rounds 2 --seconds 0.5 --keep-going --batch ${TMA_BATCH:-8} \
+    --peers eager torch.compile --no-compile-times
+stage models_3xtf32_tma ${TMA_SECONDS:-200} env TASKMAP_WGMMA=tma python3 benchmarks/models.py ${TMA_MODELS:-bert gpt2 vit} \
+    --device cuda --rounds 2 --seconds 0.5 --keep-going --fp32-precision 3xtf32 --batch ${TMA_BATCH:-8} \
     --peers eager torch.compile --no-compile-times
 stage models_tuned ${TUNED_SECONDS:-240} env TASKMAP_TUNE=topk python3 benchmarks/models.py ${TUNED_MODELS:-resnet50 bert} \
     --device cuda --rounds 2 --seconds 0.5 --keep-going --batch ${TUNED_BATCH:-1 8} --peers torch.compile --no-compile-times
