@@ -401,3 +401,18 @@ def test_named_barrier_faults():
         @taskmap.kernel
         def zero(out: f32[64]):
             bar_sync(0, 64)
+
+
+def test_tma_source_must_be_a_global_tensor():
+    from taskmap.errors import DSLError
+    from taskmap.lang import transpile
+
+    def from_shared(a: f32[8, 32]):
+        src = shared_tensor(f32, [8, 32])
+        tile = shared_tensor(f32, [8, 32])
+        bar = shared_tensor(u64, [1])
+        tma_load(tile[0, 0], src[0, 0], bar[0], 8, 32)
+
+    with pytest.raises(DSLError, match=r"the source of tma_load\(\) is an element of a global tensor of rank 2 or 3; "
+                                       r"'src' is shared"):
+        transpile(from_shared)
