@@ -1,6 +1,7 @@
 """GPU primitives of the tensor IR: warp shuffles and votes, atomics, vector and asynchronous
-copies, tensor-core ``mma.sync`` and ``ldmatrix`` — one node class, :class:`PrimCall`, with an
-operator enum :class:`Prim` (as ``Call`` has ``Intrinsic``).
+copies, tensor-core ``mma.sync``, ``ldmatrix`` and ``wgmma``, Hopper's copy engine (``tma_load``)
+with its mbarriers, and named barriers — one node class, :class:`PrimCall`, with an operator enum
+:class:`Prim` (as ``Call`` has ``Intrinsic``).
 
 Conventions every pass relies on:
 

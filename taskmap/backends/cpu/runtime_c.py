@@ -13,6 +13,12 @@ thread passes it before every live thread of the block has reached it; and warp 
 interleave with block barriers in any order.  Blocks run in parallel over the cores (OpenMP),
 each core with its own shared memory buffer, fiber stacks and warp exchange areas.
 
+A fiber also stops at an ``mbarrier_wait`` whose phase has not completed and at a named barrier
+(``bar_sync``) that still lacks arrivals (see ``tma_c``).  Once every warp has had its turn, the
+mbarrier waiters test their barriers again and the threads a named barrier released run; the
+block barrier is released only when no thread is runnable or waiting on those.  A pass in which
+no barrier changed while threads wait on them is a deadlock: the block is abandoned with a fault.
+
 Kernels without barriers, warp primitives or ``cp_async`` skip all this: each thread runs to
 completion in turn, without fibers.  Faults the GPU would raise (misaligned vector accesses,
 partial-warp ``mma``) are recorded in the launch's status (``tm_fault``) and reported by Python.
