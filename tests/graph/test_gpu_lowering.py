@@ -87,13 +87,13 @@ def test_batched_matmul_with_epilogue_on_gpu():
     assert [k.func.name for _, k in _kernels(fast)] == ["matmul_simt"]
 
 
-@pytest.mark.parametrize("wgmma", [False, True], ids=["mma.sync", "wgmma"])
+@pytest.mark.parametrize("wgmma", [False, "1", "tma"], ids=["mma.sync", "wgmma", "wgmma-tma"])
 def test_half_anchors_are_fused_tensor_core_kernels(wgmma, monkeypatch):
     """f16 on a CUDA device (no widening to f32 there): linear + bias + GELU and conv + ReLU are ONE
     tensor-core matmul kernel each (the conv's img2col spliced into the template's tile loads, a
     one-element f16 zero bias for the conv), right in GPU emulation and built for sm_90.  On sm_90a
-    with ``TASKMAP_WGMMA=1`` the linear runs the wgmma template (its N x K weight is K-major); the
-    conv, whose B is K x N, stays on mma.sync."""
+    with ``TASKMAP_WGMMA=1`` the linear runs the wgmma template (its N x K weight is K-major), with
+    ``=tma`` its TMA form; the conv, whose B is K x N, stays on mma.sync."""
     import torch.nn.functional as F
 
     from taskmap.graph import Conv2dAttrs, GraphBuilder, OpKind, UnaryAttrs, UnaryFn
@@ -111,11 +111,12 @@ def test_half_anchors_are_fused_tensor_core_kernels(wgmma, monkeypatch):
     xa, ia = h(64, 96), h(2, 8, 10, 10)
     arch = "sm_90a" if wgmma else "sm_90"
     if wgmma:
-        monkeypatch.setenv("TASKMAP_WGMMA", "1")
+        monkeypatch.setenv("TASKMAP_WGMMA", wgmma)
     with emulate_gpu(arch):
         cg = CompiledGraph(b.build([y, z]), "cpu", "numpy")
         gy, gz = cg(xa, ia)
-    assert [st.kernel.func.name for st in cg.steps] == ["matmul_wgmma" if wgmma else "matmul_tc", "matmul_tc"]
+    linear = {False: "matmul_tc", "1": "matmul_wgmma", "tma": "matmul_wgmma_tma"}[wgmma]
+    assert [st.kernel.func.name for st in cg.steps] == [linear, "matmul_tc"]
     f = lambda a: torch.from_numpy(a).float()  # noqa: E731
     for got, want in ((gy, F.gelu(F.linear(f(xa), f(w), f(bias)))), (gz, F.relu(F.conv2d(f(ia), f(cw), padding=1)))):
         assert got.dtype == np.float16

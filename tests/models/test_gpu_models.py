@@ -18,7 +18,8 @@ pytestmark = pytest.mark.cuda
 # depth of accumulated roundings stays well under 1e-2)
 F16_REL_L2 = 1e-2
 TF32_REL_L2 = F16_REL_L2   # TF32 operands keep f16's 10-bit mantissas (f32 range and sums)
-TENSOR_CORES = {"matmul_tc", "matmul_wgmma"}    # mma.sync; Hopper's wgmma (sm_90a, products of >= 64 rows)
+# mma.sync; Hopper's wgmma (sm_90a, products of >= 64 rows), its TMA form (TASKMAP_WGMMA=tma)
+TENSOR_CORES = {"matmul_tc", "matmul_wgmma", "matmul_wgmma_tma"}
 
 
 @pytest.fixture(autouse=True)
@@ -145,6 +146,35 @@ def test_model_3xtf32(name):
     names = [k.func.name for st in entry.compiled.steps for k in st.kernels]
     assert TENSOR_CORES & set(names), names
     assert "3xTF32 (fp32_precision='3xtf32') for:" in fast.summary()
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_models_on_the_tma_form(name, monkeypatch):
+    """``TASKMAP_WGMMA=tma`` on an H100 / H200: the linears run the wgmma template's TMA form (tensor
+    maps made at launch, then baked into the captured CUDA graph, whose replays take new inputs):
+    3xTF32 matches eager's true f32 at the f32 tolerance, f16 is as close to f32 as eager's f16."""
+    from taskmap.backends.cuda.target import current_cuda_target
+
+    if "wgmma" not in current_cuda_target(0).features:
+        pytest.skip("an sm_90a GPU (H100 / H200) runs the TMA form")
+    monkeypatch.setenv("TASKMAP_WGMMA", "tma")
+    model = _model(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = taskmap.compile(model, _inputs(name, 8, 0), progress=False, fp32_precision="3xtf32")
+    for seed in range(3):                 # plain run, capture, replay
+        x = _inputs(name, 8, seed + 1)
+        got = _main(fast(x))
+        with torch.no_grad():
+            want = _main(model(x))
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    (entry,) = fast.entries.values()
+    assert "matmul_wgmma_tma" in [k.func.name for st in entry.compiled.steps for k in st.kernels]
+    half, x = _model(name).half(), _inputs(name, 8, 4)
+    _, got = _compiled_runs(half, x)
+    with torch.no_grad():
+        want, eager16 = _main(model(x)), _main(half(x))
+    assert got.dtype == torch.float16 and _rel_l2(got, want) < max(F16_REL_L2, 2 * _rel_l2(eager16, want))
 
 
 def test_folded_constants_live_on_the_models_device():
