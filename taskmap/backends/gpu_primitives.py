@@ -107,12 +107,18 @@ TM_FN void tm_mbar_arrive(void *bar, int tx) {
                        : "memory");
   else asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(tm_smem_addr(bar)) : "memory");
 }
+/* A wait that has not ended after ~2^34 cycles (~10 s) is a deadlock (a phase that lacks arrivals
+   or bytes): trap, so that the launch fails instead of hanging the GPU. */
 TM_FN void tm_mbar_wait(void *bar, int parity) {
   unsigned done;
-  do {
+  long long start = 0;
+  for (;;) {
     asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done) : "r"(tm_smem_addr(bar)), "r"(parity) : "memory");
-  } while (!done);
+    if (done) return;
+    if (!start) start = clock64();
+    else if (clock64() - start > (1ll << 34)) __trap();
+  }
 }
 /* c0: batch, c1: row, c2: column (the map's dimensions innermost first) */
 TM_FN void tm_tma_load(void *dst, const tm_tensor_map *map, void *bar, int c0, int c1, int c2) {

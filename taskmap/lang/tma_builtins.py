@@ -21,7 +21,9 @@ aligned.  On CUDA each tensor ``tma_load`` reads gets a tensor map, made at laun
 address and sizes (rows 16-byte aligned: the innermost size times the element size a multiple
 of 16).  The CPU emulation copies when a thread first waits for the barrier (so reading the tile
 before waiting reads stale data there too) and blocks waiting threads until their phase completes
-(a block whose threads all wait on each other faults as a deadlock).
+(a block whose threads all wait on each other faults as a deadlock).  On a GPU a wait that has not
+ended after about 2^34 cycles (~10 s) traps, so a deadlocked kernel fails its launch instead of
+hanging the device.
 """
 from __future__ import annotations
 

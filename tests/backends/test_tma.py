@@ -178,7 +178,7 @@ def test_ring_builds_for_sm_90a():
     built_for_cuda(ring_sum, "sm_90a", [
         "mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster",
         "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
-        "mbarrier.try_wait.parity.shared::cta.b64",
+        "mbarrier.try_wait.parity.shared::cta.b64", "trap;",                 # a deadlock fails, not hangs
         "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
         ".param .align 64 .b8 ring_sum_param_3[128]"])   # a, out, m, then the tensor map
     built = built_for_cuda(box_copy(64, 32, 128), "sm_90a")
