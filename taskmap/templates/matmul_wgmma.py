@@ -61,7 +61,7 @@ from .base import Schedule
 from .matmul_problem import MatmulProblem
 from .matmul_simt import GpuMatmulFamily, chain, gpu_param_types
 from .matmul_splitk import ceil_div, splits_for
-from .matmul_wgmma_tma import build_kernel_tma, tma_applies
+from .matmul_wgmma_tma import PRODUCER_THREADS, build_kernel_tma, tma_applies
 
 WG_M = 64                     # rows of one wgmma (a warpgroup)
 WG_THREADS = 128
@@ -116,7 +116,8 @@ class WgConfig:
 
     @property
     def threads(self) -> int:
-        return WG_THREADS * self.bm // WG_M + 32 * self.tma
+        """A block's threads: its warpgroups, and the TMA form's producer warp."""
+        return WG_THREADS * self.bm // WG_M + PRODUCER_THREADS * self.tma
 
 
 def build_kernel(cfg: WgConfig) -> Kernel:

@@ -54,10 +54,6 @@ def tma_applies(p: MatmulProblem) -> bool:
     return p.trans_b and p.k * scalar_type(p.dtype).nbytes % 16 == 0
 
 
-def threads(cfg: "WgConfig") -> int:
-    return WG_THREADS * (cfg.bm // WG_M) + PRODUCER_THREADS
-
-
 def build_kernel_tma(cfg: "WgConfig") -> Kernel:
     BM, BN, BK, STG, S, X3 = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.split, cfg.x3
     assert cfg.trans_b, "the TMA form reads an N x K B"
@@ -177,4 +173,4 @@ def build_kernel_tma(cfg: "WgConfig") -> Kernel:
     return matmul_wgmma_tma
 
 
-__all__ = ["build_kernel_tma", "threads", "tma_applies"]
+__all__ = ["PRODUCER_THREADS", "build_kernel_tma", "tma_applies"]
