@@ -416,3 +416,33 @@ def test_tma_source_must_be_a_global_tensor():
     with pytest.raises(DSLError, match=r"the source of tma_load\(\) is an element of a global tensor of rank 2 or 3; "
                                        r"'src' is shared"):
         transpile(from_shared)
+
+
+def test_launcher_appends_the_tensor_maps(monkeypatch):
+    """The CUDA launch path without a GPU: the launcher packs the parameters and sizes, then one
+    tensor map per spec (encoded once per address and sizes), in the kernel's order."""
+    import ctypes
+
+    from taskmap.backends.cuda import tensor_map
+    from taskmap.backends.cuda.tensor_map import TensorMaps
+    from taskmap.backends.gpu_launch import GpuLauncher
+
+    encoded = []
+
+    def fake_encode(dtype, address, dims, strides, box, swizzle):
+        encoded.append((dtype, address, dims, strides, box, swizzle))
+        return (ctypes.c_ubyte * 128)(*([len(encoded)] * 128))
+
+    monkeypatch.setattr(tensor_map, "encode_tiled", fake_encode)
+    func = ring_sum.lower().entry_function
+    launched = []
+    launcher = GpuLauncher(func, lambda device: "fn", lambda fn, grid, block, smem, stream, args: launched.append(args),
+                           extra_args=TensorMaps(func))
+    values = [0x1000, 0x2000, 100]                 # a, out, m
+    for _ in range(2):
+        launcher(values, (1, 1, 1), (64, 1, 1), 0, None)
+    assert encoded == [("float32", 0x1000, (32, 100, 1), (128, 12800), (32, 16, 1), 0)]   # once: cached
+    args = launched[-1]
+    assert [a.value for a in args[:3]] == [0x1000, 0x2000, 100] and bytes(args[3])[:2] == b"\x01\x01"
+    launcher([0x1000, 0x2000, 120], (1, 1, 1), (64, 1, 1), 0, None)       # new sizes: a new map
+    assert len(encoded) == 2 and encoded[1][2] == (32, 120, 1)
