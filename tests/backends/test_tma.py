@@ -11,7 +11,7 @@ import taskmap
 from taskmap.backends.cuda.tensor_map import box_geometry
 from taskmap.backends.tma import TensorMapSpec, tensor_maps
 from taskmap.errors import LaunchError, TaskmapError, UnsupportedError
-from taskmap.lang import (attrs, bar_sync, blockIdx, f16, f32, gridDim, mbarrier_arrive, mbarrier_init, mbarrier_wait,
+from taskmap.lang import (attrs, bar_sync, blockIdx, f16, f32, gridDim, i32, mbarrier_arrive, mbarrier_init, mbarrier_wait,
                           register_tensor, shared_tensor, symbol, syncthreads, threadIdx, tma_load, u64, wgmma_sw128,
                           wgmma_sw128_b16)
 
@@ -63,12 +63,13 @@ def boxes(a, rows, cols):
     ((64, 96), 64, 32, 128, np.float32),       # wgmma's f32 tiles
     ((50, 136), 24, 64, 128, np.float16),      # wgmma's 16-bit tiles, ragged
     ((9, 12), 8, 4, 0, np.float32),            # 16-byte rows
-], ids=["edges", "sw128-f32", "sw128-f16", "narrow"])
+    ((20, 36), 8, 8, 0, np.int32),             # integers: copied as they are
+], ids=["edges", "sw128-f32", "sw128-f16", "narrow", "i32"])
 def test_tma_box_copy(device, shape, rows, cols, swizzle, dtype):
-    a = RNG.standard_normal(shape).astype(dtype)
+    a = (RNG.standard_normal(shape) * 1000).astype(dtype)
     want = boxes(a, rows, cols)
-    out = np.full(want.shape, np.nan, dtype)
-    kernel = box_copy(rows, cols, swizzle, f32 if dtype == np.float32 else f16)
+    out = np.full(want.shape, -1, dtype)
+    kernel = box_copy(rows, cols, swizzle, {np.float32: f32, np.float16: f16, np.int32: i32}[dtype])
     got = run_on(device, kernel, a, out)[1]
     np.testing.assert_array_equal(got, want)
 

@@ -91,7 +91,9 @@ def encode_tiled(dtype: str, address: int, dims: tuple[int, int, int], strides: 
 
     from .driver import check
 
-    kinds = {"float32": "FLOAT32", "float16": "FLOAT16", "bfloat16": "BFLOAT16"}
+    # a copy: 16-bit integers as UINT16 (zero fill is zero bits whatever the type)
+    kinds = {"float32": "FLOAT32", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "int32": "INT32", "uint32": "UINT32",
+             "int16": "UINT16", "uint16": "UINT16"}
     dtype_enum = getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kinds[dtype]}")
     sw = cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle else cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
     tmap = check(cu.cuTensorMapEncodeTiled(
