@@ -38,28 +38,25 @@ from .builtins import Builtin, const_int
 from .gpu_builtins import arg_node, element_ref, finish, int_arg, take_args
 
 
-def _mbarrier_init(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    bar_v, count_v = take_args(ctx, node, "mbarrier_init", args, kwargs, ("bar", "count"), 2, {})
-    ctx.mark_gpu(node, "mbarrier_init()")
-    bar = element_ref(ctx, node, 0, bar_v, "mbarrier_init")
-    count = int_arg(ctx, node, 1, count_v, "the arrival count of mbarrier_init()", "count")
-    return S.Evaluate(finish(ctx, node, PrimCall(Prim.MBAR_INIT, (bar, count))))
+def _barrier_op(prim: Prim, second: str, what: str, default: Any = None) -> Any:
+    """The builtin ``name(bar[i], <second>)`` of an mbarrier primitive: an element reference and an
+    integer (``what`` names it in errors); ``default``: the integer when omitted."""
+    name = prim.spec.name
+    required = 2 if default is None else 1
+
+    def impl(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+        bar_v, v = take_args(ctx, node, name, args, kwargs, ("bar", second), required,
+                             {} if default is None else {second: default})
+        ctx.mark_gpu(node, f"{name}()")
+        bar = element_ref(ctx, node, 0, bar_v, name)
+        value = int_arg(ctx, node, 1, v, what, second)
+        return S.Evaluate(finish(ctx, node, PrimCall(prim, (bar, value)), {1: second}))
+    return impl
 
 
-def _mbarrier_arrive(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    bar_v, tx_v = take_args(ctx, node, "mbarrier_arrive", args, kwargs, ("bar", "tx_bytes"), 1, {"tx_bytes": 0})
-    ctx.mark_gpu(node, "mbarrier_arrive()")
-    bar = element_ref(ctx, node, 0, bar_v, "mbarrier_arrive")
-    tx = int_arg(ctx, node, 1, tx_v, "tx_bytes of mbarrier_arrive()", "tx_bytes")
-    return S.Evaluate(finish(ctx, node, PrimCall(Prim.MBAR_ARRIVE, (bar, tx)), {1: "tx_bytes"}))
-
-
-def _mbarrier_wait(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    bar_v, parity_v = take_args(ctx, node, "mbarrier_wait", args, kwargs, ("bar", "parity"), 2, {})
-    ctx.mark_gpu(node, "mbarrier_wait()")
-    bar = element_ref(ctx, node, 0, bar_v, "mbarrier_wait")
-    parity = int_arg(ctx, node, 1, parity_v, "the parity of mbarrier_wait()", "parity")
-    return S.Evaluate(finish(ctx, node, PrimCall(Prim.MBAR_WAIT, (bar, parity))))
+_mbarrier_init = _barrier_op(Prim.MBAR_INIT, "count", "the arrival count of mbarrier_init()")
+_mbarrier_arrive = _barrier_op(Prim.MBAR_ARRIVE, "tx_bytes", "tx_bytes of mbarrier_arrive()", default=0)
+_mbarrier_wait = _barrier_op(Prim.MBAR_WAIT, "parity", "the parity of mbarrier_wait()")
 
 
 def _tma_load(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
