@@ -54,7 +54,7 @@ def _where(a: np.ndarray) -> tuple[Any, ...]:
 def _crc(arrays: Sequence[np.ndarray]) -> int:
     crc = 0
     for a in arrays:
-        crc = zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"), crc)
+        crc = zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8), crc)   # bfloat16 too (no buffer format)
     return crc
 
 

@@ -183,25 +183,40 @@ def lower_group(group: FusionGroup, target: Target) -> list[KernelGroup]:
     try:
         plan = _plan(group.anchor, group.prologues, group.epilogue, target)
     except FusionError as e:
-        return _without_epilogue(group, target, str(e))
+        return _partly_fused(group, target, str(e))
     return [KernelGroup.of(group, plan)]
 
 
-def _without_epilogue(group: FusionGroup, target: Target, reason: str) -> list[KernelGroup]:
-    """A group whose epilogue was refused (softmax's CPU kernel reads its output back): the
-    anchor with its prologues, then the epilogue as an injective kernel — else :func:`_split`."""
+def _partly_fused(group: FusionGroup, target: Target, reason: str) -> list[KernelGroup]:
+    """A group whose one kernel was refused, as two: the anchor with its prologues, then the
+    epilogue as an injective kernel (softmax's CPU kernel reads its output back); or the prologues
+    as injective kernels, then the anchor with its epilogue (a direct convolution reads its input
+    in place: a half-precision one on the CPU keeps its float32 result's cast and ReLU fused).
+    Else :func:`_split`."""
     anchor = group.anchor
     assert anchor is not None
-    if not group.epilogue or not group.prologues or not template_fusable(anchor, target):
-        return _split(group, target, reason)
-    try:
-        plan = _plan(anchor, group.prologues, (), target)
-    except FusionError:
-        return _split(group, target, reason)
-    head = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in group.epilogue), anchor,
-                       group.prologues, ())
-    return [KernelGroup.of(head, plan, reason),
-            _injective_group(FusionGroup(GroupKind.INJECTIVE, group.epilogue), target, reason)]
+    if group.epilogue and group.prologues and template_fusable(anchor, target):
+        try:
+            plan = _plan(anchor, group.prologues, (), target)
+        except FusionError:
+            pass
+        else:
+            head = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in group.epilogue),
+                               anchor, group.prologues, ())
+            return [KernelGroup.of(head, plan, reason),
+                    _injective_group(FusionGroup(GroupKind.INJECTIVE, group.epilogue), target, reason)]
+    if group.epilogue and group.prologues:
+        try:
+            plan = _plan(anchor, (), group.epilogue, target)
+        except FusionError:
+            pass
+        else:
+            before = {op for _, ops in group.prologues for op in ops}
+            tail = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in before), anchor, (),
+                               group.epilogue)
+            return [*(_injective_group(FusionGroup(GroupKind.INJECTIVE, ops), target, reason)
+                      for _, ops in group.prologues), KernelGroup.of(tail, plan, reason)]
+    return _split(group, target, reason)
 
 
 def _plan(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilogue: Sequence[Op],

@@ -34,8 +34,12 @@ class _Pickler(pickle.Pickler):
             if k is None:
                 k = self._ids[id(obj)] = len(self.arrays)
                 self.arrays.append(obj)
-            return ("array", k)
+            return ("array", k, obj.dtype.name) if obj.dtype.name == "bfloat16" else ("array", k)
         return None
+
+    def stored(self) -> list[np.ndarray]:
+        """The arrays as written: bfloat16 (``ml_dtypes``, no ``.npy`` format of its own) as its bits."""
+        return [a.view(np.uint16) if a.dtype.name == "bfloat16" else a for a in self.arrays]
 
 
 class _Unpickler(pickle.Unpickler):
@@ -44,11 +48,11 @@ class _Unpickler(pickle.Unpickler):
         self.arrays = arrays
 
     def persistent_load(self, pid: Any) -> Any:
-        kind, value = pid
+        kind, value, *dtype = pid
         if kind == "dtype":
             return scalar_type(value)
         if kind == "array":
-            return self.arrays[value]
+            return self.arrays[value].view(scalar_type(dtype[0]).numpy_dtype) if dtype else self.arrays[value]
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
@@ -58,7 +62,7 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
     p.dump((FORMAT, obj))
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
         z.writestr("object.pkl", buf.getvalue())
-        for k, a in enumerate(p.arrays):
+        for k, a in enumerate(p.stored()):
             with z.open(f"arrays/{k}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
 

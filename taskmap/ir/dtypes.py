@@ -57,9 +57,7 @@ class ScalarType:
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        if self.name == "bfloat16":
-            raise TypeError("numpy has no bfloat16; pass bf16 tensors as torch tensors")
-        return np.dtype(self.name)
+        return numpy_bfloat16() if self.name == "bfloat16" else np.dtype(self.name)
 
     def __getitem__(self, shape: Any) -> Any:
         """``f32[64, n]``: a global, row-major tensor type (parameter annotations)."""
@@ -90,6 +88,16 @@ f64 = _scalar("float64", TypeKind.FLOAT, 8, "f64")
 
 SCALAR_TYPES: tuple[ScalarType, ...] = (bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64)
 _BY_NAME = {t.name: t for t in SCALAR_TYPES} | {t.short: t for t in SCALAR_TYPES}
+
+
+def numpy_bfloat16() -> np.dtype:
+    """numpy's bfloat16: the ``ml_dtypes`` package's (a compiled graph keeps bf16 constants in it;
+    importing it also makes ``np.dtype("bfloat16")`` known).  TypeError without the package."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError("numpy has no bfloat16 without the ml_dtypes package (pip install ml_dtypes)") from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def scalar_type(name: str | np.dtype | ScalarType) -> ScalarType:

@@ -154,6 +154,19 @@ def aligned(a: Any, nbytes: int = CACHE_LINE) -> Any:
     return a
 
 
+def torch_view(a: np.ndarray) -> Any:
+    """A torch CPU tensor over ``a``'s memory, no copy (do not write to it when ``a`` is read-only);
+    bfloat16 arrays (``ml_dtypes``') too, which ``torch.from_numpy`` refuses."""
+    import warnings
+
+    import torch
+    with warnings.catch_warnings():  # a read-only array: torch warns, the tensor is only read
+        warnings.simplefilter("ignore", UserWarning)
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+
 def _torch_device(dev: Any) -> str:
     if dev.type == "cpu" or (dev.index is None and dev.type != "cuda"):
         return dev.type  # "cpu", "meta": no index
@@ -310,9 +323,9 @@ def _bind_tensor(fname: str, p: E.Var, a: Any, sizes: dict[str, int], written: b
     if info is None:
         raise LaunchError(f"{where} must be a numpy array or torch tensor (or a taskmap.Tensor, or an array with "
                           f"__cuda_array_interface__ or __dlpack__) of {t!r}, got {type(a).__name__}")
-    if t.dtype is bf16 and isinstance(a, np.ndarray):
-        raise LaunchError(f"{where} is a bfloat16 parameter: pass a torch bfloat16 tensor (numpy has no "
-                          f"bfloat16), got a numpy array of {info.dtype}")
+    if t.dtype is bf16 and isinstance(a, np.ndarray) and info.dtype != "bfloat16":
+        raise LaunchError(f"{where} is a bfloat16 parameter: pass a torch bfloat16 tensor or an ml_dtypes "
+                          f"bfloat16 array, got a numpy array of {info.dtype}")
     if info.dtype != t.dtype.name:
         raise LaunchError(f"{where} must have dtype {t.dtype.name}, got {info.dtype}")
     if len(info.shape) != t.ndim:

@@ -83,9 +83,10 @@ def _encode(obj: object, out) -> None:
     elif isinstance(obj, np.generic):
         _encode(obj.item(), out)
     elif isinstance(obj, np.ndarray):
-        _encode(("ndarray", obj.dtype.str, obj.shape, np.ascontiguousarray(obj).tobytes()), out)
+        dtype = obj.dtype.name if obj.dtype.kind == "V" else obj.dtype.str    # ml_dtypes' bfloat16: '<V2'
+        _encode(("ndarray", dtype, obj.shape, np.ascontiguousarray(obj).tobytes()), out)
     elif isinstance(obj, np.dtype):
-        blob(b"Y", obj.str.encode())
+        blob(b"Y", (obj.name if obj.kind == "V" else obj.str).encode())
     elif isinstance(obj, bool):
         out(b"T" if obj else b"F")
     elif isinstance(obj, enum.Enum):

@@ -67,7 +67,7 @@ from ..ir.types import TensorType
 from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
-from .args import aligned, in_place
+from .args import aligned, in_place, torch_view
 from .args import data_ptr as _ptr
 from .args import view
 from .concat_inplace import elide_concats
@@ -599,10 +599,7 @@ def device_constant(data: np.ndarray, kind: ArrayKind) -> Any:
         data = aligned(data)
     if kind.library == "numpy":
         return data
-    torch = sys.modules["torch"]
-    with warnings.catch_warnings():  # constants are read-only arrays; kernels never write them
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(data).to(kind.device)
+    return torch_view(data).to(kind.device)     # constants are read-only; kernels never write them
 
 
 def shared_constant(data: np.ndarray, kind: ArrayKind) -> Any:

@@ -16,7 +16,6 @@ reason; the importer then reports the op as unsupported (or, with fallback, runs
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -26,7 +25,8 @@ import torch
 from ...errors import UnsupportedError
 from ...graph import (BinaryAttrs, BinaryFn, CastAttrs, GraphBuilder, MatmulAttrs, OpKind, PermuteAttrs, ReduceFn,
                       ShapeAttrs, SliceAttrs, Tensor, UnaryAttrs, UnaryFn, WhereAttrs)
-from ...ir.dtypes import ScalarType, scalar_type
+from ...ir.dtypes import ScalarType, bf16, scalar_type
+from ...runtime.args import torch_view
 from .precision import Tf32
 
 Handler = Callable[..., Any]
@@ -79,19 +79,21 @@ def from_torch_dtype(d: torch.dtype) -> ScalarType:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A constant's data: shares memory with ``t`` when it is a contiguous CPU tensor."""
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        raise NotConvertible("bfloat16 constants are not supported yet")
-    return t.cpu().contiguous().numpy()
+    """A constant's data: shares memory with ``t`` when it is a contiguous CPU tensor (bfloat16:
+    an array of ``ml_dtypes``' bfloat16 over the same bits)."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype != torch.bfloat16:
+        return t.numpy()
+    try:
+        return t.view(torch.int16).numpy().view(bf16.numpy_dtype)
+    except TypeError as exc:
+        raise NotConvertible(f"a bfloat16 constant: {exc}") from None
 
 
 def to_torch(t: Tensor) -> torch.Tensor:
     """A constant's value as a torch tensor (no copy: do not write to it)."""
     assert t.data is not None
-    with warnings.catch_warnings():  # the data is a read-only numpy array
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(t.data)
+    return torch_view(t.data)
 
 
 def norm_axis(axis: int, ndim: int) -> int:

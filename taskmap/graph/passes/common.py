@@ -50,14 +50,14 @@ def use_counts(graph: Graph) -> dict[Tensor, int]:
 
 def constant_like(t: Tensor, data: np.ndarray, name: str = "") -> Tensor:
     """A constant with ``t``'s shape, dtype and device holding ``data`` (cast, made contiguous)."""
-    arr = np.asarray(np.asarray(data).astype(np.dtype(t.dtype.name), copy=False).reshape(t.shape), order="C")
+    arr = np.asarray(np.asarray(data).astype(t.dtype.numpy_dtype, copy=False).reshape(t.shape), order="C")
     return Tensor(t.shape, scalar_type(arr.dtype.name), t.device, name or t.name, arr)
 
 
 def foldable_dtype(t: Tensor) -> bool:
-    """Whether numpy can hold the tensor's values (bfloat16 constants are not supported)."""
+    """Whether numpy can hold the tensor's values (bfloat16: with the ``ml_dtypes`` package)."""
     try:
-        np.dtype(t.dtype.name)
+        t.dtype.numpy_dtype
     except TypeError:
         return False
     return True

@@ -5,17 +5,21 @@
     W' = W * s[co]          b' = (b - mean) * s + beta
 
 The anchor must have no other reader (its result is only normalised), and the folded op reads
-the same input; the batch norm's output is replaced by the new op's output.  The scale and shift
-are computed in float64; the weights are scaled in their own dtype (one rounding).
+the same input; the batch norm's output is replaced by the new op's output.  A half-precision
+conv2d / linear on the CPU is a float32 op and a cast back (:mod:`.widen_half`): the batch norm
+after that cast folds into the float32 op, and the cast moves after it.  The scale and shift,
+and the scaled weights, are computed in float64 and rounded once to the weights' dtype.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ...ir.dtypes import f32
 from ..derived import derived
 from ..ir import Graph, Op, Tensor
 from ..kinds import OpKind
 from .common import constant_like, foldable_dtype, rebuild, use_counts
+from .widen_half import HALF
 
 
 def _params(bn: Op) -> tuple[np.ndarray, np.ndarray] | None:
@@ -51,7 +55,7 @@ def _fold(anchor: Op, bn: Op) -> Op | None:
         return None
     stats = tuple(t.data for t in bn.inputs[1:])
     new_w = constant_like(w, derived((w.data, *stats), ("fold_batch_norm", bn.attrs),
-                                     lambda: w.data * scale.astype(w.data.dtype).reshape(shape)),   # one rounding
+                                     lambda: (w.data.astype(np.float64) * scale.reshape(shape)).astype(w.data.dtype)),
                           f"{w.name}_bn")
     b0 = bias.data.astype(np.float64) if bias is not None else np.zeros(w.shape[0])
     bias_t = bias if bias is not None else Tensor((w.shape[0],), w.dtype, w.device, f"{w.name}_bias")
@@ -60,24 +64,45 @@ def _fold(anchor: Op, bn: Op) -> Op | None:
     return Op(anchor.kind, (anchor.inputs[0], new_w, new_b), (out,), anchor.attrs, anchor.name, anchor.source)
 
 
+def _narrowing(graph: Graph, t: Tensor, uses: dict[Tensor, int]) -> Op | None:
+    """The cast producing ``t`` when it rounds a float32 result read by nothing else to half
+    precision (a product :mod:`.widen_half` computed in float32), else None."""
+    cast = graph.producer(t)
+    if cast is None or cast.kind is not OpKind.CAST or t.dtype not in HALF:
+        return None
+    src = cast.inputs[0]
+    return cast if src.dtype is f32 and uses.get(src, 0) == 1 else None
+
+
 def fold_batch_norm(graph: Graph) -> Graph:
-    """Fold every batch norm that directly follows a conv2d / linear with constant weights."""
+    """Fold every batch norm that directly follows a conv2d / linear with constant weights —
+    or follows the cast rounding such an op's float32 result to half precision: the folded op
+    then computes in float32 and the cast rounds its result (one rounding where eager rounds the
+    product and the normalised value)."""
     uses = use_counts(graph)
-    folded: dict[Op, Op] = {}       # batch norm -> the folded op taking its place
+    folded: dict[Op, list[Op]] = {}       # batch norm -> the ops taking its place
     dropped: set[Op] = set()
     for op in graph.ops:
-        if op.kind is not OpKind.BATCH_NORM:
+        if op.kind is not OpKind.BATCH_NORM or uses.get(op.inputs[0], 0) != 1:
             continue
-        anchor = graph.producer(op.inputs[0])
-        if anchor is None or uses.get(op.inputs[0], 0) != 1 or anchor in dropped:
+        cast = _narrowing(graph, op.inputs[0], uses)
+        anchor = graph.producer(cast.inputs[0] if cast is not None else op.inputs[0])
+        if anchor is None or anchor in dropped:
             continue
         new = _fold(anchor, op)
-        if new is not None:
-            folded[op] = new
-            dropped.add(anchor)
+        if new is None:
+            continue
+        if cast is None:
+            folded[op] = [new]
+        else:
+            wide = Tensor(op.output.shape, f32, op.output.device, f"{op.output.name}_f32" if op.output.name else "")
+            folded[op] = [Op(new.kind, new.inputs, (wide,), new.attrs, new.name, new.source),
+                          Op(OpKind.CAST, (wide,), (op.output,), cast.attrs, cast.name, cast.source)]
+            dropped.add(cast)
+        dropped.add(anchor)
     if not folded:
         return graph
-    ops = [folded.get(op, op) for op in graph.ops if op not in dropped]
+    ops = [new for op in graph.ops if op not in dropped for new in folded.get(op, [op])]
     return rebuild(graph, ops)
 
 

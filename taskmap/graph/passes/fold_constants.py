@@ -7,7 +7,8 @@ definition through the rule-based scheduler on the CPU; anchors (matmul, reducti
 their ``taskmap.ops`` runner on numpy arrays.  PyTorch fallback ops (opaque) are left alone,
 and so are results larger than :data:`MAX_FOLD_BYTES` that an op would compute from smaller
 constants (``expand`` of a scalar to a large tensor stays an op: it costs nothing fused and
-saves memory).
+saves memory) — except casts (a half-precision weight widened to float32 for the CPU's kernels
+is folded whatever its size).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...compute.nodes import graph_inputs, tensor_input
+from ...ir.dtypes import bf16, f32
 from ...schedule.rule_based import schedule
 from ..attrs import BinaryFn, PadMode, UnaryFn
 from ..derived import derived
@@ -99,11 +101,24 @@ def evaluate(op: Op, xs: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(r) for r in res]
 
 
+def _widened(op: Op, xs: Sequence[np.ndarray]) -> tuple[Op, list[np.ndarray]]:
+    """``op`` and its inputs with bfloat16 as float32: numpy and the CPU kernels evaluate bf16 ops
+    in float32 (as PyTorch computes them); :func:`constant_like` rounds the results back."""
+    if not any(t.dtype is bf16 for t in (*op.inputs, *op.outputs)):
+        return op, list(xs)
+    def wide(t: Tensor) -> Tensor:
+        return Tensor(t.shape, f32, t.device, t.name) if t.dtype is bf16 else t
+    return (Op(op.kind, tuple(map(wide, op.inputs)), tuple(map(wide, op.outputs)), op.attrs, op.name, op.source),
+            [x.astype(np.float32) if x.dtype.name == "bfloat16" else x for x in xs])
+
+
 def _worth(op: Op) -> bool:
     if op.definition.category is OpCategory.OPAQUE or not op.inputs:
         return False
     if not all(t.is_constant for t in op.inputs) or not all(foldable_dtype(t) for t in (*op.inputs, *op.outputs)):
         return False
+    if op.kind is OpKind.CAST:          # at most a few times its input: half weights widened for the CPU
+        return True
     biggest = max(t.nbytes for t in op.inputs)
     return all(t.nbytes <= max(MAX_FOLD_BYTES, biggest) for t in op.outputs)
 
@@ -117,8 +132,9 @@ def fold_constants(graph: Graph) -> Graph:
         probe = Op(op.kind, tuple(ins), op.outputs, op.attrs, op.name, op.source)
         if _worth(probe):
             xs = [t.data for t in ins]
+            wide, wxs = _widened(probe, xs)
             results = [derived(xs, (op.kind, op.attrs, tuple((t.shape, t.dtype.name) for t in op.outputs)),
-                               lambda: evaluate(probe, xs)[0])] if len(op.outputs) == 1 else evaluate(probe, xs)
+                               lambda: evaluate(wide, wxs)[0])] if len(op.outputs) == 1 else evaluate(wide, wxs)
             for t, r in zip(op.outputs, results):
                 replace[t] = constant_like(t, r)
             continue

@@ -1,9 +1,10 @@
-"""Half-precision products on the CPU computed in float32.
+"""Half-precision products and reductions on the CPU computed in float32.
 
-The CPU templates of matmul, linear, convolution and attention are float32 (as PyTorch's CPU
-kernels accumulate half-precision products in float32 too).  A float16 / bfloat16 op of those
-kinds on the CPU becomes: casts of its half inputs to float32, the op in float32, and a cast of
-its result back — the original output tensor, so its readers are unchanged.  Run before
+The CPU templates of matmul, linear, convolution and attention, and those of the reductions, are
+float32 (as PyTorch's CPU kernels accumulate half-precision products and sums in float32 too).
+A float16 / bfloat16 op of those kinds (:data:`WIDENED`) on the CPU becomes: casts of its half
+inputs to float32 (one per tensor, shared by the ops that read it), the op in float32, and a cast
+of its result back — the original output tensor, so its readers are unchanged.  Run before
 constant folding: the casts of constant weights fold into float32 weights, and the casts on
 either side of a result are epilogues / prologues of the neighbouring kernels like any other."""
 from __future__ import annotations
@@ -13,34 +14,38 @@ from ..attrs import CastAttrs
 from ..ir import Graph, Op, Tensor
 from ..kinds import OpKind
 
-#: Op kinds whose CPU kernels are float32 only.
-WIDENED = frozenset({OpKind.MATMUL, OpKind.LINEAR, OpKind.CONV2D, OpKind.ATTENTION})
+#: Op kinds whose CPU kernels are float32 only: the products, and the reductions (their
+#: templates, softmax / layer norm / pooling / sums, are float32 on the CPU; PyTorch's CPU kernels
+#: accumulate half-precision reductions in float32 as well).
+WIDENED = frozenset({OpKind.MATMUL, OpKind.LINEAR, OpKind.CONV2D, OpKind.ATTENTION, OpKind.MAX_POOL2D,
+                     OpKind.AVG_POOL2D, OpKind.ADAPTIVE_AVG_POOL2D, OpKind.ADAPTIVE_MAX_POOL2D, OpKind.REDUCE,
+                     OpKind.SOFTMAX, OpKind.LOG_SOFTMAX, OpKind.LAYER_NORM})
 HALF = (f16, bf16)
 
 
 def widen_half(graph: Graph) -> Graph:
     """Widen the half-precision products on the CPU (see the module docstring)."""
     ops: list[Op] = []
-    changed = False
+    widened: dict[Tensor, Tensor] = {}    # one cast per half tensor, whatever number of ops read it
     for op in graph.ops:
         if op.kind not in WIDENED or not any(t.dtype in HALF for t in op.inputs) or \
                 any(not t.device.startswith("cpu") for t in op.outputs):
             ops.append(op)
             continue
-        changed = True
         inputs = []
         for t in op.inputs:
             if t.dtype in HALF:
-                wide = Tensor(t.shape, f32, t.device, f"{t.name}_f32" if t.name else "")
-                ops.append(Op(OpKind.CAST, (t,), (wide,), CastAttrs(f32), f"{op.name}_widen", op.source))
-                t = wide
+                if t not in widened:
+                    widened[t] = Tensor(t.shape, f32, t.device, f"{t.name}_f32" if t.name else "")
+                    ops.append(Op(OpKind.CAST, (t,), (widened[t],), CastAttrs(f32), f"{op.name}_widen", op.source))
+                t = widened[t]
             inputs.append(t)
         outputs = tuple(Tensor(o.shape, f32, o.device) if o.dtype in HALF else o for o in op.outputs)
         ops.append(Op(op.kind, tuple(inputs), outputs, op.attrs, op.name, op.source))
         for o, wide in zip(op.outputs, outputs):
             if wide is not o:
                 ops.append(Op(OpKind.CAST, (wide,), (o,), CastAttrs(o.dtype), f"{op.name}_narrow", op.source))
-    return Graph(graph.inputs, graph.outputs, ops, graph.name) if changed else graph
+    return Graph(graph.inputs, graph.outputs, ops, graph.name) if len(ops) > len(graph.ops) else graph
 
 
 __all__ = ["HALF", "WIDENED", "widen_half"]

@@ -1,0 +1,253 @@
+"""bfloat16 models: their constants (``ml_dtypes``' bfloat16 arrays over the weights' bits), the
+graph passes on them (folding in float32 with one rounding, batch norms folded across the cast of
+a widened product), the CPU's float32 products and reductions, and whole models against eager
+bfloat16 — on the CPU, in GPU emulation, saved and loaded, and under ``torch.compile``."""
+import copy
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import taskmap
+from taskmap.errors import UnsupportedError
+from taskmap.frontend.torch.registry import to_numpy, to_torch
+from taskmap.graph import CastAttrs, GraphBuilder, NormAttrs, OpKind, UnaryAttrs, UnaryFn
+from taskmap.graph.passes import fold_constants, optimize, widen_half
+from taskmap.ir.dtypes import bf16, f32
+from taskmap.ops import emulate_gpu
+
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 constants need the ml_dtypes package")
+transformers = pytest.importorskip("transformers")
+
+# bfloat16 against the float32 model: ||got - want|| / ||want||.  bf16 keeps 8 bits (2e-3 per
+# rounding); a small model's accumulated roundings stay under 2e-2.
+BF16_REL_L2 = 2e-2
+
+
+def _rel_l2(got, want):
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm())
+
+
+def _main(out):
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out
+
+
+def _steps(fast):
+    (entry,) = fast.entries.values()
+    return entry.compiled.steps
+
+
+def _check_model(model, *inputs, device=None):
+    """Compile ``model`` in bfloat16, run it, and hold its error against the float32 model to
+    that of eager bfloat16 (with room) and :data:`BF16_REL_L2`; every step a compiled kernel."""
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    hin = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if device:
+            with emulate_gpu(device):
+                fast = taskmap.compile(half, hin, progress=False)
+                got = _main(fast(*hin))
+        else:
+            fast = taskmap.compile(half, hin, progress=False)
+            got = _main(fast(*hin))
+    with torch.no_grad():
+        want = _main(model(*inputs))
+        eager = _main(half(*hin))
+    assert got.dtype == torch.bfloat16 and bool(torch.isfinite(got).all())
+    assert _rel_l2(got, want) < max(BF16_REL_L2, 2 * _rel_l2(eager, want)), (_rel_l2(got, want), _rel_l2(eager, want))
+    assert all(st.kernel is not None for st in _steps(fast)), [st.name for st in _steps(fast) if st.kernel is None]
+    return fast, got
+
+
+class ConvNet(torch.nn.Module):
+    """Conv + BN + ReLU, a residual 1x1 block, max and average pooling, a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.b1 = torch.nn.BatchNorm2d(16)
+        self.c2 = torch.nn.Conv2d(16, 16, 1)
+        self.b2 = torch.nn.BatchNorm2d(16)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
+        y = F.relu(y + self.b2(self.c2(y)))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1)).softmax(-1)
+
+
+def _randomized(model):
+    torch.manual_seed(0)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 2.0)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+def _bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=100, attn_implementation="sdpa")
+    return transformers.BertModel(config).eval()
+
+
+def test_bfloat16_constants_are_the_weights_bits():
+    w = torch.randn(5, 7).to(torch.bfloat16)
+    data = to_numpy(w)
+    assert data.dtype.name == "bfloat16" and data.shape == (5, 7)
+    np.testing.assert_array_equal(data.view(np.uint16), w.view(torch.int16).numpy().view(np.uint16))
+    b = GraphBuilder("cpu")
+    back = to_torch(b.constant(data, "w"))
+    assert back.dtype == torch.bfloat16 and torch.equal(back, w)
+
+
+def test_without_ml_dtypes_a_bfloat16_model_is_refused_by_name(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)         # import ml_dtypes fails
+    with pytest.raises(UnsupportedError, match=r"Linear: constant weight: .*bfloat16.*ml_dtypes"):
+        taskmap.compile(torch.nn.Linear(4, 3).bfloat16().eval(), torch.randn(2, 4, dtype=torch.bfloat16),
+                        progress=False)
+
+
+def test_folding_computes_in_float32_and_rounds_each_result_as_pytorch_does():
+    """``(w * 3 + 1).exp()`` of a bf16 constant, and an f32 constant cast to bf16: folded to the
+    bits eager bfloat16 gives (each op computed in f32, its result rounded)."""
+    rng = np.random.default_rng(0)
+    w32 = rng.standard_normal((6, 5)).astype(np.float32)
+    w = torch.from_numpy(w32).to(torch.bfloat16)
+    b = GraphBuilder("cpu")
+    x = b.input((6, 5), bf16, "x")
+    c = b.constant(to_numpy(w), "w")
+    y = b.op(OpKind.UNARY, [b.op(OpKind.BINARY, [b.op(OpKind.BINARY, [c], _scaled("mul", 3.0))], _scaled("add", 1.0))],
+             UnaryAttrs(UnaryFn.EXP))
+    z = b.op(OpKind.CAST, [b.constant(w32, "w32")], CastAttrs(bf16))
+    g = fold_constants(b.build([b.op(OpKind.BINARY, [x, y], _scaled("add")),
+                                b.op(OpKind.BINARY, [x, z], _scaled("add"))]))
+    consts = [t for op in g.ops for t in op.inputs if t.is_constant]
+    assert len(consts) == 2 and all(t.dtype is bf16 and t.data.dtype.name == "bfloat16" for t in consts)
+    want_y, want_z = ((w * 3 + 1).exp(), torch.from_numpy(w32).to(torch.bfloat16))
+    assert torch.equal(to_torch(consts[0]), want_y) and torch.equal(to_torch(consts[1]), want_z)
+
+
+def _scaled(fn, scalar=None):
+    from taskmap.graph import BinaryAttrs, BinaryFn
+    return BinaryAttrs(BinaryFn[fn.upper()], scalar=scalar)
+
+
+def test_widening_shares_one_cast_per_tensor_and_takes_the_reductions():
+    """On the CPU a bf16 tensor read by two linears and a layer norm is widened once; the layer
+    norm (a float32 template) is widened too; the weights fold to float32 — a large one too."""
+    b = GraphBuilder("cpu")
+    x = b.input((4, 3072), bf16, "x")
+    rng = np.random.default_rng(1)
+    w1 = b.constant(rng.standard_normal((768, 3072)).astype(ml_dtypes.bfloat16), "w1")   # 4.5 MiB as bf16
+    w2 = b.constant(rng.standard_normal((8, 3072)).astype(ml_dtypes.bfloat16), "w2")
+    gamma = b.constant(np.ones(3072, ml_dtypes.bfloat16), "g")
+    outs = [b.op(OpKind.LINEAR, [x, w1]), b.op(OpKind.LINEAR, [x, w2]),
+            b.op(OpKind.LAYER_NORM, [x, gamma], NormAttrs(1e-5, (3072,), has_weight=True, has_bias=False))]
+    g = b.build(outs)
+    wide = widen_half(g)
+    casts_of_x = [op for op in wide.ops if op.kind is OpKind.CAST and op.inputs[0] is x]
+    assert len(casts_of_x) == 1
+    for op in wide.ops:
+        if op.kind is not OpKind.CAST:
+            assert all(t.dtype is f32 for t in (*op.inputs, *op.outputs)), op
+    opt = optimize(g)
+    for op in opt.ops:
+        if op.kind in (OpKind.LINEAR, OpKind.LAYER_NORM):
+            assert all(t.dtype is f32 for t in op.inputs[1:]) and all(t.is_constant for t in op.inputs[1:])
+    assert [t.dtype for t in opt.outputs] == [bf16] * 3
+
+
+def test_batch_norm_folds_into_a_widened_convolution():
+    """conv (bf16) -> BN -> ReLU on the CPU: the BN folds into the float32 convolution across the
+    cast back to bf16, and the convolution, the cast and the ReLU are one kernel (the input's
+    cast, which the direct convolution cannot read through, is a kernel before it)."""
+    model = _randomized(torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
+                                            torch.nn.ReLU()))
+    fast, _ = _check_model(model, torch.randn(2, 3, 12, 12))
+    g = next(iter(fast.entries.values())).compiled.graph
+    assert OpKind.BATCH_NORM not in [op.kind for op in g.ops]
+    (conv,) = [op for op in g.ops if op.kind is OpKind.CONV2D]
+    assert conv.output.dtype is f32 and all(t.dtype is f32 and t.is_constant for t in conv.inputs[1:])
+    names = [st.name for st in _steps(fast)]
+    assert len(names) == 2 and names[1].startswith("conv2d") and "narrow" in names[1] and "unary" in names[1], names
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_conv_net_in_bfloat16_on_the_cpu(batch):
+    torch.manual_seed(batch)
+    _check_model(_randomized(ConvNet()), torch.randn(batch, 3, 16, 16))
+
+
+def test_bert_in_bfloat16_on_the_cpu():
+    _check_model(_bert(), torch.randint(0, 100, (2, 16)))
+
+
+def test_gpt2_in_bfloat16_on_the_cpu():
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
+                                                           n_positions=32, use_cache=False)).eval()
+    _check_model(model, torch.randint(0, 100, (2, 16)))
+
+
+def test_bfloat16_anchors_on_a_gpu_take_their_constants_as_they_are():
+    """On a CUDA device (GPU emulation) bf16 anchors run the tensor-core template on the bf16
+    constants themselves — linear + bias + GELU and conv + BN + ReLU one kernel each, the BN folded
+    into bf16 weights (computed in float64, rounded once)."""
+    from taskmap.graph import Conv2dAttrs
+    from taskmap.runtime.graph import CompiledGraph
+
+    rng = np.random.default_rng(0)
+    h = lambda *shape: rng.standard_normal(shape).astype(ml_dtypes.bfloat16)  # noqa: E731
+    w, bias, cw = h(128, 96), h(128), h(16, 8, 3, 3)
+    mean, var = h(16), np.abs(h(16)) + ml_dtypes.bfloat16(0.5)
+    b = GraphBuilder(device="cuda:0")
+    x, img = b.input((64, 96), bf16), b.input((2, 8, 10, 10), bf16)
+    y = b.op(OpKind.UNARY, [b.op(OpKind.LINEAR, [x, b.constant(w), b.constant(bias)])], UnaryAttrs(UnaryFn.GELU))
+    conv = b.op(OpKind.CONV2D, [img, b.constant(cw)], Conv2dAttrs((1, 1), (1, 1), (1, 1), 1))
+    bn = b.op(OpKind.BATCH_NORM, [conv, b.constant(mean), b.constant(var)], NormAttrs(1e-5, has_weight=False,
+                                                                                        has_bias=False))
+    z = b.op(OpKind.UNARY, [bn], UnaryAttrs(UnaryFn.RELU))
+    xa, ia = torch.randn(64, 96).to(torch.bfloat16), torch.randn(2, 8, 10, 10).to(torch.bfloat16)
+    with emulate_gpu("sm_90"):
+        cg = CompiledGraph(b.build([y, z]), "cpu", "torch")
+        gy, gz = cg(xa, ia)
+    assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc", "matmul_tc"]
+    assert all(t.dtype is bf16 for op in cg.graph.ops for t in op.inputs if t.is_constant)
+    f = lambda a: torch.from_numpy(np.asarray(a, np.float32))  # noqa: E731
+    s = 1 / torch.sqrt(f(var) + 1e-5)
+    want_z = F.relu((F.conv2d(ia.float(), f(cw), padding=1) - f(mean)[:, None, None])
+                    * s[:, None, None])
+    for got, want in ((gy, F.gelu(F.linear(xa.float(), f(w), f(bias)))), (gz, want_z)):
+        assert got.dtype == torch.bfloat16
+        err = (got.float() - want).abs().max() / want.abs().max()
+        assert err < 8e-3, err     # outputs rounded to bf16 (2^-9 relative), the folded weights too (seen: 3-4e-3)
+
+
+def test_a_bfloat16_model_saves_and_loads(tmp_path):
+    model = _randomized(ConvNet()).to(torch.bfloat16)
+    x = torch.randn(2, 3, 16, 16).to(torch.bfloat16)
+    fast = taskmap.compile(model, progress=False)
+    got = fast(x)
+    fast.save(tmp_path / "net.taskmap")
+    again = taskmap.load(tmp_path / "net.taskmap")
+    assert torch.equal(again(x), got)
+
+
+def test_a_bfloat16_model_under_torch_compile():
+    torch._dynamo.reset()
+    model = _bert().to(torch.bfloat16)
+    ids = torch.randint(0, 100, (2, 16))
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state
+        got = torch.compile(model, backend="taskmap")(input_ids=ids).last_hidden_state
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
