@@ -7,7 +7,7 @@
 #   linears on 3xTF32 and SIMT against cuBLAS f32, and the wgmma example on TF32; models_3xtf32: the
 #   transformers and ResNet-50 at batch 8 compiled with fp32_precision="3xtf32"; on request:
 #   ops_f32, ops_f16, models_tuned — the models with TASKMAP_TUNE=topk —, models_tf32 — matmuls on
-#   TF32 for every side —, models_f16 — the models in f16 —, models_tf32_mma, models_3xtf32_mma and
+#   TF32 for every side —, models_f16 — the models in f16 —, models_bf16 — in bf16 —, models_tf32_mma, models_3xtf32_mma and
 #   models_f16_mma — the same with TASKMAP_WGMMA=0 (mma.sync instead of sm_90a's wgmma, the A/B) —,
 #   wgmma_sweep — every schedule of the wgmma template's space on BERT's linears, dumped to
 #   $OUT/wgmma_sweep.json to fit its cost model —, models_tf32_tma, models_f16_tma,
@@ -38,6 +38,11 @@
 # "models_tf32_tma models_f16_tma" against "models_tf32 models_f16" (TF32_BATCH=8), then
 # wgmma_tma_sweep to fit the form's cost (its compute efficiency is a guess: 0.8 against the
 # cp.async form's 0.55-0.6).  If it wins, make it the default (matmul_wgmma.tma_enabled).
+#
+# Session 29 (no GPU) made bfloat16 models compile (constants as ml_dtypes arrays, on the GPU
+# uploaded as they are for the tensor-core templates): "cuda_tests" now runs
+# tests/models/test_gpu_models.py::test_model_bf16 too, and "models_bf16" times the four models at
+# batch 8 in bf16 against eager and torch.compile.
 #
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
@@ -88,6 +93,9 @@ stage models_3xtf32_mma ${X3_SECONDS:-150} env TASKMAP_WGMMA=0 python3 benchmark
     --peers eager torch.compile --no-compile-times
 stage models_f16 ${F16_SECONDS:-150} python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
     --device cuda --dtype float16 --rounds 2 --seconds 0.5 --keep-going --batch ${F16_BATCH:-8} \
+    --peers eager torch.compile --no-compile-times
+stage models_bf16 ${F16_SECONDS:-150} python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
+    --device cuda --dtype bfloat16 --rounds 2 --seconds 0.5 --keep-going --batch ${F16_BATCH:-8} \
     --peers eager torch.compile --no-compile-times
 stage models_f16_mma ${F16_SECONDS:-150} env TASKMAP_WGMMA=0 python3 benchmarks/models.py ${F16_MODELS:-bert gpt2 vit resnet50} \
     --device cuda --dtype float16 --rounds 2 --seconds 0.5 --keep-going --batch ${F16_BATCH:-8} \

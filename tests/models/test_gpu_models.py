@@ -17,6 +17,7 @@ pytestmark = pytest.mark.cuda
 # f16 against the f32 model: ||got - want|| / ||want|| (f16 has 11 bits: 5e-4 per rounding; a model's
 # depth of accumulated roundings stays well under 1e-2)
 F16_REL_L2 = 1e-2
+BF16_REL_L2 = 8 * F16_REL_L2   # bf16 keeps 8 bits: 8x f16's rounding
 TF32_REL_L2 = F16_REL_L2   # TF32 operands keep f16's 10-bit mantissas (f32 range and sums)
 # mma.sync; Hopper's wgmma (sm_90a, products of >= 64 rows), its TMA form (TASKMAP_WGMMA=tma)
 TENSOR_CORES = {"matmul_tc", "matmul_wgmma", "matmul_wgmma_tma"}
@@ -89,17 +90,28 @@ def test_model_f32(name, batch):
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "inception_v3", "vit", "bert", "gpt2"])
 def test_model_f16(name, batch):
+    _check_half(name, batch, torch.float16, F16_REL_L2)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "vit", "bert", "gpt2"])
+def test_model_bf16(name):
+    """bfloat16 weights (``ml_dtypes`` constants, uploaded as they are) on the tensor cores."""
+    pytest.importorskip("ml_dtypes", reason="bfloat16 constants need the ml_dtypes package")
+    _check_half(name, 8, torch.bfloat16, BF16_REL_L2)
+
+
+def _check_half(name, batch, dtype, bound):
     model = _model(name)
-    half = _model(name).half()
+    half = _model(name).to(dtype)
     x = _inputs(name, batch, 1)
-    xh = x.half() if x.is_floating_point() else x
+    xh = x.to(dtype) if x.is_floating_point() else x
     _, got = _compiled_runs(half, xh)
     with torch.no_grad():
         want = _main(model(x))
-        eager16 = _main(half(xh))
-    assert got.dtype == torch.float16 and bool(torch.isfinite(got).all())
-    # as close to f32 as PyTorch's own f16 run is (with room), and within the table's bound
-    assert _rel_l2(got, want) < max(F16_REL_L2, 2 * _rel_l2(eager16, want))
+        eager = _main(half(xh))
+    assert got.dtype == dtype and bool(torch.isfinite(got).all())
+    # as close to f32 as PyTorch's own half-precision run is (with room), and within the table's bound
+    assert _rel_l2(got, want) < max(bound, 2 * _rel_l2(eager, want))
 
 
 @pytest.mark.parametrize("name", ["resnet50", "inception_v3", "bert"])
