@@ -195,27 +195,20 @@ def _partly_fused(group: FusionGroup, target: Target, reason: str) -> list[Kerne
     Else :func:`_split`."""
     anchor = group.anchor
     assert anchor is not None
-    if group.epilogue and group.prologues and template_fusable(anchor, target):
-        try:
-            plan = _plan(anchor, group.prologues, (), target)
-        except FusionError:
-            pass
-        else:
-            head = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in group.epilogue),
-                               anchor, group.prologues, ())
-            return [KernelGroup.of(head, plan, reason),
-                    _injective_group(FusionGroup(GroupKind.INJECTIVE, group.epilogue), target, reason)]
     if group.epilogue and group.prologues:
-        try:
-            plan = _plan(anchor, (), group.epilogue, target)
-        except FusionError:
-            pass
-        else:
-            before = {op for _, ops in group.prologues for op in ops}
-            tail = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in before), anchor, (),
-                               group.epilogue)
-            return [*(_injective_group(FusionGroup(GroupKind.INJECTIVE, ops), target, reason)
-                      for _, ops in group.prologues), KernelGroup.of(tail, plan, reason)]
+        before = {op for _, ops in group.prologues for op in ops}
+        tries = [(group.prologues, ())] if template_fusable(anchor, target) else []
+        for pro, epi in (*tries, ((), group.epilogue)):
+            try:
+                plan = _plan(anchor, pro, epi, target)
+            except FusionError:
+                continue
+            apart = before if epi else set(group.epilogue)
+            kept = FusionGroup(GroupKind.ANCHORED, tuple(op for op in group.ops if op not in apart), anchor, pro, epi)
+            injective = [_injective_group(FusionGroup(GroupKind.INJECTIVE, ops), target, reason)
+                         for ops in ([ops for _, ops in group.prologues] if epi else [group.epilogue])]
+            fused = KernelGroup.of(kept, plan, reason)
+            return [*injective, fused] if epi else [fused, *injective]
     return _split(group, target, reason)
 
 

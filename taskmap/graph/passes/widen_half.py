@@ -27,11 +27,13 @@ def widen_half(graph: Graph) -> Graph:
     """Widen the half-precision products on the CPU (see the module docstring)."""
     ops: list[Op] = []
     widened: dict[Tensor, Tensor] = {}    # one cast per half tensor, whatever number of ops read it
+    changed = False
     for op in graph.ops:
         if op.kind not in WIDENED or not any(t.dtype in HALF for t in op.inputs) or \
                 any(not t.device.startswith("cpu") for t in op.outputs):
             ops.append(op)
             continue
+        changed = True
         inputs = []
         for t in op.inputs:
             if t.dtype in HALF:
@@ -45,7 +47,7 @@ def widen_half(graph: Graph) -> Graph:
         for o, wide in zip(op.outputs, outputs):
             if wide is not o:
                 ops.append(Op(OpKind.CAST, (wide,), (o,), CastAttrs(o.dtype), f"{op.name}_narrow", op.source))
-    return Graph(graph.inputs, graph.outputs, ops, graph.name) if len(ops) > len(graph.ops) else graph
+    return Graph(graph.inputs, graph.outputs, ops, graph.name) if changed else graph
 
 
 __all__ = ["HALF", "WIDENED", "widen_half"]
