@@ -34,6 +34,10 @@ TM_FN void tm_transpose_block_f32(float *dst, const float *src, int n, long long
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b) dst[b * ldd + a] = src[a * lds + b];
 }
+TM_FN void tm_dot2_bf16(float *c, const uint16_t *a, const uint16_t *b, int n) {
+  const float a0 = tm_bf16_to_f32(a[0]), a1 = tm_bf16_to_f32(a[1]);
+  for (int i = 0; i < n; ++i) { c[i] += a1 * tm_bf16_to_f32(b[2 * i + 1]); c[i] += a0 * tm_bf16_to_f32(b[2 * i]); }
+}
 TM_FN void tm_cp_sync(void *dst, const void *src, int n, int src_n) {
   unsigned char *d = (unsigned char *)dst;
   const unsigned char *s = (const unsigned char *)src;
@@ -184,6 +188,8 @@ class GpuPrims:
         if op is Prim.TRANSPOSE:
             return (f"tm_transpose_block_f32({g.ref(a[0])}, {g.ref(a[1])}, {g.expr(a[2])}, "
                     f"(long long)({g.expr(a[3])}), (long long)({g.expr(a[4])}))")
+        if op is Prim.DOT2_BF16:
+            return f"tm_dot2_bf16({g.ref(a[0])}, {g.ref(a[1])}, {g.ref(a[2])}, {g.expr(a[3])})"
         if op in (Prim.CP_ASYNC, Prim.CP_ASYNC_COMMIT, Prim.CP_ASYNC_WAIT):
             return self.cp_async(g, e)
         if op is Prim.PREFETCH:

@@ -49,6 +49,7 @@ from ..templates.base import Schedule
 from ..templates.conv_cpu import CONV_CPU
 from ..templates.conv_problem import ConvProblem
 from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_cpu_bf16 import MATMUL_CPU_BF16
 from ..templates.matmul_problem import MatmulProblem
 from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
@@ -58,6 +59,7 @@ from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
 from .kinds import OpKind
 from .lower_reduce import reduction_compute
+from .passes.widen_half import native_bf16
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def matmul_anchor(op: Op, target: Target) -> _Anchor | None:
     """The problem of a MATMUL / LINEAR op, or None for shapes the fused path does not take
     (vectors, broadcast batches: those run through ``taskmap.ops``)."""
     dt = op.output.dtype.name
-    if dt not in anchor_dtypes(target) or any(t.dtype.name != dt for t in op.inputs) or op.output.numel == 0:
+    if (dt not in anchor_dtypes(target) and not (target.kind is TargetKind.CPU and native_bf16(op, target))) or \
+            any(t.dtype.name != dt for t in op.inputs) or op.output.numel == 0:
         return None
     if op.kind is OpKind.LINEAR:
         x, w = op.inputs[0], op.inputs[1]
@@ -430,6 +433,8 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         return _direct_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
     if target.kind is not TargetKind.CPU:
         return _gpu_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
+    if p.dtype == "bfloat16":
+        return _bf16_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
     sched = anc.gemm if anc.gemm is not None and _suits(anc.gemm.as_dict(), "a" in pro_defs, "b" in pro_defs) \
         else _schedule(p, target, "a" in pro_defs, "b" in pro_defs)
     sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
@@ -444,6 +449,24 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
     for name, data, size in (("wa", packed[0], wa), ("wb", packed[1], wb)):
         fixed[name] = (data if data is not None else Workspace(f"cpu_{name[1]}", size), None)
     return AnchorPlan(kernel, *_plan_args(kernel, anc, anchor, pro_defs, outputs, sources, fixed))
+
+
+def _bf16_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_defs: dict[str, TensorNode],
+               outputs: dict[str, Tensor], sources: dict[str, Tensor], target: Target) -> AnchorPlan:
+    """A bf16 product on the CPU's dot products (:mod:`taskmap.templates.matmul_cpu_bf16`): its
+    constant ``b`` packed once (pairs of K side by side), the epilogue in its stores.  It reads
+    ``a`` in place inside its dot products: no prologue (a reshape is read as it is)."""
+    p, t = anc.problem, MATMUL_CPU_BF16
+    if pro_defs:
+        raise FusionError(f"{anchor.name}: {t.name} reads its input in place, inside its dot products: no prologue")
+    sched = tune.choose(t, p, target)
+    sizes = {"m": p.m, "n": p.n, "k": p.k}
+    kernel = cached_kernel((t.name, t.version, t.config(p, target, sched), fusion_key({}, epi_defs, sizes), target),
+                           lambda: fuse(t.instantiate(p, target, sched), {}, epi_defs, sizes), target)
+    b = anc.operands["b"]
+    data = derived((b.data,), (t.name, t.version, p.trans_b, sched["nr"]), lambda: t.weights(p, sched, b.data))
+    fixed = {"wb": (_packed_tensor(b, data, (data.size,)), None), "c": (anchor.output, p.c_shape)}
+    return AnchorPlan(kernel, *_plan_args(kernel, anc, anchor, {}, outputs, sources, fixed))
 
 
 def _gpu_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_defs: dict[str, TensorNode],

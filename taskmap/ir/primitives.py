@@ -119,6 +119,10 @@ class Prim(enum.Enum):
     #: (id, count): a named barrier (1..15): wait until ``count`` threads (whole warps) have arrived at
     #: barrier ``id`` — a ``syncthreads()`` among some warps of the block (warp specialization)
     BAR_SYNC = PrimSpec("bar_sync", PrimKind.MEMORY, 2, consts=(0,), value=False)
+    #: (c, a, b, n): for i < n, c[i] += f32(a[0]) * f32(b[2i]) + f32(a[1]) * f32(b[2i + 1]) — a pair of
+    #: bf16 along K (``a``) times n such pairs (``b``, interleaved), summed into f32 ``c`` (products
+    #: exact; AVX-512 BF16's ``vdpbf16ps`` for n = 16 on the CPU, which flushes subnormals)
+    DOT2_BF16 = PrimSpec("dot2_bf16", PrimKind.MEMORY, 4, refs=(0, 1, 2), writes=(0,), consts=(3,), value=False)
     #: (ref, level): a hint to bring the cache line of ``ref`` into the cache of ``level`` (1 or 2);
     #: no effect on results, and ``ref`` may lie past the tensor's end (a prefetch never faults)
     PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 2, refs=(0,), consts=(1,), value=False)
@@ -291,6 +295,13 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
                 what = ("ld_dst", "ld_src")[i - 3]
                 return i, f"the {what} stride of transpose_block() must be an integer, got {args[i].dtype!r}"
         return None
+    if op is Prim.DOT2_BF16:
+        for i, want in ((0, f32), (1, bf16), (2, bf16)):
+            if args[i].dtype is not want:
+                return i, f"argument {i + 1} of dot2_bf16() must be a {want!r} element, got {args[i].dtype!r}"
+        if (_int_const(args[3]) or 0) < 1:
+            return 3, f"dot2_bf16() needs n >= 1 pairs, got {_int_const(args[3])}"
+        return None
     if op is Prim.CP_ASYNC:
         dst, src, nbytes, src_bytes = args
         if _scope(dst) is not MemScope.SHARED:
@@ -449,6 +460,8 @@ def fragment_elements(op: Prim, index: int, args: tuple[Expr, ...]) -> int:
         return 16 // args[index].dtype.nbytes
     if op is Prim.CP_ASYNC:
         return int(args[2].value) // args[index].dtype.nbytes  # type: ignore[attr-defined]
+    if op is Prim.DOT2_BF16:   # c: n f32, a: one pair, b: n pairs
+        return (int(args[3].value), 2, 2 * int(args[3].value))[index]  # type: ignore[attr-defined]
     if op is Prim.TRANSPOSE:   # n rows of n elements, ld apart (at least n when ld is not a constant)
         n, ld = _int_const(args[2]) or 1, _int_const(args[3 + index])
         return (n - 1) * ld + n if ld is not None and ld >= 0 else n

@@ -25,7 +25,7 @@ from .builtins import (DeviceFunction, acos, acosh, asin, asinh, atan, atan2, at
                        register_tensor, round, rsqrt, select, shared_tensor, sin, sinh, sqrt, symbol, syncthreads,
                        tan, tanh, trunc, unroll, vectorize)
 from .gpu_builtins import (FULL_MASK, all_sync, any_sync, atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
-                           ballot_sync, copy16, cp_async, cp_async_commit, cp_async_wait, lane_id, ldmatrix_x1,
+                           ballot_sync, copy16, cp_async, cp_async_commit, cp_async_wait, dot2_bf16, lane_id, ldmatrix_x1,
                            ldmatrix_x2, ldmatrix_x4, mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, prefetch,
                            shfl_down_sync, shfl_sync, shfl_up_sync, shfl_xor_sync, syncwarp, transpose_block, warp_id,
                            warp_size, fence_proxy_async, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_tf32, wgmma_wait)
@@ -38,7 +38,7 @@ from .transpiler import transpile
 
 __all__ = [
     "FULL_MASK", "MMA_K", "MMA_M", "MMA_N", "MMA_TF32_K", "all_sync", "any_sync", "atomic_add", "atomic_cas", "atomic_exch",
-    "atomic_max", "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
+    "atomic_max", "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "dot2_bf16", "lane_id",
     "ldmatrix_x1", "ldmatrix_x1_rows", "ldmatrix_x2", "ldmatrix_x2_rows", "ldmatrix_x4", "ldmatrix_x4_rows",
     "ldmatrix_x4_rows_b32", "mma_a_layout", "mma_b_layout", "mma_c_layout", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32",
     "mma_tf32_a_layout", "mma_tf32_b_layout", "prefetch", "round_tf32", "tf32_operand", "shfl_down_sync", "shfl_sync",

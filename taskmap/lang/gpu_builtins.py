@@ -5,7 +5,7 @@ asynchronous copies, block transposes, cache prefetches, tensor-core ``mma`` and
 Memory operands are *element references*: ``atomic_add(hist[b], 1)`` names the element
 ``hist[b]``; fragment operands may also be a whole register tensor (its first element).  Warp
 primitives, ``cp_async*``, ``mma`` and ``ldmatrix`` make the kernel a GPU kernel (and are errors
-in CPU kernels); atomics, ``copy16``, ``transpose_block`` and ``prefetch`` also work in CPU kernels.
+in CPU kernels); atomics, ``copy16``, ``transpose_block``, ``dot2_bf16`` and ``prefetch`` also work in CPU kernels.
 
 Alignment (checked at compile time when the offset is a constant, at run time by the CPU
 emulation, and by the GPU's hardware): ``copy16`` needs 16-byte aligned addresses, ``cp_async``
@@ -258,6 +258,17 @@ def _transpose_block(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.St
     return S.Evaluate(finish(ctx, node, call, {2: "n", 3: "ld_dst", 4: "ld_src"}))
 
 
+def _dot2_bf16(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
+    name = "dot2_bf16"
+    c_v, a_v, b_v, n_v = take_args(ctx, node, name, args, kwargs, ("c", "a", "b", "n"), 4, {})
+    refs = [element_ref(ctx, node, i, v, name) for i, v in enumerate((c_v, a_v, b_v))]
+    n = const_int(n_v)
+    if n is None or n < 1:
+        raise ctx.error(arg_node(node, 3, "n"), f"the pair count n of dot2_bf16() must be a compile-time integer "
+                                                f">= 1, got {ctx.value_str(n_v)}")
+    return S.Evaluate(finish(ctx, node, PrimCall(Prim.DOT2_BF16, (*refs, E.const(n))), {3: "n"}))
+
+
 def _prefetch(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
     ref_v, level_v = take_args(ctx, node, "prefetch", args, kwargs, ("ref", "level"), 1, {"level": 1})
     ref = element_ref(ctx, node, 0, ref_v, "prefetch")
@@ -301,6 +312,11 @@ transpose_block = Builtin("transpose_block", _transpose_block,
                           "block of f32: for a, b < n, the element b * ld_dst + a after dst[i, j] (flat, in "
                           "elements) gets the element a * ld_src + b after src[k, l]; the blocks must not "
                           "overlap.  In-register (AVX-512 for n = 16, AVX for n = 8) on the CPU.")
+dot2_bf16 = Builtin("dot2_bf16", _dot2_bf16,
+                    "``dot2_bf16(c[i], a[j], b[k], n)``: for l < n, ``c[i + l] += a[j] * b[k + 2l] + a[j + 1] * "
+                    "b[k + 2l + 1]`` — a pair of bf16 along K times n interleaved pairs, summed into f32 (the "
+                    "products are exact).  On a CPU with AVX-512 BF16 and n = 16 one ``vdpbf16ps`` (subnormals "
+                    "flushed to zero); elsewhere a loop.")
 prefetch = Builtin("prefetch", _prefetch, "``prefetch(t[i], level=1)``: a hint to bring the cache line holding "
                                           "t[i] (global or shared memory) into the L1 (``level=1``) or L2 cache "
                                           "(``level=2``) ahead of its use; results do not change, and t[i] may "
@@ -460,7 +476,7 @@ fence_proxy_async = Builtin("fence_proxy_async", _nullary(Prim.FENCE_PROXY_ASYNC
                             "to the tensor cores' wgmma reads (put it before the barrier that precedes them).")
 
 __all__ = ["FULL_MASK", "all_sync", "any_sync", "atomic_add", "atomic_cas", "atomic_exch", "atomic_max",
-           "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "lane_id",
+           "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "dot2_bf16", "lane_id",
            "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "prefetch",
            "shfl_down_sync", "shfl_sync", "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id",
            "warp_size", "fence_proxy_async", "wgmma_commit", "wgmma_f16", "wgmma_fence", "wgmma_tf32", "wgmma_wait"]

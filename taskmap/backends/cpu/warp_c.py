@@ -418,6 +418,28 @@ static inline __attribute__((always_inline)) void tm_transpose8_f32(float *dst, 
   for (int i = 0; i < 8; ++i) *(tm_f32x8u *)(dst + i * ldd) = t[i];
 }
 #endif
+/* c[i] += a[0] * b[2i] + a[1] * b[2i + 1] (bf16 bits; n a constant): AVX-512 BF16's vdpbf16ps
+   for 16 lanes (the accumulators stay in registers once inlined), else a loop in the same order */
+#if defined(__AVX512BF16__)
+typedef float tm_f32x16u __attribute__((vector_size(64), aligned(4)));
+typedef short tm_i16x32u __attribute__((vector_size(64), aligned(2)));
+typedef int tm_i32x16 __attribute__((vector_size(64)));
+#endif
+static inline __attribute__((always_inline)) void tm_dot2_bf16(float *c, const uint16_t *a, const uint16_t *b, int n) {
+#if defined(__AVX512BF16__)
+  if (n == 16) {
+    int32_t w; memcpy(&w, a, 4);
+    tm_i32x16 pair = {w, w, w, w, w, w, w, w, w, w, w, w, w, w, w, w};
+    *(tm_f32x16u *)c = __builtin_ia32_dpbf16ps_v16sf(*(tm_f32x16u *)c, (tm_i16x32u)pair, *(const tm_i16x32u *)b);
+    return;
+  }
+#endif
+  const float a0 = tm_bf16_to_f32(a[0]), a1 = tm_bf16_to_f32(a[1]);
+  for (int i = 0; i < n; ++i) {
+    c[i] += a1 * tm_bf16_to_f32(b[2 * i + 1]);
+    c[i] += a0 * tm_bf16_to_f32(b[2 * i]);
+  }
+}
 /* n is a constant: one branch is left */
 static inline __attribute__((always_inline)) void tm_transpose_block_f32(float *dst, const float *src, int n,
                                                                          long ldd, long lds) {
@@ -490,6 +512,8 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return f"tm_copy16({ref(a[0])}, {ref(a[1])})"
     if op is Prim.TRANSPOSE:
         return f"tm_transpose_block_f32({ref(a[0])}, {ref(a[1])}, {x(a[2])}, (long)({x(a[3])}), (long)({x(a[4])}))"
+    if op is Prim.DOT2_BF16:
+        return f"tm_dot2_bf16({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])})"
     if op is Prim.PREFETCH:      # gcc's locality 3: all levels (prefetcht0), 2: L2 and beyond (prefetcht1)
         return f"__builtin_prefetch({ref(a[0])}, 0, {4 - int(a[1].value)})"
     if op is Prim.CP_ASYNC:

@@ -4,12 +4,16 @@ The CPU templates of matmul, linear, convolution and attention, and those of the
 float32 (as PyTorch's CPU kernels accumulate half-precision products and sums in float32 too).
 A float16 / bfloat16 op of those kinds (:data:`WIDENED`) on the CPU becomes: casts of its half
 inputs to float32 (one per tensor, shared by the ops that read it), the op in float32, and a cast
-of its result back — the original output tensor, so its readers are unchanged.  Run before
+of its result back — the original output tensor, so its readers are unchanged.  Not widened: bf16
+linears (and matmuls by a constant matrix) with constant weights where the CPU has AVX-512 BF16
+(:func:`native_bf16`: they run on its dot products, which sum in float32 too).  Run before
 constant folding: the casts of constant weights fold into float32 weights, and the casts on
 either side of a result are epilogues / prologues of the neighbouring kernels like any other."""
 from __future__ import annotations
 
+from ...backends.base import Target, host_cpu_target
 from ...ir.dtypes import bf16, f16, f32
+from ...templates.matmul_cpu_bf16 import supported as bf16_dots
 from ..attrs import CastAttrs
 from ..ir import Graph, Op, Tensor
 from ..kinds import OpKind
@@ -23,14 +27,30 @@ WIDENED = frozenset({OpKind.MATMUL, OpKind.LINEAR, OpKind.CONV2D, OpKind.ATTENTI
 HALF = (f16, bf16)
 
 
+def native_bf16(op: Op, target: Target) -> bool:
+    """A bf16 product the CPU computes as it is, on AVX-512 BF16's dot products
+    (:mod:`taskmap.templates.matmul_cpu_bf16`): a linear with a constant 2-D weight (and a constant
+    bias), or a matmul of a stack by a constant 2-D matrix."""
+    if op.kind not in (OpKind.LINEAR, OpKind.MATMUL) or not bf16_dots(target) or \
+            any(t.dtype is not bf16 for t in (*op.inputs, op.output)) or op.output.numel == 0:
+        return False
+    x, w = op.inputs[0], op.inputs[1]
+    if op.kind is OpKind.MATMUL:
+        return x.ndim >= 2 and w.ndim == 2 and w.is_constant and len(op.inputs) == 2
+    bias = op.inputs[2] if len(op.inputs) > 2 else None
+    return x.ndim >= 1 and x.shape[-1] > 0 and w.ndim == 2 and w.is_constant and \
+        (bias is None or (bias.is_constant and bias.shape == (w.shape[0],)))
+
+
 def widen_half(graph: Graph) -> Graph:
     """Widen the half-precision products on the CPU (see the module docstring)."""
+    target = host_cpu_target()
     ops: list[Op] = []
     widened: dict[Tensor, Tensor] = {}    # one cast per half tensor, whatever number of ops read it
     changed = False
     for op in graph.ops:
         if op.kind not in WIDENED or not any(t.dtype in HALF for t in op.inputs) or \
-                any(not t.device.startswith("cpu") for t in op.outputs):
+                any(not t.device.startswith("cpu") for t in op.outputs) or native_bf16(op, target):
             ops.append(op)
             continue
         changed = True
@@ -50,4 +70,4 @@ def widen_half(graph: Graph) -> Graph:
     return Graph(graph.inputs, graph.outputs, ops, graph.name) if changed else graph
 
 
-__all__ = ["HALF", "WIDENED", "widen_half"]
+__all__ = ["HALF", "WIDENED", "native_bf16", "widen_half"]

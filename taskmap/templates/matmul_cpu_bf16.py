@@ -1,0 +1,186 @@
+"""CPU bfloat16 linears on AVX-512 BF16's dot products: ``c = a @ w^T (+ bias)`` with ``a (m, k)``
+bf16 activations, ``w (n, k)`` a constant bf16 weight, ``c (m, n)`` bf16 — what a bfloat16 model's
+``nn.Linear`` layers compute, written in the DSL with task mappings.
+
+* **Weights**, packed once (a compiled graph's constants, :func:`pack_weights`): column panels of
+  ``NR`` outputs, ``[panel][k / 2][NR][2]`` — per pair of K, each output's two weights side by
+  side (zero padded past ``n`` and, for an odd ``k``, past ``k``).
+* **Register tile** ``MR x NR`` of f32 accumulators, ``repeat(MR, NR // 16) * spatial(1, 16)``:
+  per pair of K, ``MR`` 32-bit broadcasts of ``a``'s two elements (read in place: a row's pair is
+  adjacent in row-major ``a``), ``NR / 16`` loads of the packed panel and ``MR * NR / 16``
+  ``dot2_bf16`` (``vdpbf16ps``: 16 lanes x 2 products each, twice the FMAs' rate).  The products
+  are exact and the sums f32, as PyTorch's CPU bf16 linears (oneDNN) compute them.
+* **Stores**: ``bf16(acc + bias)`` — the bias added in f32, one rounding — where post-scheduling
+  fusion splices the epilogue (:mod:`taskmap.fusion`); ``a``'s loads are inside the primitive, so
+  it takes no prologue (a reshape is read in place).
+* **Cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``NP x MP`` tiles, column
+  panels outermost: a core sweeps all of ``a`` (in its L2) with each of its weight panels.
+
+Applies where the host has AVX-512 BF16 (``avx512_bf16`` in the target's features); elsewhere a
+bfloat16 linear is computed in float32 (:mod:`taskmap.graph.passes.widen_half`).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..backends.base import Target, TargetKind
+from ..ir.mapping import repeat, spatial
+from ..lang import bf16, dot2_bf16, f32, parallel, register_tensor, symbol, unroll
+from ..lang.kernel import kernel
+from ..runtime.kernel import Kernel
+from .base import KernelFamily, Schedule
+from .matmul_cpu import CALL_COST, FORK_COST, LARGE_FLOPS, SMALL_FLOPS
+from .matmul_problem import MatmulProblem
+
+#: f32 lanes of a dot product (a 512-bit vector).
+LANES = 16
+#: Register tiles (rows of ``a``, outputs): ``MR * NR / 16`` accumulators, ``NR / 16`` panel
+#: vectors and a broadcast fit the 32 vector registers.
+TILES = ((8, 48), (14, 32), (6, 64), (4, 96), (4, 48))
+#: ``vdpbf16ps`` a cycle per core (Zen 4 / 5, Sapphire Rapids: two) and its efficiency in the
+#: micro-kernel (a standalone 8 x 48 tile over K = 768 in L1: 515 GFLOP/s on one Zen 5 core).
+DOT_RATE = 2.0
+MICRO_EFFICIENCY = 0.9
+#: Cycles per output element of the stores (conversion to bf16, the bias).
+STORE_CYCLES = 0.5
+
+
+def supported(target: Target) -> bool:
+    """Whether ``target`` runs the template: a CPU with AVX-512 BF16."""
+    return target.kind is TargetKind.CPU and "avx512_bf16" in target.features
+
+
+@dataclass(frozen=True)
+class Bf16Config:
+    mr: int
+    nr: int
+    cores: int
+    bias: bool
+
+
+def pairs(k: int) -> int:
+    """Pairs of K in a packed panel (an odd ``k`` padded with a zero)."""
+    return -(-k // 2)
+
+
+def pack_weights(w: np.ndarray, nr: int) -> np.ndarray:
+    """``w (n, k)`` as the kernel's panels ``[ceil(n / nr)][ceil(k / 2)][nr][2]``, flat, zeros past
+    ``n`` and ``k`` (the array's own dtype: bf16 from a graph, any for tests)."""
+    n, k = w.shape
+    panels, k2 = -(-n // nr), pairs(k)
+    full = np.zeros((panels * nr, 2 * k2), dtype=w.dtype)
+    full[:n, :k] = w
+    return np.ascontiguousarray(full.reshape(panels, nr, k2, 2).transpose(0, 2, 1, 3)).reshape(-1)
+
+
+def build_kernel(cfg: Bf16Config) -> Kernel:
+    MR, NR, P, V = cfg.mr, cfg.nr, cfg.cores, LANES
+    assert NR % V == 0
+    NV = NR // V
+    CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
+    tile = repeat(MR, NV) * spatial(1, V)
+    row = spatial(NR)
+    m, n, k, nbias = symbol("m"), symbol("n"), symbol("k"), symbol("nbias")
+    A_T, C_T = bf16[1, m, k], bf16[1, m, n]    # the matmul templates' 3-D views, one batch
+    W_T = bf16[(n + NR - 1) // NR * ((k + 1) // 2) * NR * 2]
+    BIAS_T = bf16[nbias]
+    BIAS = cfg.bias
+
+    @kernel
+    def matmul_cpu_bf16(a: A_T, wb: W_T, bias: BIAS_T, c: C_T):
+        MP = (m + MR - 1) // MR
+        NP = (n + NR - 1) // NR
+        K2 = (k + 1) // 2
+        units = MP * NP
+        for p in CORES:
+            for u in range(p * units // P, (p + 1) * units // P):
+                j = u // MP                       # the weight panel: a core's units share it
+                i = u % MP
+                boff = j * K2 * NR * 2
+                acc = register_tensor(f32, [MR, NR])
+                for r, s in tile.vectorize():
+                    acc[r, s] = 0.0
+                for kk in range(k // 2):
+                    for r in unroll(MR):
+                        for v in unroll(NV):
+                            dot2_bf16(acc[r, v * V], a[0, min(i * MR + r, m - 1), 2 * kk], wb[boff + kk * NR * 2 + v * 2 * V],
+                                      V)
+                if k % 2 == 1:                    # the last K alone: its pair's second element a zero
+                    odd = register_tensor(bf16, [MR, 2])
+                    for r in range(MR):
+                        odd[r, 0] = a[0, min(i * MR + r, m - 1), k - 1]
+                        odd[r, 1] = bf16(0.0)
+                    for r in unroll(MR):
+                        for v in unroll(NV):
+                            dot2_bf16(acc[r, v * V], odd[r, 0], wb[boff + (k // 2) * NR * 2 + v * 2 * V], V)
+                for r in range(MR):
+                    if i * MR + r < m:
+                        if j * NR + NR <= n:
+                            for s in row.vectorize():
+                                if BIAS:
+                                    c[0, i * MR + r, j * NR + s] = bf16(acc[r, s] + f32(bias[j * NR + s]))
+                                else:
+                                    c[0, i * MR + r, j * NR + s] = bf16(acc[r, s])
+                        else:
+                            for s in row.vectorize():
+                                if j * NR + s < n:
+                                    if BIAS:
+                                        c[0, i * MR + r, j * NR + s] = bf16(acc[r, s] + f32(bias[j * NR + s]))
+                                    else:
+                                        c[0, i * MR + r, j * NR + s] = bf16(acc[r, s])
+
+    return matmul_cpu_bf16
+
+
+class MatmulCpuBf16Template(KernelFamily):
+    """bf16 products with a constant ``b`` (a linear's ``n x k`` weight, or a ``k x n`` one, packed
+    alike: ``const_b``, one batch) on AVX-512 BF16."""
+
+    name = "matmul_cpu_bf16"
+    version = 1
+
+    def applies(self, problem: Any, target: Target) -> bool:
+        p = problem
+        return (isinstance(p, MatmulProblem) and supported(target) and p.dtype == p.out_dtype == "bfloat16"
+                and p.const_b and p.batch == 1 and not p.trans_c)
+
+    def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
+        if not self.applies(problem, target):
+            return []
+        cores = [target.num_cores] if problem.flops > LARGE_FLOPS or target.num_cores == 1 else \
+            [1] if problem.flops < SMALL_FLOPS else [1, target.num_cores]
+        return [Schedule.of(mr=mr, nr=nr, cores=c) for mr, nr in TILES for c in cores]
+
+    def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
+        """Seconds: the busiest core's tiles, each ``k / 2`` steps of ``MR * NR / 16`` dot products
+        (or of its loads, two a cycle), whole tiles (padding included), then its stores."""
+        p, s = problem, schedule.as_dict()
+        mr, nr, cores = s["mr"], s["nr"], s["cores"]
+        dots = mr * nr / LANES
+        step = max(dots / DOT_RATE, (mr + nr / LANES) / 2.0) / MICRO_EFFICIENCY
+        tile = pairs(p.k) * step + STORE_CYCLES * mr * nr + 30
+        tiles = -(-p.m // mr) * -(-p.n // nr)
+        seconds = -(-tiles // cores) * tile / (target.clock_hz or 2.5e9)
+        return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
+
+    def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Bf16Config:
+        return Bf16Config(schedule["mr"], schedule["nr"], schedule["cores"], problem.bias)
+
+    def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
+        cfg = self.config(problem, target, schedule)
+        return self.kernel(cfg, lambda: build_kernel(cfg))
+
+    def weights(self, problem: MatmulProblem, schedule: Schedule, b: np.ndarray) -> np.ndarray:
+        """The kernel's ``wb`` from the constant ``b`` (``n x k`` with ``trans_b``, else ``k x n``)."""
+        b = np.asarray(b).reshape(problem.n, problem.k) if problem.trans_b else np.asarray(b).reshape(problem.k, problem.n).T
+        return pack_weights(b, schedule["nr"])
+
+    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any]) -> Sequence[Any]:
+        raise NotImplementedError("matmul_cpu_bf16 runs inside compiled graphs (its weights are packed once)")
+
+
+MATMUL_CPU_BF16 = MatmulCpuBf16Template()
+
+__all__ = ["MATMUL_CPU_BF16", "Bf16Config", "MatmulCpuBf16Template", "build_kernel", "pack_weights", "supported"]
