@@ -31,7 +31,7 @@ from ..lang import bf16, dot2_bf16, f32, parallel, register_tensor, symbol, unro
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .base import KernelFamily, Schedule
-from .matmul_cpu import CALL_COST, FORK_COST, LARGE_FLOPS, SMALL_FLOPS
+from .matmul_cpu import CALL_COST, FORK_COST, L1_BYTES, LARGE_FLOPS, SMALL_FLOPS
 from .matmul_problem import MatmulProblem
 
 #: f32 lanes of a dot product (a 512-bit vector).
@@ -43,6 +43,14 @@ TILES = ((8, 48), (14, 32), (6, 64), (4, 96), (4, 48))
 #: micro-kernel (a standalone 8 x 48 tile over K = 768 in L1: 515 GFLOP/s on one Zen 5 core).
 DOT_RATE = 2.0
 MICRO_EFFICIENCY = 0.9
+#: Cycles a step spends per row's broadcast of ``a`` beyond the dot products (fitted on Zen 5, two
+#: cores, BERT's 128 x 768 x 3072 linear: 14 x 32 tiles 0.82 ms against 8 x 48's 0.66).
+BROADCAST_CYCLES = 0.25
+#: Bytes a cycle a core streams a weight panel from L2 when the panel overflows half of L1: fitted
+#: on Zen 5, two cores — an 8 x 48 tile moves 192 bytes of panel a step of 24 dot products, and ran
+#: 128 x 768 x 3072 at ~14 bytes a cycle; 4-row tiles, with half the dot products a step, were
+#: ~2x slower (4 x 48: 1.41 ms against 0.66; 4 x 96 on 128 x 3072 x 768: 1.36 against 0.69).
+L2_BYTES_PER_CYCLE = 14.0
 #: Cycles per output element of the stores (conversion to bf16, the bias).
 STORE_CYCLES = 0.5
 
@@ -155,11 +163,14 @@ class MatmulCpuBf16Template(KernelFamily):
 
     def cost(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> float:
         """Seconds: the busiest core's tiles, each ``k / 2`` steps of ``MR * NR / 16`` dot products
-        (or of its loads, two a cycle), whole tiles (padding included), then its stores."""
+        and ``MR`` broadcasts (or of its loads, two a cycle, or of the weight panel's bytes from L2
+        when it does not stay in L1), whole tiles (padding included), then its stores."""
         p, s = problem, schedule.as_dict()
         mr, nr, cores = s["mr"], s["nr"], s["cores"]
         dots = mr * nr / LANES
-        step = max(dots / DOT_RATE, (mr + nr / LANES) / 2.0) / MICRO_EFFICIENCY
+        step = max(dots / DOT_RATE + BROADCAST_CYCLES * mr, (mr + nr / LANES) / 2.0) / MICRO_EFFICIENCY
+        if pairs(p.k) * nr * 4 > L1_BYTES // 2:          # the panel streams from L2 for every tile
+            step = max(step, nr * 4 / L2_BYTES_PER_CYCLE)
         tile = pairs(p.k) * step + STORE_CYCLES * mr * nr + 30
         tiles = -(-p.m // mr) * -(-p.n // nr)
         seconds = -(-tiles // cores) * tile / (target.clock_hz or 2.5e9)

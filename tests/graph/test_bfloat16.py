@@ -3,6 +3,7 @@ graph passes on them (folding in float32 with one rounding, batch norms folded a
 a widened product), the CPU's float32 products and reductions, and whole models against eager
 bfloat16 — on the CPU, in GPU emulation, saved and loaded, and under ``torch.compile``."""
 import copy
+import importlib
 import sys
 import warnings
 
@@ -17,7 +18,9 @@ from taskmap.frontend.torch.registry import to_numpy, to_torch
 from taskmap.graph import CastAttrs, GraphBuilder, NormAttrs, OpKind, UnaryAttrs, UnaryFn
 from taskmap.graph.passes import fold_constants, optimize, widen_half
 from taskmap.ir.dtypes import bf16, f32
+from taskmap.backends.base import host_cpu_target
 from taskmap.ops import emulate_gpu
+from taskmap.templates.matmul_cpu_bf16 import supported as bf16_dots
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 constants need the ml_dtypes package")
 transformers = pytest.importorskip("transformers")
@@ -25,6 +28,7 @@ transformers = pytest.importorskip("transformers")
 # bfloat16 against the float32 model: ||got - want|| / ||want||.  bf16 keeps 8 bits (2e-3 per
 # rounding); a small model's accumulated roundings stay under 2e-2.
 BF16_REL_L2 = 2e-2
+widen_half_module = importlib.import_module("taskmap.graph.passes.widen_half")
 
 
 def _rel_l2(got, want):
@@ -141,9 +145,11 @@ def _scaled(fn, scalar=None):
     return BinaryAttrs(BinaryFn[fn.upper()], scalar=scalar)
 
 
-def test_widening_shares_one_cast_per_tensor_and_takes_the_reductions():
-    """On the CPU a bf16 tensor read by two linears and a layer norm is widened once; the layer
-    norm (a float32 template) is widened too; the weights fold to float32 — a large one too."""
+def test_widening_shares_one_cast_per_tensor_and_takes_the_reductions(monkeypatch):
+    """On a CPU without AVX-512 BF16 a bf16 tensor read by two linears and a layer norm is widened
+    once; the layer norm (a float32 template) is widened too; the weights fold to float32 — a
+    large one too."""
+    monkeypatch.setattr(widen_half_module, "bf16_dots", lambda target: False)
     b = GraphBuilder("cpu")
     x = b.input((4, 3072), bf16, "x")
     rng = np.random.default_rng(1)
@@ -164,6 +170,48 @@ def test_widening_shares_one_cast_per_tensor_and_takes_the_reductions():
         if op.kind in (OpKind.LINEAR, OpKind.LAYER_NORM):
             assert all(t.dtype is f32 for t in op.inputs[1:]) and all(t.is_constant for t in op.inputs[1:])
     assert [t.dtype for t in opt.outputs] == [bf16] * 3
+
+
+def _kernel_names(fast):
+    return [st.kernel.func.name for st in _steps(fast)]
+
+
+needs_bf16_dots = pytest.mark.skipif(not bf16_dots(host_cpu_target()),
+                                     reason="this CPU has no AVX-512 BF16: bf16 products are widened to f32")
+
+
+@needs_bf16_dots
+def test_bf16_linears_run_on_the_cpus_dot_products():
+    """Where the CPU has AVX-512 BF16, a bf16 BERT's linears stay bf16 and run matmul_cpu_bf16
+    (their epilogues — bias, GELU, the residual adds — in its stores); the rest is widened."""
+    fast, _ = _check_model(_bert(), torch.randint(0, 100, (2, 16)))
+    names = _kernel_names(fast)
+    assert names.count("matmul_cpu_bf16") == 13 and "matmul_cpu" not in names, names   # 6 a layer + the pooler
+    g = next(iter(fast.entries.values())).compiled.graph
+    assert all(t.dtype is bf16 for op in g.ops if op.kind is OpKind.LINEAR for t in op.inputs)
+
+
+@needs_bf16_dots
+def test_gpt2s_k_by_n_weights_and_a_prologue_on_the_dot_products():
+    """GPT-2's Conv1D layers (a matmul by a constant K x N matrix: packed transposed) and a linear
+    whose input a prologue computes (a kernel before it: the template reads its input in place)."""
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=100,
+                                                           n_positions=32, use_cache=False)).eval()
+    fast, _ = _check_model(model, torch.randint(0, 100, (2, 16)))
+    assert _kernel_names(fast).count("matmul_cpu_bf16") == 4
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(48, 40)
+
+        def forward(self, x):
+            return F.gelu(self.lin(torch.tanh(x) * 2.0))
+
+    fast, _ = _check_model(Scaled().eval(), torch.randn(5, 7, 48))
+    names = _kernel_names(fast)
+    assert names[-1] == "matmul_cpu_bf16" and len(names) == 2, names
 
 
 def test_batch_norm_folds_into_a_widened_convolution():
