@@ -25,14 +25,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..backends.base import Target, TargetKind
+from ..backends.base import Target, TargetKind, host_cpu_target
+from ..ir.dtypes import numpy_bfloat16
 from ..ir.mapping import repeat, spatial
 from ..lang import bf16, dot2_bf16, f32, parallel, register_tensor, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .base import KernelFamily, Schedule
 from .matmul_cpu import CALL_COST, FORK_COST, L1_BYTES, LARGE_FLOPS, SMALL_FLOPS
-from .matmul_problem import MatmulProblem
+from .matmul_problem import MatmulProblem, operand_views
 
 #: f32 lanes of a dot product (a 512-bit vector).
 LANES = 16
@@ -66,6 +67,15 @@ class Bf16Config:
     nr: int
     cores: int
     bias: bool
+
+
+def _host_bf16(x: Any) -> np.ndarray:
+    """A bf16 operand (a torch or taskmap tensor, or an array) as a host ``ml_dtypes`` array."""
+    if hasattr(x, "detach"):                        # torch
+        x = x.detach().float().cpu().numpy()
+    elif hasattr(x, "numpy"):                       # taskmap.Tensor: bf16 comes back as f32
+        x = x.numpy()
+    return np.asarray(x).astype(numpy_bfloat16())
 
 
 def pairs(k: int) -> int:
@@ -188,8 +198,14 @@ class MatmulCpuBf16Template(KernelFamily):
         b = np.asarray(b).reshape(problem.n, problem.k) if problem.trans_b else np.asarray(b).reshape(problem.k, problem.n).T
         return pack_weights(b, schedule["nr"])
 
-    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any]) -> Sequence[Any]:
-        raise NotImplementedError("matmul_cpu_bf16 runs inside compiled graphs (its weights are packed once)")
+    def arguments(self, problem: MatmulProblem, inputs: Sequence[Any], outputs: Sequence[Any],
+                  schedule: Schedule | None = None, target: Target | None = None) -> list[Any]:
+        """a, ``b`` packed for ``schedule``'s tile (the tuner measures each schedule on its own
+        panels; the space's first without one), the bias (a one-element zero without one), c."""
+        ops = operand_views(problem, inputs, outputs)
+        sched = schedule or self.space(problem, target or host_cpu_target())[0]
+        bias = ops[2] if problem.bias else np.zeros(1, numpy_bfloat16())
+        return [ops[0], self.weights(problem, sched, _host_bf16(ops[1])), bias, ops[-1]]
 
 
 MATMUL_CPU_BF16 = MatmulCpuBf16Template()

@@ -90,3 +90,15 @@ def test_cost_model_picks_the_tile_measured_fastest():
                  if s["cores"] == WITH.num_cores}
         assert min(costs, key=costs.get) == (8, 48)
         assert min(costs[(4, 96)], costs[(4, 48)]) > max(v for t, v in costs.items() if t[0] > 4)
+
+
+@pytest.mark.skipif(not supported(CPU), reason="this CPU has no AVX-512 BF16: the template's space is empty")
+def test_the_tuner_measures_every_schedule():
+    """``TASKMAP_TUNE=exhaustive``: each schedule runs on its own packed panels in the workers."""
+    from taskmap.schedule import tune
+
+    p = MatmulProblem(1, 24, 100, 40, "bfloat16", "bfloat16", True, True, True, True, const_b=True)
+    result = tune.tune(MATMUL_CPU_BF16, p, CPU, mode="exhaustive", progress=False, use_cache=False)
+    times = result.record.times
+    assert set(times) == set(MATMUL_CPU_BF16.space(p, CPU)) and all(0 < t < 1 for t in times.values())
+    assert result.schedule == min(times, key=times.get)
