@@ -455,11 +455,19 @@ def _bf16_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_de
                outputs: dict[str, Tensor], sources: dict[str, Tensor], target: Target) -> AnchorPlan:
     """A bf16 product on the CPU's dot products (:mod:`taskmap.templates.matmul_cpu_bf16`): its
     constant ``b`` packed once (pairs of K side by side), the epilogue in its stores.  It reads
-    ``a`` in place inside its dot products: no prologue (a reshape is read as it is)."""
+    ``a`` in place inside its dot products: no prologue (a reshape is read as it is).  Where the
+    epilogue moves the rows in pieces (the heads of a q / k / v projection: ``run`` elements
+    contiguous), a panel holds whole pieces, so that its stores stay vector stores (ViT's q / k /
+    v at batch 8: 12.1 ms on 8 x 48 tiles, 6.2 on 6 x 64)."""
     p, t = anc.problem, MATMUL_CPU_BF16
     if pro_defs:
         raise FusionError(f"{anchor.name}: {t.name} reads its input in place, inside its dot products: no prologue")
     sched = tune.choose(t, p, target)
+    run = outputs["out"].shape[-1] if "out" in outputs and outputs["out"].ndim else p.n
+    if run < p.n and run % sched["nr"]:      # an epilogue that moves rows of ``run`` (heads): whole ones a panel
+        fits = [s for s in t.space(p, target) if run % s["nr"] == 0]     # the widest: one piece a panel
+        fits = [s for s in fits if s["nr"] == max(f["nr"] for f in fits)]
+        sched = tune.ranked(tune.model_costs(t, p, target, fits))[0] if fits else sched
     sizes = {"m": p.m, "n": p.n, "k": p.k}
     kernel = cached_kernel((t.name, t.version, t.config(p, target, sched), fusion_key({}, epi_defs, sizes), target),
                            lambda: fuse(t.instantiate(p, target, sched), {}, epi_defs, sizes), target)

@@ -13,6 +13,7 @@ from typing import Callable
 from ..ir.func import Module
 from ..ir.verify import verify
 from .flatten_indexing import flatten_indexing
+from .hoist_invariants import hoist_invariants
 from .lower_mappings import lower_mappings
 from .simplify import simplify
 
@@ -24,6 +25,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("simplify", simplify),
     ("flatten_indexing", flatten_indexing),
     ("simplify_flat", simplify),
+    ("hoist_invariants", hoist_invariants),
 )
 
 
@@ -43,4 +45,4 @@ def lower(module: Module, dump_dir: str | os.PathLike[str] | None = None) -> Mod
     return module
 
 
-__all__ = ["PASSES", "lower", "lower_mappings", "flatten_indexing", "simplify"]
+__all__ = ["PASSES", "lower", "lower_mappings", "flatten_indexing", "hoist_invariants", "simplify"]

@@ -133,21 +133,21 @@ def build_kernel(cfg: Bf16Config) -> Kernel:
                     for r in unroll(MR):
                         for v in unroll(NV):
                             dot2_bf16(acc[r, v * V], odd[r, 0], wb[boff + (k // 2) * NR * 2 + v * 2 * V], V)
+                fin = register_tensor(f32, [MR, NR])   # the sums (+ bias) through memory: the stores
+                for r, s in tile.vectorize():          # below vectorize whatever index an epilogue gives
+                    if BIAS:
+                        fin[r, s] = acc[r, s] + f32(bias[min(j * NR + s, n - 1)])
+                    else:
+                        fin[r, s] = acc[r, s]
                 for r in range(MR):
                     if i * MR + r < m:
                         if j * NR + NR <= n:
                             for s in row.vectorize():
-                                if BIAS:
-                                    c[0, i * MR + r, j * NR + s] = bf16(acc[r, s] + f32(bias[j * NR + s]))
-                                else:
-                                    c[0, i * MR + r, j * NR + s] = bf16(acc[r, s])
+                                c[0, i * MR + r, j * NR + s] = bf16(fin[r, s])
                         else:
                             for s in row.vectorize():
                                 if j * NR + s < n:
-                                    if BIAS:
-                                        c[0, i * MR + r, j * NR + s] = bf16(acc[r, s] + f32(bias[j * NR + s]))
-                                    else:
-                                        c[0, i * MR + r, j * NR + s] = bf16(acc[r, s])
+                                    c[0, i * MR + r, j * NR + s] = bf16(fin[r, s])
 
     return matmul_cpu_bf16
 
