@@ -5,6 +5,7 @@ forward under ``torch.compile(backend="taskmap")``, against PyTorch eager and ``
     python benchmarks/generate.py                                  # GPT-2 124M, 32 + 32 tokens
     python benchmarks/generate.py --model llama --prompt 64 --new 32 --rounds 3 --peers eager taskmap
     python benchmarks/generate.py --device cuda --peers eager taskmap
+    python benchmarks/generate.py --dtype bfloat16 --peers eager taskmap
 
 Random weights (the architectures' default sizes; ``llama`` is a 12-layer, 768-wide Llama with
 grouped key / value heads).  Per peer:
@@ -75,6 +76,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                        help="the models' weights (every peer)")
     parser.add_argument("--prompts", type=int, nargs="*", default=[],
                         help="then one generate per prompt of each length, in order (new lengths cost a compile, "
                              "or run in PyTorch at first: dynamo's and taskmap's policies)")
@@ -89,7 +92,7 @@ def main() -> None:
         for peer in args.peers:
             model = make_model(args.model).eval()
             model.load_state_dict(base.state_dict())
-            model.to(args.device)
+            model.to(args.device, getattr(torch, args.dtype))
             torch._dynamo.reset()
             if peer != "eager":
                 model.forward = torch.compile(model.forward, backend="taskmap" if peer == "taskmap" else "inductor")
@@ -116,8 +119,8 @@ def main() -> None:
     dec = {p: statistics.median(v) * 1e3 for p, v in decode.items()}
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else \
         f"{machine_description()}, {torch.get_num_threads()} threads"
-    print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens; {where}, "
-          f"{args.rounds} rounds\n")
+    print(f"\n{args.model} ({args.dtype}), batch {args.batch}, prompt {args.prompt}, {args.new} new tokens; "
+          f"{where}, {args.rounds} rounds\n")
     rows = [[p, f"{first[p]:.1f}", f"{pre[p]:.1f}", f"{dec[p]:.2f}",
              f"{dec[p] / dec['taskmap']:.2f}" if "taskmap" in dec else "-"] for p in args.peers]
     print_table(["peer", "first generate s", "prefill ms", "decode ms/token", "decode ratio vs taskmap"], rows)
