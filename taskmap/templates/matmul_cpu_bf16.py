@@ -39,7 +39,7 @@ from .matmul_problem import MatmulProblem, operand_views
 LANES = 16
 #: Register tiles (rows of ``a``, outputs): ``MR * NR / 16`` accumulators, ``NR / 16`` panel
 #: vectors and a broadcast fit the 32 vector registers.
-TILES = ((8, 48), (14, 32), (6, 64), (4, 96), (4, 48))
+TILES = ((8, 48), (14, 32), (6, 64), (4, 96), (4, 48), (1, 128), (2, 96))
 #: ``vdpbf16ps`` a cycle per core (Zen 4 / 5, Sapphire Rapids: two) and its efficiency in the
 #: micro-kernel (a standalone 8 x 48 tile over K = 768 in L1: 515 GFLOP/s on one Zen 5 core).
 DOT_RATE = 2.0
