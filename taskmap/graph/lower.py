@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import Target
+from ..backends import Target, TargetKind
 from ..compute.nodes import dag_str, graph_inputs
 from ..errors import FusionError, UnsupportedError
 from ..runtime.kernel import Kernel
@@ -47,6 +47,7 @@ from .lower_anchor import (
     Arg,
     Workspace,
     Zeros,
+    anchor_problem,
     compose,
     fusable,
     kernel_shape,
@@ -55,7 +56,9 @@ from .lower_anchor import (
 from .lower_reduce import reduction_fusable, squeeze_output
 from .lower_pwdw import merged, pointwise_depthwise_pairs
 from .lower_template import Scalar, plan_problem, plan_template, template_fusable, template_prologue_inputs
+from .kinds import OpKind
 from .passes import debug_enabled
+from .passes.widen_half import native_bf16
 from .partition import (
     FusionGroup,
     GroupKind,
@@ -221,7 +224,15 @@ def _plan(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilogue: S
     return plan_anchor(anchor, prologues, epilogue, target)
 
 
-def _prologue_inputs(op: Op) -> tuple[int, ...]:
+def _prologue_inputs(op: Op, target: Target) -> tuple[int, ...]:
+    """The inputs a prologue may be spliced into on ``target`` — none for the anchors that read
+    their input in place where a prologue cannot go: a convolution on the direct template, a bf16
+    product on the CPU's dot products (their producers' casts then end the producers' kernels
+    as epilogues, where they would have been kernels of their own)."""
+    if target.kind is TargetKind.CPU and (
+            (op.kind is OpKind.CONV2D and fusable(op, target) and anchor_problem(op, target).direct is not None)
+            or native_bf16(op, target)):
+        return ()
     return tuple(default_prologue_inputs(op)) or template_prologue_inputs(op)
 
 
@@ -230,7 +241,7 @@ def graph_groups(graph: Graph, target: Target) -> list[FusionGroup]:
 
     With ``TASKMAP_DEBUG=groups`` the groups are printed to stderr."""
     groups = partition(graph, lambda op: fusable(op, target) or reduction_fusable(op) or template_fusable(op, target),
-                       _prologue_inputs)
+                       lambda op: _prologue_inputs(op, target))
     if debug_enabled("groups"):
         print(f"// fusion groups of {graph.name}: {len(groups)}\n{groups_str(groups)}", file=sys.stderr)
     return groups

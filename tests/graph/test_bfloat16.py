@@ -229,6 +229,18 @@ def test_batch_norm_folds_into_a_widened_convolution():
     assert len(names) == 2 and names[1].startswith("conv2d") and "narrow" in names[1] and "unary" in names[1], names
 
 
+def test_the_cast_a_direct_convolution_reads_through_ends_the_kernel_before_it():
+    """conv -> BN -> ReLU -> conv -> BN -> ReLU in bf16: the second (direct) convolution reads its
+    float32 input in place, so the cast widening it is the first convolution's last epilogue op:
+    three kernels (the input's cast, then one per convolution), not four."""
+    model = _randomized(torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1, stride=2), torch.nn.BatchNorm2d(32), torch.nn.ReLU()))
+    fast, _ = _check_model(model, torch.randn(2, 16, 20, 20))
+    names = [st.name for st in _steps(fast)]
+    assert len(names) == 3 and names[1].endswith("widen") and "conv2d" in names[1], names
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_conv_net_in_bfloat16_on_the_cpu(batch):
     torch.manual_seed(batch)
