@@ -311,3 +311,74 @@ def test_a_bfloat16_model_under_torch_compile():
         got = torch.compile(model, backend="taskmap")(input_ids=ids).last_hidden_state
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+
+
+# ----------------------------------------------------------------------------- torch.autocast
+
+
+class _Mixed(torch.nn.Module):
+    """A linear under autocast, then float32 work; a convolution; a matmul method."""
+
+    def __init__(self, inner: bool):
+        super().__init__()
+        self.inner = inner
+        self.lin = torch.nn.Linear(32, 48)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.w = torch.nn.Parameter(torch.randn(48, 16))
+
+    def forward(self, x, img):
+        if self.inner:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = F.gelu(self.lin(x))
+            return h.float().softmax(-1).matmul(self.w), self.conv(img)
+        return F.gelu(self.lin(x)).matmul(self.w), self.conv(img)
+
+
+def _eager_and_compiled(model, compile_fn, *xs, outer: bool):
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if outer else torch.autocast("cpu", enabled=False)
+    with torch.no_grad(), ctx, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model(*xs)
+        got = compile_fn(model)(*xs)
+    return want, got
+
+
+@pytest.mark.parametrize("how", ["taskmap.compile", "torch.compile"])
+def test_autocast_around_the_call(how):
+    """Called inside ``torch.autocast("cpu", bfloat16)``: the products run in bf16 as eager's
+    dispatcher runs them (outputs bf16, the same values), the rest as it is; outside it, the
+    same compiled model computes in float32 (graphs keyed by the autocast state)."""
+    torch.manual_seed(0)
+    model = _Mixed(inner=False).eval()
+    xs = (torch.randn(4, 32), torch.randn(2, 3, 8, 8))
+    torch._dynamo.reset()
+    fast = taskmap.compile(model, progress=False) if how == "taskmap.compile" else \
+        torch.compile(model, backend="taskmap")
+    want, got = _eager_and_compiled(model, lambda m: fast, *xs, outer=True)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float(), w.float(), rtol=2 ** -7, atol=2 ** -7)
+    with torch.no_grad():
+        plain = fast(*xs)
+        ref = model(*xs)
+    for g, w in zip(plain, ref):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    if how == "taskmap.compile":
+        assert len(fast.entries) == 2
+        if bf16_dots(host_cpu_target()):        # the autocast graph's linear on the dot products
+            names = [[st.kernel.func.name for st in e.compiled.steps if st.kernel] for e in fast.entries.values()]
+            assert sorted("matmul_cpu_bf16" in n for n in names) == [False, True], names
+
+
+def test_an_autocast_region_inside_the_forward():
+    """``with torch.autocast(...)`` inside compiled code (dynamo's enter / exit calls): the linear
+    inside runs in bf16, the float32 work after it in float32."""
+    torch.manual_seed(0)
+    model = _Mixed(inner=True).eval()
+    xs = (torch.randn(4, 32), torch.randn(2, 3, 8, 8))
+    torch._dynamo.reset()
+    want, got = _eager_and_compiled(model, lambda m: torch.compile(m, backend="taskmap"), *xs, outer=False)
+    assert [g.dtype for g in got] == [w.dtype for w in want] == [torch.float32, torch.float32]
+    torch.testing.assert_close(got[0], want[0], rtol=2 ** -7, atol=1e-3)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)

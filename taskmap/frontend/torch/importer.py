@@ -20,7 +20,7 @@ from __future__ import annotations
 import operator
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -32,9 +32,9 @@ from ...errors import IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
                ops_tensor, ops_upsample)
-from . import aten, precision
+from . import aten, autocast, precision
 from .aliasing import Aliases
-from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch
+from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch, torch_dtype
 
 
 @dataclass
@@ -138,6 +138,7 @@ class Importer:
         dev = next((str(x.device) for x in self.examples if isinstance(x, torch.Tensor)), "cpu")
         self.builder = GraphBuilder(dev if dev != "cuda" else "cuda:0", name)
         self.tf32 = precision.current(dev)           # PyTorch's TF32 settings now
+        self.autocast = autocast.Regions(dev)         # torch.autocast: now, then the graph's own regions
         self.env: dict[torch.fx.Node, Any] = {}
         self.consts: dict[int, tuple[Any, Tensor]] = {}
         self.unsupported: list[tuple[str, str, str]] = []
@@ -209,6 +210,10 @@ class Importer:
         args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
         target = self.gm.get_submodule(node.target) if node.op == "call_module" else node.target
+        if target is autocast.ENTER:
+            return self.autocast.enter(*args, **kwargs)
+        if target is autocast.EXIT:
+            return self.autocast.exit()
         if str(getattr(target, "__module__", "")).startswith(("torch._C._functorch", "torch._functorch")):
             # before folding: running functorch's level changes here would break dynamo's guards
             raise UnsupportedError(f"{where(node)}: {target_name(node)}: dynamo traced a torch.vmap (or another "
@@ -229,6 +234,11 @@ class Importer:
         reason = ""
         if handler is not None:
             cv = self._converter(node)
+            if self.autocast.dtype is not None and autocast.lowers(node.op, target):    # as the dispatcher would
+                cv = replace(cv, cast_to=self.autocast.dtype)
+                args, kwargs = pytree.tree_map(
+                    lambda v: cv.cast(v, cv.cast_to) if isinstance(v, Tensor) and v.dtype.is_float else v,
+                    (args, kwargs))
             try:
                 if node.op == "call_module":
                     result = handler(cv, target, *args, **kwargs)
@@ -283,6 +293,12 @@ class Importer:
             self.env[node.args[0]] = result
 
     def _fold(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
+        dtype = self.autocast.dtype                # the graph's autocast regions hold for folded ops too
+        with torch.autocast("cuda" if self.builder.device.startswith("cuda") else "cpu",
+                            dtype=None if dtype is None else torch_dtype(dtype), enabled=dtype is not None):
+            return self._folded(node, target, args, kwargs)
+
+    def _folded(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
         a, kw = _materialize(args, self.builder.device), _materialize(kwargs, self.builder.device)
         if writes_in_place(node, target) and a and isinstance(a[0], torch.Tensor):
             a = (a[0].clone(), *a[1:])       # constants share memory with the model's tensors

@@ -22,7 +22,7 @@ from ...errors import LaunchError
 from ...graph import OpCategory, OpKind, serialize
 from ...graph.flops import op_flops
 from ...runtime.graph import CompiledGraph, gc_paused
-from . import precision
+from . import autocast, precision
 from .capture import CAPTURES, Capture, capture, try_symbolic_trace
 from .signature import bind, constant_arguments, forward_signature
 from .importer import Imported
@@ -37,7 +37,7 @@ def signature_key(arguments: dict[str, Any]) -> tuple[Any, ...]:
             items.append(("tensor", tuple(v.shape), str(v.dtype), str(v.device)))
         else:
             items.append(("value", type(v).__name__, repr(v)))
-    return (str(spec), tuple(items))
+    return (str(spec), tuple(items), autocast.state())      # torch.autocast changes what the graph computes
 
 
 _VERSION = operator.attrgetter("_version")
@@ -48,7 +48,7 @@ def _quick_key(args: Sequence[Any]) -> tuple[Any, ...] | None:
     devices, which pick the entry as :func:`signature_key` would (the rest of the signature is
     the model's defaults).  Hashed directly, it saves the pytree walk and the strings on every
     call of a compiled model."""
-    key = []
+    key: list[Any] = [autocast.state()]
     for a in args:
         if type(a) is not torch.Tensor:
             return None

@@ -112,6 +112,7 @@ class Converter:
     prefix: str = ""                      # call_module: the module's path (names its parameters)
     cache: dict[int, tuple[Any, Tensor]] | None = None  # id(torch tensor) -> (it, its constant): shared weights
     tf32: Tf32 = Tf32()                   # PyTorch's TF32 settings at capture (the ops' ``tf32`` attribute)
+    cast_to: ScalarType | None = None     # torch.autocast's dtype for this op's floating parameters
 
     # ------------------------------------------------------------------ basics
 
@@ -162,7 +163,8 @@ class Converter:
         """A module's parameter or buffer (``name`` under the module's path) as a constant."""
         if value is None or isinstance(value, Tensor):
             return value
-        return self.const(value, name=f"{self.prefix}.{name}" if self.prefix else name)
+        t = self.const(value, name=f"{self.prefix}.{name}" if self.prefix else name)
+        return self.cast(t, self.cast_to) if self.cast_to is not None and t.dtype.is_float else t
 
     def tensor(self, x: Any, like: Tensor | None = None) -> Tensor:
         """``x`` as a graph tensor (numbers become constants of ``like``'s dtype)."""

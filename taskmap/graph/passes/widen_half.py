@@ -11,6 +11,8 @@ constant folding: the casts of constant weights fold into float32 weights, and t
 either side of a result are epilogues / prologues of the neighbouring kernels like any other."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...backends.base import Target, host_cpu_target
 from ...ir.dtypes import bf16, f16, f32
 from ...templates.matmul_cpu_bf16 import supported as bf16_dots
@@ -27,30 +29,35 @@ WIDENED = frozenset({OpKind.MATMUL, OpKind.LINEAR, OpKind.CONV2D, OpKind.ATTENTI
 HALF = (f16, bf16)
 
 
-def native_bf16(op: Op, target: Target) -> bool:
+def native_bf16(op: Op, target: Target, constant: Callable[[Tensor], bool] = lambda t: t.is_constant) -> bool:
     """A bf16 product the CPU computes as it is, on AVX-512 BF16's dot products
     (:mod:`taskmap.templates.matmul_cpu_bf16`): a linear with a constant 2-D weight (and a constant
-    bias), or a matmul of a stack by a constant 2-D matrix."""
+    bias), or a matmul of a stack by a constant 2-D matrix (``constant``: what will be one once
+    the constants are folded)."""
     if op.kind not in (OpKind.LINEAR, OpKind.MATMUL) or not bf16_dots(target) or \
             any(t.dtype is not bf16 for t in (*op.inputs, op.output)) or op.output.numel == 0:
         return False
     x, w = op.inputs[0], op.inputs[1]
     if op.kind is OpKind.MATMUL:
-        return x.ndim >= 2 and w.ndim == 2 and w.is_constant and len(op.inputs) == 2
+        return x.ndim >= 2 and w.ndim == 2 and constant(w) and len(op.inputs) == 2
     bias = op.inputs[2] if len(op.inputs) > 2 else None
-    return x.ndim >= 1 and x.shape[-1] > 0 and w.ndim == 2 and w.is_constant and \
-        (bias is None or (bias.is_constant and bias.shape == (w.shape[0],)))
+    return x.ndim >= 1 and x.shape[-1] > 0 and w.ndim == 2 and constant(w) and \
+        (bias is None or (constant(bias) and bias.shape == (w.shape[0],)))
 
 
 def widen_half(graph: Graph) -> Graph:
     """Widen the half-precision products on the CPU (see the module docstring)."""
     target = host_cpu_target()
+    cast = {op.output for op in graph.ops if op.kind is OpKind.CAST and op.inputs[0].is_constant}   # autocast's
+
+    def constant(t: Tensor) -> bool:
+        return t.is_constant or t in cast
     ops: list[Op] = []
     widened: dict[Tensor, Tensor] = {}    # one cast per half tensor, whatever number of ops read it
     changed = False
     for op in graph.ops:
         if op.kind not in WIDENED or not any(t.dtype in HALF for t in op.inputs) or \
-                any(not t.device.startswith("cpu") for t in op.outputs) or native_bf16(op, target):
+                any(not t.device.startswith("cpu") for t in op.outputs) or native_bf16(op, target, constant):
             ops.append(op)
             continue
         changed = True
