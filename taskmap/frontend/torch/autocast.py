@@ -49,9 +49,14 @@ def current(device: str) -> ScalarType | None:
     return scalar_type(str(torch.get_autocast_dtype(kind)).replace("torch.", ""))
 
 
+_OFF = (None, None)
+_ANY = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def state() -> tuple[Any, ...]:
-    """What a compiled graph depends on: the autocast dtype of the CPU and of CUDA (or None)."""
-    return (current("cpu"), current("cuda"))
+    """What a compiled graph depends on: the autocast dtype of the CPU and of CUDA (or None).
+    (Asked on every call of a compiled model: one check when autocast is off.)"""
+    return (current("cpu"), current("cuda")) if _ANY() else _OFF
 
 
 def lowers(op: str, target: Any) -> bool:
