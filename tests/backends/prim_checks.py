@@ -3,6 +3,11 @@ and HIP (gfx90a) without a GPU, run on the CPU emulation, and — with the ``cud
 an NVIDIA GPU with torch CUDA tensors."""
 from __future__ import annotations
 
+import ctypes
+import pathlib
+import platform
+import shutil
+import subprocess
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -60,3 +65,19 @@ def expect_dsl_error(fn: Callable[..., Any], message: str) -> Any:
     line = fn.__code__.co_firstlineno + 1
     assert info.value.lineno == line, (info.value.lineno, line)
     return info.value
+
+
+#: The C helpers' tests compile the CPU runtime with gcc for several instruction sets.
+needs_gcc = pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None,
+                               reason="needs gcc on x86-64")
+
+
+def c_harness(tmp_path: pathlib.Path, harness: str, flags: Sequence[str]) -> Any:
+    """The CPU kernels' C runtime plus ``harness`` compiled by gcc with ``flags``, loaded."""
+    from taskmap.backends.cpu.runtime_c import RUNTIME_C
+
+    src_path, lib_path = tmp_path / "t.c", tmp_path / "t.so"
+    src_path.write_text(RUNTIME_C + harness)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-std=gnu11", *flags, str(src_path), "-o", str(lib_path)],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(lib_path))

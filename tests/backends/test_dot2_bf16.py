@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
-import platform
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prim_checks import built_for_cuda, built_for_hip, expect_dsl_error
+from prim_checks import c_harness, needs_gcc, built_for_cuda, built_for_hip, expect_dsl_error
 
 import taskmap
-from taskmap.backends.cpu.runtime_c import RUNTIME_C
 from taskmap.ir import Var, const, f32, tensor_type
 from taskmap.ir.dtypes import bf16
 from taskmap.ir.primitives import Prim, PrimCall, problem
@@ -87,15 +83,11 @@ void run(float *c, const uint16_t *a, const uint16_t *b, int n) {
 """
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None, reason="needs gcc on x86-64")
+@needs_gcc
 @pytest.mark.parametrize("flags", [["-march=native"], ["-march=x86-64-v3"]], ids=["native", "avx2"])
 def test_c_helper_with_and_without_avx512_bf16(tmp_path: pathlib.Path, flags):
     """The helper as ``vdpbf16ps`` (where this CPU has it) and as the loop: the same sums."""
-    src_path, lib_path = tmp_path / "t.c", tmp_path / "t.so"
-    src_path.write_text(RUNTIME_C + HARNESS)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-std=gnu11", *flags, str(src_path), "-o", str(lib_path)],
-                   check=True, capture_output=True)
-    lib = ctypes.CDLL(str(lib_path))
+    lib = c_harness(tmp_path, HARNESS, flags)
     lib.run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     rng = np.random.default_rng(3)
     for n in (16, 5):

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
-import platform
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prim_checks import DEVICES, built_for_cuda, built_for_hip, expect_dsl_error, run_on
+from prim_checks import c_harness, needs_gcc, DEVICES, built_for_cuda, built_for_hip, expect_dsl_error, run_on
 
 import taskmap
-from taskmap.backends.cpu.runtime_c import RUNTIME_C
 from taskmap.compute import compute, tensor_input
 from taskmap.fusion import fuse
 from taskmap.ir import Var, const, f16, f32, i32, tensor_type
@@ -105,16 +101,12 @@ void run(float *dst, const float *src, int n, long ldd, long lds) {
 """
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None, reason="needs gcc on x86-64")
+@needs_gcc
 @pytest.mark.parametrize("flags", [["-march=native"], ["-march=x86-64-v3"], ["-march=x86-64"]],
                          ids=["native", "avx2", "sse2"])
 def test_c_helper_with_and_without_vector_extensions(tmp_path: pathlib.Path, flags):
     """The C helper as AVX-512, AVX (8 x 8) and scalar code: the same results."""
-    src_path, lib_path = tmp_path / "t.c", tmp_path / "t.so"
-    src_path.write_text(RUNTIME_C + HARNESS)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-std=gnu11", *flags, str(src_path), "-o", str(lib_path)],
-                   check=True, capture_output=True)
-    lib = ctypes.CDLL(str(lib_path))
+    lib = c_harness(tmp_path, HARNESS, flags)
     ptr = ctypes.POINTER(ctypes.c_float)
     lib.run.argtypes = [ptr, ptr, ctypes.c_int, ctypes.c_long, ctypes.c_long]
     rng = np.random.default_rng(7)

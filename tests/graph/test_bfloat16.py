@@ -6,6 +6,7 @@ import copy
 import importlib
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,9 @@ from taskmap.ir.dtypes import bf16, f32
 from taskmap.backends.base import host_cpu_target
 from taskmap.ops import emulate_gpu
 from taskmap.templates.matmul_cpu_bf16 import supported as bf16_dots
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.models.cnn_defs import randomize_bn  # noqa: E402
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 constants need the ml_dtypes package")
 transformers = pytest.importorskip("transformers")
@@ -83,17 +87,6 @@ class ConvNet(torch.nn.Module):
         y = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
         y = F.relu(y + self.b2(self.c2(y)))
         return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1)).softmax(-1)
-
-
-def _randomized(model):
-    torch.manual_seed(0)
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.BatchNorm2d):
-            mod.running_mean.uniform_(-0.5, 0.5)
-            mod.running_var.uniform_(0.5, 2.0)
-            mod.weight.data.uniform_(0.5, 1.5)
-            mod.bias.data.uniform_(-0.2, 0.2)
-    return model.eval()
 
 
 def _bert():
@@ -218,7 +211,7 @@ def test_batch_norm_folds_into_a_widened_convolution():
     """conv (bf16) -> BN -> ReLU on the CPU: the BN folds into the float32 convolution across the
     cast back to bf16, and the convolution, the cast and the ReLU are one kernel (the input's
     cast, which the direct convolution cannot read through, is a kernel before it)."""
-    model = _randomized(torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
+    model = randomize_bn(torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
                                             torch.nn.ReLU()))
     fast, _ = _check_model(model, torch.randn(2, 3, 12, 12))
     g = next(iter(fast.entries.values())).compiled.graph
@@ -233,7 +226,7 @@ def test_the_cast_a_direct_convolution_reads_through_ends_the_kernel_before_it()
     """conv -> BN -> ReLU -> conv -> BN -> ReLU in bf16: the second (direct) convolution reads its
     float32 input in place, so the cast widening it is the first convolution's last epilogue op:
     three kernels (the input's cast, then one per convolution), not four."""
-    model = _randomized(torch.nn.Sequential(
+    model = randomize_bn(torch.nn.Sequential(
         torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
         torch.nn.Conv2d(32, 32, 3, padding=1, stride=2), torch.nn.BatchNorm2d(32), torch.nn.ReLU()))
     fast, _ = _check_model(model, torch.randn(2, 16, 20, 20))
@@ -244,7 +237,7 @@ def test_the_cast_a_direct_convolution_reads_through_ends_the_kernel_before_it()
 @pytest.mark.parametrize("batch", [1, 3])
 def test_conv_net_in_bfloat16_on_the_cpu(batch):
     torch.manual_seed(batch)
-    _check_model(_randomized(ConvNet()), torch.randn(batch, 3, 16, 16))
+    _check_model(randomize_bn(ConvNet()), torch.randn(batch, 3, 16, 16))
 
 
 def test_bert_in_bfloat16_on_the_cpu():
@@ -293,7 +286,7 @@ def test_bfloat16_anchors_on_a_gpu_take_their_constants_as_they_are():
 
 
 def test_a_bfloat16_model_saves_and_loads(tmp_path):
-    model = _randomized(ConvNet()).to(torch.bfloat16)
+    model = randomize_bn(ConvNet()).to(torch.bfloat16)
     x = torch.randn(2, 3, 16, 16).to(torch.bfloat16)
     fast = taskmap.compile(model, progress=False)
     got = fast(x)
