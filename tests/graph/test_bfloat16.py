@@ -186,8 +186,9 @@ def test_bf16_linears_run_on_the_cpus_dot_products():
 
 @needs_bf16_dots
 def test_gpt2s_k_by_n_weights_and_a_prologue_on_the_dot_products():
-    """GPT-2's Conv1D layers (a matmul by a constant K x N matrix: packed transposed) and a linear
-    whose input a prologue computes (a kernel before it: the template reads its input in place)."""
+    """GPT-2's Conv1D layers (a matmul by a constant K x N matrix: packed transposed), a linear
+    whose input a prologue computes (a kernel before it: the template reads its input in place)
+    and one without a bias."""
     torch.manual_seed(0)
     model = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=100,
                                                            n_positions=32, use_cache=False)).eval()
@@ -198,13 +199,14 @@ def test_gpt2s_k_by_n_weights_and_a_prologue_on_the_dot_products():
         def __init__(self):
             super().__init__()
             self.lin = torch.nn.Linear(48, 40)
+            self.head = torch.nn.Linear(40, 33, bias=False)
 
         def forward(self, x):
-            return F.gelu(self.lin(torch.tanh(x) * 2.0))
+            return self.head(F.gelu(self.lin(torch.tanh(x) * 2.0)))
 
     fast, _ = _check_model(Scaled().eval(), torch.randn(5, 7, 48))
     names = _kernel_names(fast)
-    assert names[-1] == "matmul_cpu_bf16" and len(names) == 2, names
+    assert names[1:] == ["matmul_cpu_bf16"] * 2 and len(names) == 3, names
 
 
 def test_batch_norm_folds_into_a_widened_convolution():
