@@ -7,8 +7,11 @@
 * ``linear(x, weight, bias=None)``: ``x @ weight.T + bias`` over any leading dimensions of ``x``;
   the weight is read in place (``trans_b``), the bias added by the kernel.
 
-numpy arrays, torch tensors and taskmap Tensors in, the same kind out.  On the CPU the operands
-must be float32 (the template :mod:`taskmap.templates.matmul_cpu`); on a GPU — or inside
+numpy arrays, torch tensors and taskmap Tensors in, the same kind out.  On the CPU float32
+runs the template :mod:`taskmap.templates.matmul_cpu`; bfloat16 with one right-hand matrix runs
+on AVX-512 BF16's dot products where the CPU has them (:mod:`taskmap.templates.matmul_cpu_bf16`,
+the matrix packed for the call), other float16 / bfloat16 products in float32, rounded once (as
+PyTorch sums them); on a GPU — or inside
 ``taskmap.ops.emulate_gpu`` — float32 runs the SIMT template and float16 / bfloat16 the
 tensor-core one (f32 accumulation, result in the input dtype).  A stack whose right operand is
 one matrix is one tall matmul.  A kernel is chosen (``taskmap.schedule.tune.choose``) and built
@@ -30,6 +33,7 @@ from ..runtime.args import is_torch_tensor
 from ..runtime.kernel import HostLaunch
 from ..schedule import tune
 from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_cpu_bf16 import MATMUL_CPU_BF16
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, view
 from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
@@ -45,6 +49,7 @@ from ._dispatch import (
     target_for,
 )
 from .arrays import ArrayKind
+from .elementwise import cast
 
 _NUMPY_CPU = ArrayKind("numpy", "cpu")
 INT32_LIMIT = 2**31 - 1
@@ -203,6 +208,8 @@ def _product(op: str, kind: ArrayKind, dt: str, a: Any, b: Any, batch: int, m: i
     for size in (batch * (m + 16) * k, batch * k * (n + 64), batch * m * n):
         if size > INT32_LIMIT:
             raise OpError(f"{op}(): operands of {batch} x {m} x {n} x {k} are too large for 32-bit indexing")
+    if target.kind is TargetKind.CPU and dt in ("float16", "bfloat16"):
+        return _half_product(op, kind, dt, a, b, batch, m, n, k, trans_b, bias, a_batched, b_batched, out, target)
     swap = _swapped(target, batch, m, n, trans_b)
     if swap:        # c^T = b a^T: the transposing copy goes to the smaller operand (see _swapped)
         problem = MatmulProblem(1, n, m, k, dt, dt, True, True, True, bias is not None, trans_c=True)
@@ -214,6 +221,23 @@ def _product(op: str, kind: ArrayKind, dt: str, a: Any, b: Any, batch: int, m: i
     if plan is not None and plan[0] is not None and target.kind is TargetKind.CPU:
         remember(plan[0], PlannedCall(_host_call(run, kind, swap, bias is not None), _reshape(out, plan[1])))
     return out
+
+
+def _half_product(op: str, kind: ArrayKind, dt: str, a: Any, b: Any, batch: int, m: int, n: int, k: int,
+                  trans_b: bool, bias: Any, a_batched: bool, b_batched: bool, out: Any, target: Target) -> Any:
+    """A half-precision product on the CPU: one bf16 matrix ``b`` on AVX-512 BF16's dot products
+    (:mod:`taskmap.templates.matmul_cpu_bf16`, its panels packed for the call); else computed in
+    float32 and rounded once — PyTorch's CPU kernels sum half-precision products in f32 too."""
+    problem = MatmulProblem(1, m, n, k, dt, dt, True, True, trans_b, bias is not None, const_b=True)
+    if batch == 1 and MATMUL_CPU_BF16.applies(problem, target):
+        sched = tune.choose(MATMUL_CPU_BF16, problem, target)
+        inputs = [a, b] if bias is None else [a, b, bias]
+        args = MATMUL_CPU_BF16.arguments(problem, inputs, [out], sched, target)
+        MATMUL_CPU_BF16.instantiate(problem, target, sched)(*args)
+        return out
+    wide = [None if x is None else cast(x, "float32") for x in (a, b, bias)]
+    c = _product(op, kind, "float32", wide[0], wide[1], batch, m, n, k, trans_b, wide[2], a_batched, b_batched)
+    return cast(c, dt)
 
 
 def _host_call(plan: Any, kind: ArrayKind, swap: bool, bias: bool) -> Any:

@@ -2,6 +2,7 @@
 leading dimensions), numpy / torch / taskmap arrays in and the same kind out, against numpy in
 float64 with a float32 tolerance scaled by K; the GPU templates through ``emulate_gpu``; errors."""
 import numpy as np
+import torch.nn.functional as F
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -199,8 +200,25 @@ def test_errors(call, match):
         call()
 
 
-def test_f16_on_the_cpu_is_refused_with_a_hint():
-    with pytest.raises(OpError, match="float32 only, got float16"):
-        ops.matmul(f32((3, 4)).astype(np.float16), f32((4, 5)).astype(np.float16))
+def test_half_precision_on_the_cpu_sums_in_float32():
+    """float16 / bfloat16 products on the CPU: f32 sums, one rounding — PyTorch's CPU kernels
+    give the same bits but for ties; bf16 ``linear`` and matrix products run on AVX-512 BF16's
+    dot products where the CPU has them, the rest (stacks, float16) in float32."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.bfloat16, torch.float16):
+        x, w, b = (torch.randn(*s, generator=g).to(dt) for s in ((2, 9, 67), (33, 67), (33,)))
+        s3 = torch.randn(3, 67, 5, generator=g).to(dt)
+        for got, want in ((ops.linear(x, w, b), F.linear(x.float(), w.float(), b.float())),
+                          (ops.linear(x, w), F.linear(x.float(), w.float())),
+                          (ops.matmul(x[0], w.T.contiguous()), x[0].float() @ w.float().T),
+                          (ops.matmul(x[:1].expand(3, 9, 67).contiguous(), s3), x[:1].float() @ s3.float())):
+            assert got.dtype == dt and got.shape == want.shape
+            ulp = 2 ** -8 if dt == torch.bfloat16 else 2 ** -11
+            assert ((got.float() - want).abs() / want.abs().max()).max() <= ulp + 1e-6
+
+
+def test_f16_on_amd_gpus_is_refused_with_a_hint():
     with ops.emulate_gpu("gfx90a"), pytest.raises(OpError, match="gfx90a supports float32, got float16"):
         ops.matmul(f32((3, 4)).astype(np.float16), f32((4, 5)).astype(np.float16))
