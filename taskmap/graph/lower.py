@@ -281,7 +281,7 @@ def workspace_sizes(groups: Sequence[KernelGroup]) -> dict[str, int]:
     for kg in groups:
         for a in (a for _, args, _ in kg.launches for a in args):
             if isinstance(a, Workspace):
-                sizes[a.slot] = max(sizes.get(a.slot, 1), a.elements)
+                sizes[a.slot] = max(sizes.get(a.slot, 1), a.words)
     return sizes
 
 

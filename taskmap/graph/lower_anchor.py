@@ -64,10 +64,17 @@ from .passes.widen_half import native_bf16
 
 @dataclass(frozen=True)
 class Workspace:
-    """Scratch memory a kernel needs: ``elements`` float32 in the shared slot ``slot``."""
+    """Scratch memory a kernel needs: ``elements`` float32 in the shared slot ``slot`` (or of
+    ``dtype``, 2-byte types: the slot's float32 buffer seen as them)."""
 
     slot: str
     elements: int
+    dtype: str = "float32"
+
+    @property
+    def words(self) -> int:
+        """float32 elements of the slot this needs."""
+        return self.elements if self.dtype == "float32" else -(-self.elements // 2)
 
 
 @dataclass(frozen=True)
@@ -215,7 +222,8 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
     x, w = op.inputs[0], op.inputs[1]
     a = op.attrs
     dt = op.output.dtype.name
-    if x.ndim != 4 or dt not in anchor_dtypes(target) or any(t.dtype.name != dt for t in op.inputs):
+    dots = target.kind is TargetKind.CPU and native_bf16(op, target)      # bf16 on the CPU's dot products
+    if x.ndim != 4 or (dt not in anchor_dtypes(target) and not dots) or any(t.dtype.name != dt for t in op.inputs):
         return None
     n, cin, h, wd = x.shape
     cout, cg, kh, kw = w.shape
@@ -225,8 +233,9 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
                     a.padding[1], a.padding[1], a.dilation[0], a.dilation[1], a.groups, dt, False,
                     w.data is not None)
     mp = p.matmul()
-    # on a GPU: always the implicit GEMM (its template's loads take the img2col prologue)
-    direct, gemm = route(p, target) if target.kind is TargetKind.CPU else (None, None)
+    # on a GPU, and for bf16 on the CPU's dot products: always the implicit GEMM (its template's
+    # loads take the img2col prologue)
+    direct, gemm = route(p, target) if target.kind is TargetKind.CPU and not dots else (None, None)
     if direct is not None:      # the weights as the kernel takes them: packed once, here, when constant
         wshape = CONV_CPU.weight_shape(p, direct, target)
         packing = (CONV_CPU.name, CONV_CPU.version, *(direct.get(k) for k in ("vec", "m", "mr", "nr")))
@@ -460,6 +469,8 @@ def _bf16_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_de
     contiguous), a panel holds whole pieces, so that its stores stay vector stores (ViT's q / k /
     v at batch 8: 12.1 ms on 8 x 48 tiles, 6.2 on 6 x 64)."""
     p, t = anc.problem, MATMUL_CPU_BF16
+    if anc.conv is not None:
+        return _bf16_gemm_plan(anc, anchor, pro_defs, epi_defs, outputs, sources, target)
     if pro_defs:
         raise FusionError(f"{anchor.name}: {t.name} reads its input in place, inside its dot products: no prologue")
     sched = tune.choose(t, p, target)
@@ -475,6 +486,23 @@ def _bf16_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_de
     data = derived((b.data,), (t.name, t.version, p.trans_b, sched["nr"]), lambda: t.weights(p, sched, b.data))
     fixed = {"wb": (_packed_tensor(b, data, (data.size,)), None), "c": (anchor.output, p.c_shape)}
     return AnchorPlan(kernel, *_plan_args(kernel, anc, anchor, {}, outputs, sources, fixed))
+
+
+def _bf16_gemm_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_defs: dict[str, TensorNode],
+                    outputs: dict[str, Tensor], sources: dict[str, Tensor], target: Target) -> AnchorPlan:
+    """A bf16 convolution on the CPU's dot products: the implicit GEMM of ``matmul_cpu_bf16``
+    (``gemm``) — the weights read in place as ``a``, each core packing the panels of ``b`` it
+    uses, the img2col prologue (and the group's own) in those loads, the epilogue in its stores."""
+    p, t = anc.problem, MATMUL_CPU_BF16
+    if "a" in pro_defs:
+        raise FusionError(f"{anchor.name}: {t.name} reads the weights in place, inside its dot products")
+    sched = tune.choose(t, p, target)
+    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
+    kernel = cached_kernel((t.name, t.version, t.config(p, target, sched), fusion_key(pro_defs, epi_defs, sizes),
+                            target), lambda: fuse(t.instantiate(p, target, sched), pro_defs, epi_defs, sizes), target)
+    panels = t.config(p, target, sched).workspace(p.k)
+    fixed = {"c": (anchor.output, p.c_shape), "ws": (Workspace("cpu_bf16_panels", panels, "bfloat16"), None)}
+    return AnchorPlan(kernel, *_plan_args(kernel, anc, anchor, pro_defs, outputs, sources, fixed))
 
 
 def _gpu_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_defs: dict[str, TensorNode],

@@ -154,6 +154,16 @@ def aligned(a: Any, nbytes: int = CACHE_LINE) -> Any:
     return a
 
 
+def reinterpret(buf: Any, dtype: str) -> Any:
+    """A float32 buffer (numpy or torch, 1-D) seen as ``dtype`` (same memory; 2-byte types: twice the
+    elements) — a graph's workspace slots are float32."""
+    if isinstance(buf, np.ndarray):
+        from ..ir.dtypes import scalar_type
+        return buf.view(scalar_type(dtype).numpy_dtype)
+    torch = sys.modules["torch"]
+    return buf.view(getattr(torch, dtype))
+
+
 def torch_view(a: np.ndarray) -> Any:
     """A torch CPU tensor over ``a``'s memory, no copy (do not write to it when ``a`` is read-only);
     bfloat16 arrays (``ml_dtypes``') too, which ``torch.from_numpy`` refuses."""

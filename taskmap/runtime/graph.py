@@ -67,7 +67,7 @@ from ..ir.types import TensorType
 from ..ops._dispatch import kernel_shape, target_for
 from ..ops.arrays import ArrayKind, empty_like_kind
 from ..schedule.rule_based import schedule
-from .args import aligned, in_place, torch_view
+from .args import aligned, in_place, reinterpret, torch_view
 from .args import data_ptr as _ptr
 from .args import view
 from .concat_inplace import elide_concats
@@ -626,7 +626,7 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
         plan: list[_Arg] = []
         for a, s in zip(args, shapes):
             if isinstance(a, Workspace):
-                buf = ws[a.slot]
+                buf = ws[a.slot] if a.dtype == "float32" else reinterpret(ws[a.slot], a.dtype)
                 plan.append((-1, buf if s is None else view(buf[:math.prod(s)], s), None))
             elif isinstance(a, Zeros):
                 plan.append((-1, zeros[a.dtype], None))

@@ -28,7 +28,7 @@ import numpy as np
 from ..backends.base import Target, TargetKind, host_cpu_target
 from ..ir.dtypes import numpy_bfloat16
 from ..ir.mapping import repeat, spatial
-from ..lang import bf16, dot2_bf16, f32, parallel, register_tensor, symbol, unroll
+from ..lang import bf16, dot2_bf16, f32, func, i32, register_tensor, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .base import KernelFamily, Schedule
@@ -54,6 +54,8 @@ BROADCAST_CYCLES = 0.25
 L2_BYTES_PER_CYCLE = 14.0
 #: Cycles per output element of the stores (conversion to bf16, the bias).
 STORE_CYCLES = 0.5
+#: Cycles per element of ``b`` a core packs into a panel (``gemm``: two rows interleaved).
+PACK_CYCLES = 0.25
 
 
 def supported(target: Target) -> bool:
@@ -67,6 +69,11 @@ class Bf16Config:
     nr: int
     cores: int
     bias: bool
+    gemm: bool = False          # a constant, b packed per call (convolutions); else b packed beforehand
+
+    def workspace(self, k: int) -> int:
+        """Elements of the workspace (``gemm``): a panel a core."""
+        return self.cores * pairs(k) * self.nr * 2 if self.gemm else 0
 
 
 def _host_bf16(x: Any) -> np.ndarray:
@@ -93,68 +100,118 @@ def pack_weights(w: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(panels, nr, k2, 2).transpose(0, 2, 1, 3)).reshape(-1)
 
 
-def build_kernel(cfg: Bf16Config) -> Kernel:
-    MR, NR, P, V = cfg.mr, cfg.nr, cfg.cores, LANES
-    assert NR % V == 0
+def _tile(cfg: Bf16Config, A_T: Any, P_T: Any, BIAS_T: Any, C_T: Any, m: Any, n: Any, k: Any) -> Any:
+    """The micro-kernel: tile ``(i, j)`` of image ``img`` — rows ``i * MR ..`` of ``a`` (read in
+    place, pairs of K adjacent) times the panel at ``panel[pbase:]`` (``[k / 2][NR][2]``), stored
+    (+ bias) to ``c``."""
+    MR, NR, V, BIAS = cfg.mr, cfg.nr, LANES, cfg.bias
     NV = NR // V
-    CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NV) * spatial(1, V)
     row = spatial(NR)
-    m, n, k, nbias = symbol("m"), symbol("n"), symbol("k"), symbol("nbias")
-    A_T, C_T = bf16[1, m, k], bf16[1, m, n]    # the matmul templates' 3-D views, one batch
-    W_T = bf16[(n + NR - 1) // NR * ((k + 1) // 2) * NR * 2]
-    BIAS_T = bf16[nbias]
-    BIAS = cfg.bias
+
+    @func
+    def bf16_tile(a: A_T, panel: P_T, bias: BIAS_T, c: C_T, pbase: i32, i: i32, j: i32, img: i32):
+        acc = register_tensor(f32, [MR, NR])
+        for r, s in tile.vectorize():
+            acc[r, s] = 0.0
+        for kk in range(k // 2):
+            for r in unroll(MR):
+                for v in unroll(NV):
+                    dot2_bf16(acc[r, v * V], a[0, min(i * MR + r, m - 1), 2 * kk], panel[pbase + kk * NR * 2 + v * 2 * V],
+                              V)
+        if k % 2 == 1:                    # the last K alone: its pair's second element a zero
+            odd = register_tensor(bf16, [MR, 2])
+            for r in range(MR):
+                odd[r, 0] = a[0, min(i * MR + r, m - 1), k - 1]
+                odd[r, 1] = bf16(0.0)
+            for r in unroll(MR):
+                for v in unroll(NV):
+                    dot2_bf16(acc[r, v * V], odd[r, 0], panel[pbase + (k // 2) * NR * 2 + v * 2 * V], V)
+        fin = register_tensor(f32, [MR, NR])   # the sums (+ bias) through memory: the stores
+        for r, s in tile.vectorize():          # below vectorize whatever index an epilogue gives
+            if BIAS:
+                fin[r, s] = acc[r, s] + f32(bias[min(j * NR + s, n - 1)])
+            else:
+                fin[r, s] = acc[r, s]
+        for r in range(MR):
+            if i * MR + r < m:
+                if j * NR + NR <= n:
+                    for s in row.vectorize():
+                        c[img, i * MR + r, j * NR + s] = bf16(fin[r, s])
+                else:
+                    for s in row.vectorize():
+                        if j * NR + s < n:
+                            c[img, i * MR + r, j * NR + s] = bf16(fin[r, s])
+    return bf16_tile
+
+
+def build_kernel(cfg: Bf16Config) -> Kernel:
+    """``cfg.gemm`` False: ``c = a @ b^T`` with ``b`` packed beforehand (a linear's constant
+    weight), ``a`` in place; True: ``c[img] = a @ b[img]`` with ``a`` the constant left operand (a
+    convolution's weights, in place) and each core packing the column panel of ``b[img]`` it works
+    on into its part of the workspace ``ws`` (an implicit GEMM's img2col prologue goes into those
+    loads)."""
+    MR, NR, P = cfg.mr, cfg.nr, cfg.cores
+    assert NR % LANES == 0
+    CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
+    row = spatial(NR)
+    batch, m, n, k, nbias, wsb = (symbol(x) for x in ("batch", "m", "n", "k", "nbias", "wsb"))
+    A_T, BIAS_T = bf16[1, m, k], bf16[nbias]
+    if not cfg.gemm:
+        W_T, C_T = bf16[(n + NR - 1) // NR * ((k + 1) // 2) * NR * 2], bf16[1, m, n]
+        tile = _tile(cfg, A_T, W_T, BIAS_T, C_T, m, n, k)
+
+        @kernel
+        def matmul_cpu_bf16(a: A_T, wb: W_T, bias: BIAS_T, c: C_T):
+            MP = (m + MR - 1) // MR
+            units = MP * ((n + NR - 1) // NR)
+            for p in CORES:
+                for u in range(p * units // P, (p + 1) * units // P):
+                    j = u // MP                       # the weight panel: a core's units share it
+                    tile(a, wb, bias, c, j * ((k + 1) // 2) * NR * 2, u % MP, j, 0)
+
+        return matmul_cpu_bf16
+
+    B_T, C_T, WS_T = bf16[batch, k, n], bf16[batch, m, n], bf16[wsb]
+    tile = _tile(cfg, A_T, WS_T, BIAS_T, C_T, m, n, k)
 
     @kernel
-    def matmul_cpu_bf16(a: A_T, wb: W_T, bias: BIAS_T, c: C_T):
+    def matmul_cpu_bf16_gemm(a: A_T, b: B_T, bias: BIAS_T, c: C_T, ws: WS_T):
         MP = (m + MR - 1) // MR
         NP = (n + NR - 1) // NR
         K2 = (k + 1) // 2
-        units = MP * NP
+        units = batch * NP
         for p in CORES:
+            base = p * K2 * NR * 2
             for u in range(p * units // P, (p + 1) * units // P):
-                j = u // MP                       # the weight panel: a core's units share it
-                i = u % MP
-                boff = j * K2 * NR * 2
-                acc = register_tensor(f32, [MR, NR])
-                for r, s in tile.vectorize():
-                    acc[r, s] = 0.0
-                for kk in range(k // 2):
-                    for r in unroll(MR):
-                        for v in unroll(NV):
-                            dot2_bf16(acc[r, v * V], a[0, min(i * MR + r, m - 1), 2 * kk], wb[boff + kk * NR * 2 + v * 2 * V],
-                                      V)
-                if k % 2 == 1:                    # the last K alone: its pair's second element a zero
-                    odd = register_tensor(bf16, [MR, 2])
-                    for r in range(MR):
-                        odd[r, 0] = a[0, min(i * MR + r, m - 1), k - 1]
-                        odd[r, 1] = bf16(0.0)
-                    for r in unroll(MR):
-                        for v in unroll(NV):
-                            dot2_bf16(acc[r, v * V], odd[r, 0], wb[boff + (k // 2) * NR * 2 + v * 2 * V], V)
-                fin = register_tensor(f32, [MR, NR])   # the sums (+ bias) through memory: the stores
-                for r, s in tile.vectorize():          # below vectorize whatever index an epilogue gives
-                    if BIAS:
-                        fin[r, s] = acc[r, s] + f32(bias[min(j * NR + s, n - 1)])
-                    else:
-                        fin[r, s] = acc[r, s]
-                for r in range(MR):
-                    if i * MR + r < m:
-                        if j * NR + NR <= n:
-                            for s in row.vectorize():
-                                c[0, i * MR + r, j * NR + s] = bf16(fin[r, s])
-                        else:
-                            for s in row.vectorize():
-                                if j * NR + s < n:
-                                    c[0, i * MR + r, j * NR + s] = bf16(fin[r, s])
+                img = u // NP
+                j = u % NP
+                # the panel: pairs of K side by side (two rows of b interleaved), columns past n
+                # repeating the last (never stored), a zero after an odd k's last row
+                if j * NR + NR <= n:
+                    for kk in range(k // 2):
+                        for s in row.vectorize():
+                            ws[base + kk * NR * 2 + s * 2] = b[img, 2 * kk, j * NR + s]
+                            ws[base + kk * NR * 2 + s * 2 + 1] = b[img, 2 * kk + 1, j * NR + s]
+                else:
+                    for kk in range(k // 2):
+                        for s in row.vectorize():
+                            ws[base + kk * NR * 2 + s * 2] = b[img, 2 * kk, min(j * NR + s, n - 1)]
+                            ws[base + kk * NR * 2 + s * 2 + 1] = b[img, 2 * kk + 1, min(j * NR + s, n - 1)]
+                if k % 2 == 1:
+                    for s in row.vectorize():
+                        ws[base + (k // 2) * NR * 2 + s * 2] = b[img, k - 1, min(j * NR + s, n - 1)]
+                        ws[base + (k // 2) * NR * 2 + s * 2 + 1] = bf16(0.0)
+                for i in range(MP):
+                    tile(a, ws, bias, c, base, i, j, img)
 
-    return matmul_cpu_bf16
+    return matmul_cpu_bf16_gemm
 
 
 class MatmulCpuBf16Template(KernelFamily):
-    """bf16 products with a constant ``b`` (a linear's ``n x k`` weight, or a ``k x n`` one, packed
-    alike: ``const_b``, one batch) on AVX-512 BF16."""
+    """bf16 products on AVX-512 BF16: with a constant ``b`` (a linear's ``n x k`` weight, or a
+    ``k x n`` one, packed alike: ``const_b``, one batch), or with a constant ``a`` shared by a
+    batch of ``b`` (a convolution's implicit GEMM: ``gemm``, ``b`` packed per call)."""
 
     name = "matmul_cpu_bf16"
     version = 1
@@ -162,7 +219,12 @@ class MatmulCpuBf16Template(KernelFamily):
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
         return (isinstance(p, MatmulProblem) and supported(target) and p.dtype == p.out_dtype == "bfloat16"
-                and p.const_b and p.batch == 1 and not p.trans_c)
+                and not p.trans_c and ((p.const_b and p.batch == 1) or self.gemm(p)))
+
+    @staticmethod
+    def gemm(p: MatmulProblem) -> bool:
+        """A constant ``a`` shared by the batch, ``b`` (k x n) given per call."""
+        return p.const_a and not p.const_b and not p.a_batched and not p.trans_b and not p.bias
 
     def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
         if not self.applies(problem, target):
@@ -182,12 +244,15 @@ class MatmulCpuBf16Template(KernelFamily):
         if pairs(p.k) * nr * 4 > L1_BYTES // 2:          # the panel streams from L2 for every tile
             step = max(step, nr * 4 / L2_BYTES_PER_CYCLE)
         tile = pairs(p.k) * step + STORE_CYCLES * mr * nr + 30
-        tiles = -(-p.m // mr) * -(-p.n // nr)
+        panels = p.batch * -(-p.n // nr)
+        tiles = panels * -(-p.m // mr)
         seconds = -(-tiles // cores) * tile / (target.clock_hz or 2.5e9)
+        if self.gemm(p):                     # each panel of b packed once, by the core that uses it
+            seconds += -(-panels // cores) * p.k * nr * PACK_CYCLES / (target.clock_hz or 2.5e9)
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
 
     def config(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Bf16Config:
-        return Bf16Config(schedule["mr"], schedule["nr"], schedule["cores"], problem.bias)
+        return Bf16Config(schedule["mr"], schedule["nr"], schedule["cores"], problem.bias, self.gemm(problem))
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
@@ -205,6 +270,9 @@ class MatmulCpuBf16Template(KernelFamily):
         ops = operand_views(problem, inputs, outputs)
         sched = schedule or self.space(problem, target or host_cpu_target())[0]
         bias = ops[2] if problem.bias else np.zeros(1, numpy_bfloat16())
+        if self.gemm(problem):
+            return [ops[0], ops[1], bias, ops[-1], np.zeros(self.config(problem, target or host_cpu_target(), sched)
+                                                            .workspace(problem.k), numpy_bfloat16())]
         return [ops[0], self.weights(problem, sched, _host_bf16(ops[1])), bias, ops[-1]]
 
 

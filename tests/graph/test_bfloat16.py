@@ -209,10 +209,12 @@ def test_gpt2s_k_by_n_weights_and_a_prologue_on_the_dot_products():
     assert names[1:] == ["matmul_cpu_bf16"] * 2 and len(names) == 3, names
 
 
-def test_batch_norm_folds_into_a_widened_convolution():
-    """conv (bf16) -> BN -> ReLU on the CPU: the BN folds into the float32 convolution across the
-    cast back to bf16, and the convolution, the cast and the ReLU are one kernel (the input's
-    cast, which the direct convolution cannot read through, is a kernel before it)."""
+def test_batch_norm_folds_into_a_widened_convolution(monkeypatch):
+    """conv (bf16) -> BN -> ReLU on a CPU without AVX-512 BF16: the BN folds into the float32
+    convolution across the cast back to bf16, and the convolution, the cast and the ReLU are one
+    kernel (the input's cast, which the direct convolution cannot read through, is a kernel
+    before it)."""
+    monkeypatch.setattr(widen_half_module, "bf16_dots", lambda target: False)
     model = randomize_bn(torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
                                             torch.nn.ReLU()))
     fast, _ = _check_model(model, torch.randn(2, 3, 12, 12))
@@ -224,16 +226,34 @@ def test_batch_norm_folds_into_a_widened_convolution():
     assert len(names) == 2 and names[1].startswith("conv2d") and "narrow" in names[1] and "unary" in names[1], names
 
 
-def test_the_cast_a_direct_convolution_reads_through_ends_the_kernel_before_it():
-    """conv -> BN -> ReLU -> conv -> BN -> ReLU in bf16: the second (direct) convolution reads its
-    float32 input in place, so the cast widening it is the first convolution's last epilogue op:
-    three kernels (the input's cast, then one per convolution), not four."""
+def test_the_cast_a_direct_convolution_reads_through_ends_the_kernel_before_it(monkeypatch):
+    """conv -> BN -> ReLU -> conv -> BN -> ReLU in bf16 widened to float32 (no AVX-512 BF16): the
+    second (direct) convolution reads its float32 input in place, so the cast widening it is the
+    first convolution's last epilogue op: three kernels (the input's cast, then one per
+    convolution), not four."""
+    monkeypatch.setattr(widen_half_module, "bf16_dots", lambda target: False)
     model = randomize_bn(torch.nn.Sequential(
         torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
         torch.nn.Conv2d(32, 32, 3, padding=1, stride=2), torch.nn.BatchNorm2d(32), torch.nn.ReLU()))
     fast, _ = _check_model(model, torch.randn(2, 16, 20, 20))
     names = [st.name for st in _steps(fast)]
     assert len(names) == 3 and names[1].endswith("widen") and "conv2d" in names[1], names
+
+
+@needs_bf16_dots
+def test_bf16_convolutions_run_on_the_dot_products():
+    """Where the CPU has AVX-512 BF16, bf16 convolutions are implicit GEMMs of matmul_cpu_bf16:
+    the BN folded into bf16 weights (computed in float64, rounded once), the img2col in the
+    packing of each panel, bias + ReLU in the stores — one kernel per convolution, strided, 1x1
+    and 3x3 alike."""
+    model = randomize_bn(torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 24, 1), torch.nn.ReLU(), torch.nn.Conv2d(24, 8, 3, stride=2, padding=1)))
+    fast, _ = _check_model(model, torch.randn(2, 16, 13, 13))
+    assert _kernel_names(fast) == ["matmul_cpu_bf16_gemm"] * 3
+    g = next(iter(fast.entries.values())).compiled.graph
+    assert OpKind.BATCH_NORM not in [op.kind for op in g.ops]
+    assert all(t.dtype is bf16 and t.is_constant for op in g.ops if op.kind is OpKind.CONV2D for t in op.inputs[1:])
 
 
 @pytest.mark.parametrize("batch", [1, 3])
