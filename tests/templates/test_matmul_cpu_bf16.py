@@ -102,3 +102,27 @@ def test_the_tuner_measures_every_schedule():
     times = result.record.times
     assert set(times) == set(MATMUL_CPU_BF16.space(p, CPU)) and all(0 < t < 1 for t in times.values())
     assert result.schedule == min(times, key=times.get)
+
+
+@given(batch=st.integers(1, 3), m=st.integers(1, 30), n=st.integers(1, 120), k=st.integers(1, 70),
+       tile=st.sampled_from(TILES), cores=st.sampled_from([1, 2]), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=20, deadline=None)
+def test_the_gemm_form_packs_b_per_call(batch, m, n, k, tile, cores, seed):
+    """``gemm``: ``c[img] = a @ b[img]`` with ``a`` (a convolution's weights) read in place and each
+    core packing the panels of ``b`` it uses (odd K, edge columns: zeros and repeats never stored)."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(1, m, k, generator=g).bfloat16()
+    b = torch.randn(batch, k, n, generator=g).bfloat16()
+    cfg = Bf16Config(*tile, cores, False, gemm=True)
+    c = torch.full((batch, m, n), float("nan")).bfloat16()
+    build_kernel(cfg)(a, b, torch.zeros(1).bfloat16(), c, torch.empty(cfg.workspace(k)).bfloat16())
+    want = a.double() @ b.double()
+    assert bool(torch.isfinite(c).all())
+    assert ((c.double() - want).abs() / want.abs().max()).max().item() <= 2 ** -8
+
+
+def test_the_gemm_form_applies_to_convolutions():
+    conv = MatmulProblem(8, 64, 3136, 256, "bfloat16", "bfloat16", a_batched=False, b_batched=True, const_a=True)
+    assert MATMUL_CPU_BF16.applies(conv, WITH) and MATMUL_CPU_BF16.gemm(conv)
+    assert MATMUL_CPU_BF16.config(conv, WITH, MATMUL_CPU_BF16.space(conv, WITH)[0]).gemm
+    assert not MATMUL_CPU_BF16.applies(dataclasses.replace(conv, const_a=False), WITH)
