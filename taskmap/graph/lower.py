@@ -58,7 +58,6 @@ from .lower_pwdw import merged, pointwise_depthwise_pairs
 from .lower_template import Scalar, plan_problem, plan_template, template_fusable, template_prologue_inputs
 from .kinds import OpKind
 from .passes import debug_enabled
-from .passes.widen_half import native_bf16
 from .partition import (
     FusionGroup,
     GroupKind,
@@ -225,13 +224,13 @@ def _plan(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilogue: S
 
 
 def _prologue_inputs(op: Op, target: Target) -> tuple[int, ...]:
-    """The inputs a prologue may be spliced into on ``target`` — none for the anchors that read
-    their input in place where a prologue cannot go: a convolution on the direct template, a bf16
-    product on the CPU's dot products (their producers' casts then end the producers' kernels
-    as epilogues, where they would have been kernels of their own)."""
-    if target.kind is TargetKind.CPU and (
-            (op.kind is OpKind.CONV2D and fusable(op, target) and anchor_problem(op, target).direct is not None)
-            or native_bf16(op, target)):
+    """The inputs a prologue may be spliced into on ``target`` — none for a convolution on the
+    direct template, which reads its input in place (its producer's ops then end the producer's
+    kernel as epilogues — a half-precision model's widening cast —, where they would have been
+    a kernel of their own).  (A bf16 product on the CPU's dot products takes reshapes only, read
+    in place: other prologues are split off when it is lowered.)"""
+    if target.kind is TargetKind.CPU and op.kind is OpKind.CONV2D and fusable(op, target) and \
+            anchor_problem(op, target).direct is not None:
         return ()
     return tuple(default_prologue_inputs(op)) or template_prologue_inputs(op)
 
