@@ -1,23 +1,32 @@
-"""CPU bfloat16 linears on AVX-512 BF16's dot products: ``c = a @ w^T (+ bias)`` with ``a (m, k)``
-bf16 activations, ``w (n, k)`` a constant bf16 weight, ``c (m, n)`` bf16 — what a bfloat16 model's
-``nn.Linear`` layers compute, written in the DSL with task mappings.
+"""CPU bfloat16 products on AVX-512 BF16's dot products, written in the DSL with task mappings —
+what a bfloat16 model's ``nn.Linear`` layers and 1x1 convolutions compute, two forms:
 
-* **Weights**, packed once (a compiled graph's constants, :func:`pack_weights`): column panels of
-  ``NR`` outputs, ``[panel][k / 2][NR][2]`` — per pair of K, each output's two weights side by
-  side (zero padded past ``n`` and, for an odd ``k``, past ``k``).
-* **Register tile** ``MR x NR`` of f32 accumulators, ``repeat(MR, NR // 16) * spatial(1, 16)``:
-  per pair of K, ``MR`` 32-bit broadcasts of ``a``'s two elements (read in place: a row's pair is
-  adjacent in row-major ``a``), ``NR / 16`` loads of the packed panel and ``MR * NR / 16``
-  ``dot2_bf16`` (``vdpbf16ps``: 16 lanes x 2 products each, twice the FMAs' rate).  The products
-  are exact and the sums f32, as PyTorch's CPU bf16 linears (oneDNN) compute them.
-* **Stores**: ``bf16(acc + bias)`` — the bias added in f32, one rounding — where post-scheduling
-  fusion splices the epilogue (:mod:`taskmap.fusion`); ``a``'s loads are inside the primitive, so
-  it takes no prologue (a reshape is read in place).
-* **Cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``NP x MP`` tiles, column
-  panels outermost: a core sweeps all of ``a`` (in its L2) with each of its weight panels.
+* **linear** (``c = a @ w^T (+ bias)``, ``a (m, k)`` bf16 activations, ``w (n, k)`` a constant
+  weight, or a ``k x n`` one): the weight packed once (a compiled graph's constants,
+  :func:`pack_weights`) in column panels of ``NR`` outputs, ``[panel][k / 2][NR][2]`` — per pair
+  of K, each output's two weights side by side (zeros past ``n`` and, for an odd ``k``, past
+  ``k``); ``a`` read in place (a row's pair is adjacent in row-major ``a``).  Cores take
+  contiguous ranges of the ``NP x MP`` tiles, weight panels outermost: a core sweeps all of ``a``
+  (in its L2) with each of its panels.
+* **gemm** (``c[img] = a @ b[img]``, ``a`` a constant ``m x k`` — a convolution's weights, read in
+  place — and ``b`` a batch of ``k x n``: the implicit GEMM): cores take contiguous ranges of the
+  ``batch x NP`` column panels; each packs its panel of ``b[img]`` into its part of the workspace
+  (two rows interleaved: the same ``[k / 2][NR][2]`` layout), then runs every row panel of ``a``
+  over it.  An img2col prologue would be spliced into those loads (:mod:`taskmap.fusion`); the
+  graph uses this form for 1x1 convolutions only (see ``widen_half.native_bf16``).
+
+Both run one micro-kernel: a register tile ``MR x NR`` of f32 accumulators,
+``repeat(MR, NR // 16) * spatial(1, 16)``; per pair of K, ``MR`` 32-bit broadcasts of ``a``'s pair,
+``NR / 16`` loads of the panel and ``MR * NR / 16`` ``dot2_bf16`` (``vdpbf16ps``: 16 lanes x 2
+products, twice the FMAs' rate).  The products are exact and the sums f32, as PyTorch's CPU bf16
+kernels (oneDNN) compute them.  Stores: ``bf16(acc + bias)`` — the bias added in f32, one
+rounding — through a tile in memory (vector stores whatever index a spliced epilogue gives),
+where post-scheduling fusion splices the epilogue.  ``a``'s loads are inside the primitive: it
+takes no prologue (a reshape is read in place).  Single-row tiles (1 x 128, 2 x 96) serve
+decoding's one-row products, bound by the weights' bytes.
 
 Applies where the host has AVX-512 BF16 (``avx512_bf16`` in the target's features); elsewhere a
-bfloat16 linear is computed in float32 (:mod:`taskmap.graph.passes.widen_half`).
+bfloat16 product is computed in float32 (:mod:`taskmap.graph.passes.widen_half`).
 """
 
 from dataclasses import dataclass
