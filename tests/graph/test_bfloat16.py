@@ -278,10 +278,12 @@ def test_gpt2_in_bfloat16_on_the_cpu():
     _check_model(model, torch.randint(0, 100, (2, 16)))
 
 
-def test_bfloat16_anchors_on_a_gpu_take_their_constants_as_they_are():
-    """On a CUDA device (GPU emulation) bf16 anchors run the tensor-core template on the bf16
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
+def test_bfloat16_anchors_on_a_gpu_take_their_constants_as_they_are(arch):
+    """On a CUDA device (GPU emulation) bf16 anchors run the tensor-core templates on the bf16
     constants themselves — linear + bias + GELU and conv + BN + ReLU one kernel each, the BN folded
-    into bf16 weights (computed in float64, rounded once)."""
+    into bf16 weights (computed in float64, rounded once); on sm_90a the linear on wgmma.  Each
+    kernel builds for the GPU (NVRTC)."""
     from taskmap.graph import Conv2dAttrs
     from taskmap.runtime.graph import CompiledGraph
 
@@ -297,10 +299,13 @@ def test_bfloat16_anchors_on_a_gpu_take_their_constants_as_they_are():
                                                                                         has_bias=False))
     z = b.op(OpKind.UNARY, [bn], UnaryAttrs(UnaryFn.RELU))
     xa, ia = torch.randn(64, 96).to(torch.bfloat16), torch.randn(2, 8, 10, 10).to(torch.bfloat16)
-    with emulate_gpu("sm_90"):
+    with emulate_gpu(arch):
         cg = CompiledGraph(b.build([y, z]), "cpu", "torch")
         gy, gz = cg(xa, ia)
-    assert [st.kernel.func.name for st in cg.steps] == ["matmul_tc", "matmul_tc"]
+    linear = "matmul_wgmma" if arch == "sm_90a" else "matmul_tc"
+    assert [st.kernel.func.name for st in cg.steps] == [linear, "matmul_tc"]
+    for st in cg.steps:
+        assert st.kernel.build("cuda", arch=arch).binary
     assert all(t.dtype is bf16 for op in cg.graph.ops for t in op.inputs if t.is_constant)
     f = lambda a: torch.from_numpy(np.asarray(a, np.float32))  # noqa: E731
     s = 1 / torch.sqrt(f(var) + 1e-5)
