@@ -29,9 +29,15 @@ TM_FN double tm_fmod_f64(double a, double b) {
 
 TM_FN float tm_bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16; float f; TM_BITCAST(f, u); return f; }
+/* round to nearest even, NaN kept quiet; branch-free (selects), so that gcc vectorizes the loops
+   that store or round bf16 (an early return for NaN kept fused epilogues scalar) */
 TM_FN uint16_t tm_f32_to_bf16(float f) {
   uint32_t u; TM_BITCAST(u, f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
-TM_FN float tm_round_bf16(float f) { return tm_bf16_to_f32(tm_f32_to_bf16(f)); }
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+  return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? q : r); }
+TM_FN float tm_round_bf16(float f) {
+  uint32_t u; TM_BITCAST(u, f);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u | 0x400000u) & 0xffff0000u;
+  u = ((u & 0x7fffffffu) > 0x7f800000u) ? q : r;
+  float o; TM_BITCAST(o, u); return o; }
 """

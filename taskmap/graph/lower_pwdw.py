@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backends import Target, TargetKind
-from ..templates.attention_cpu import l2_per_core
-from ..templates.pwdw_cpu import PWDW_CPU, PwDwProblem
+from ..templates.pwdw_cpu import PWDW_CPU, PwDwProblem, worth_fusing
 from .attrs import UnaryFn
 from .ir import Graph, Op, Tensor
 from .kinds import OpKind
@@ -27,14 +26,6 @@ from .lower_anchor import Workspace
 from .lower_template import TemplateProblem
 from .partition import FusionGroup, GroupKind
 
-#: Fused only when one image's expanded tensor is at least this share of a core's L2: smaller,
-#: the two kernels pass it through L2 anyway and the fused kernel's pixel tiles fit small images
-#: worse.  Measured in MobileNetV2 on Zen 4 (1 MB L2 per core, two cores, each pair in its place
-#: in the model): 1.08-1.38x faster from 28x28x192 (0.6 MB) up, 0.88-0.97x at 14x14 (0.3-0.45 MB)
-#: and 0.66-0.70x at 7x7 (0.19 MB).  Per image, because the fused kernel works an image at a time:
-#: at batch 8 (Zen 5) fusing the 14x14 and 7x7 pairs too (their whole batch over the threshold)
-#: made MobileNetV2 1.16x slower than this rule.
-L2_SHARE = 0.5
 #: The activations the kernel applies between the two convolutions.
 ACTIVATIONS = {UnaryFn.RELU: "relu", UnaryFn.RELU6: "relu6", UnaryFn.HARDSWISH: "hardswish", UnaryFn.SILU: "silu"}
 
@@ -54,11 +45,18 @@ def _conv(group: FusionGroup) -> Op | None:
 
 
 def _activation(group: FusionGroup) -> str | None:
-    """The pointwise group's epilogue as one of :data:`ACTIVATIONS` ("none": no epilogue)."""
-    if not group.epilogue:
+    """The pointwise group's epilogue as one of :data:`ACTIVATIONS` ("none": no epilogue) — also
+    a half-precision model's: the activation between the cast of the f32 convolution's result to
+    the half type and the cast back (the fused kernel keeps the expanded tensor in f32, unrounded:
+    within one half-precision rounding of eager's)."""
+    epi = list(group.epilogue)
+    if len(epi) == 3 and all(op.kind is OpKind.CAST for op in (epi[0], epi[2])) and \
+            epi[0].output.dtype.nbytes == 2 and epi[2].output.dtype.name == "float32":
+        epi = epi[1:2]
+    if not epi:
         return "none"
-    op = group.epilogue[0]
-    if len(group.epilogue) == 1 and op.kind is OpKind.UNARY and op.attrs.fn in ACTIVATIONS:
+    op = epi[0]
+    if len(epi) == 1 and op.kind is OpKind.UNARY and op.attrs.fn in ACTIVATIONS:
         return ACTIVATIONS[op.attrs.fn]
     return None
 
@@ -89,7 +87,7 @@ def pair_problem(graph: Graph, pw: FusionGroup, dw: FusionGroup, target: Target)
     p = PwDwProblem(n, cin, h, w, cexp, kh, kw, sh, sw, ph, ph, pw_, pw_, act)
     if not PWDW_CPU.applies(p, target) or (p.oh, p.ow) != tuple(b.output.shape[2:]):
         return None
-    if e.nbytes // n < l2_per_core(target) * L2_SHARE:   # the two kernels pass an image through L2 anyway
+    if not worth_fusing(e.nbytes // n, target):    # the two kernels pass an image through L2 anyway
         return None
     operands = {"x": (a.inputs[0], (n, cin, h * w)), "w1": (a.inputs[1], (cexp, cin)),
                 "wd": (b.inputs[1], (cexp, kh * kw))}

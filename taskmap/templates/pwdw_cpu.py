@@ -54,6 +54,22 @@ def _config(p: PwDwProblem, mr: int, nr: int, lanes: int, rows: int, cores: int)
     return PwDwConfig(p, mr, nr, rows, lanes, cores)
 
 
+#: A pair is fused only when one image's expanded tensor is at least this share of a core's L2: smaller,
+#: the two kernels pass it through L2 anyway and the fused kernel's pixel tiles fit small images
+#: worse.  Measured in MobileNetV2 on Zen 4 (1 MB L2 per core, two cores, each pair in its place
+#: in the model): 1.08-1.38x faster from 28x28x192 (0.6 MB) up, 0.88-0.97x at 14x14 (0.3-0.45 MB)
+#: and 0.66-0.70x at 7x7 (0.19 MB).  Per image, because the fused kernel works an image at a time:
+#: at batch 8 (Zen 5) fusing the 14x14 and 7x7 pairs too (their whole batch over the threshold)
+#: made MobileNetV2 1.16x slower than this rule.
+L2_SHARE = 0.5
+
+
+def worth_fusing(image_bytes: int, target: Target) -> bool:
+    """Whether a pointwise + depthwise pair whose expanded tensor takes ``image_bytes`` an image
+    (f32) runs faster as one kernel on ``target`` (see :data:`L2_SHARE`)."""
+    return image_bytes >= l2_per_core(target) * L2_SHARE
+
+
 class PwDwCpuTemplate(KernelFamily):
     """Pointwise + activation + depthwise convolution, f32, NCHW, on the CPU."""
 
