@@ -20,8 +20,8 @@ Both run one micro-kernel: a register tile ``MR x NR`` of f32 accumulators,
 ``NR / 16`` loads of the panel and ``MR * NR / 16`` ``dot2_bf16`` (``vdpbf16ps``: 16 lanes x 2
 products, twice the FMAs' rate).  The products are exact and the sums f32, as PyTorch's CPU bf16
 kernels (oneDNN) compute them.  Stores: ``bf16(acc + bias)`` — the bias added in f32, one
-rounding — through a tile in memory (vector stores whatever index a spliced epilogue gives),
-where post-scheduling fusion splices the epilogue.  ``a``'s loads are inside the primitive: it
+rounding — where post-scheduling fusion splices the epilogue (vector stores: the lowering's
+``hoist_invariants`` takes a spliced index's divisions out of them).  ``a``'s loads are inside the primitive: it
 takes no prologue (a reshape is read in place).  Single-row tiles (1 x 128, 2 x 96) serve
 decoding's one-row products, bound by the weights' bytes.
 
@@ -136,21 +136,21 @@ def _tile(cfg: Bf16Config, A_T: Any, P_T: Any, BIAS_T: Any, C_T: Any, m: Any, n:
             for r in unroll(MR):
                 for v in unroll(NV):
                     dot2_bf16(acc[r, v * V], odd[r, 0], panel[pbase + (k // 2) * NR * 2 + v * 2 * V], V)
-        fin = register_tensor(f32, [MR, NR])   # the sums (+ bias) through memory: the stores
-        for r, s in tile.vectorize():          # below vectorize whatever index an epilogue gives
-            if BIAS:
-                fin[r, s] = acc[r, s] + f32(bias[min(j * NR + s, n - 1)])
-            else:
-                fin[r, s] = acc[r, s]
         for r in range(MR):
             if i * MR + r < m:
                 if j * NR + NR <= n:
                     for s in row.vectorize():
-                        c[img, i * MR + r, j * NR + s] = bf16(fin[r, s])
+                        if BIAS:
+                            c[img, i * MR + r, j * NR + s] = bf16(acc[r, s] + f32(bias[j * NR + s]))
+                        else:
+                            c[img, i * MR + r, j * NR + s] = bf16(acc[r, s])
                 else:
                     for s in row.vectorize():
                         if j * NR + s < n:
-                            c[img, i * MR + r, j * NR + s] = bf16(fin[r, s])
+                            if BIAS:
+                                c[img, i * MR + r, j * NR + s] = bf16(acc[r, s] + f32(bias[j * NR + s]))
+                            else:
+                                c[img, i * MR + r, j * NR + s] = bf16(acc[r, s])
     return bf16_tile
 
 
