@@ -29,25 +29,16 @@ version is a helper function of the module (its steps bound to local variables; 
 """
 from __future__ import annotations
 
-import math
-
 from ..ir import expr as E
 from ..ir import stmt as S
 from ..ir.dtypes import f32, u32
+from ..ir.exp_poly import EXP_POLY, LN2_HI, LN2_LO, LOG2E, SHIFTER
 from ..ir.expr import Expr, Var
 from ..ir.func import FuncKind, Function
 from ..ir.functor import collect
 
-LN2_HI = 0.693145751953125           # ln 2 split so that n * LN2_HI is exact for |n| < 2^9
-LN2_LO = 1.4286068203094172321e-06
-LOG2E = 1.0 / math.log(2.0)
-SHIFTER = 12582912.0                 # 1.5 * 2^23: t = x * log2e + SHIFTER rounds; n is in t's low bits
 LOWEST = -87.5                       # clamps: n - 1 + 127 stays in [0, 255]
 HIGHEST = 88.8
-#: 2 * p(r), lowest degree first: p is a degree-6 fit of exp on [-ln2/2, ln2/2] (relative error
-#: 2.0e-9), coefficients rounded to f32 and doubled (exact).
-EXP_POLY = tuple(2.0 * c for c in (1.0, 1.0, 0.4999999403953552, 0.16666428744792938, 0.04166801646351814,
-                                   0.008374389261007309, 0.0013843380147591233))
 
 #: The helper function's name in a module (the C backend calls it ``tm_fn_<name>``).
 FAST_EXP = "fast_exp_f32"

@@ -1,4 +1,4 @@
-"""The C backend's f32 erf and tanh: inline rational approximations (no libm call, so gcc
+"""The C backend's f32 erf, tanh and exp: inline approximations (no libm call, so gcc
 vectorizes loops of them), checked against the double-precision functions on a dense grid and
 at the special values."""
 import math
@@ -34,12 +34,45 @@ def test_erf_tanh_accuracy_and_special_values():
     np.testing.assert_array_equal(ops.tanh(special), [np.nan, 1.0, -1.0])
 
 
+def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Distance in f32 units in the last place (both finite and of one sign, or equal)."""
+    g, w = (np.asarray(a, np.float32).view(np.int32).astype(np.int64) for a in (got, want))
+    return np.abs(g - w)
+
+
+def test_exp_within_one_ulp_over_the_whole_range():
+    """Subnormal results (down to -103.97) and the overflow to inf (from 88.73) included: the
+    scale is applied as two powers of two, the last product rounds once."""
+    rng = np.random.default_rng(11)
+    x = np.concatenate([np.linspace(-110, 95, 1_000_001), rng.uniform(-105, 90, 200_000),
+                        [0.0, -0.0, 88.72, 88.7228, 88.73, -87.33, -87.34, -103.9, -103.97, -103.98, 1e-30,
+                         -1e-30]]).astype(np.float32)
+    got = ops.exp(x)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    assert ulps(got, want).max() <= 1
+    assert np.isinf(got[x > 88.73]).all() and (got[x < -104] == 0).all()
+    special = np.array([np.nan, np.inf, -np.inf], np.float32)
+    np.testing.assert_array_equal(ops.exp(special), [np.nan, np.inf, 0.0])
+
+
+def test_sigmoid_and_silu_match_torch():
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([np.random.default_rng(2).standard_normal(100_000) * 8,
+                        [-100.0, -88.0, -20.0, 0.0, 20.0, 88.0, 100.0]]).astype(np.float32)
+    t = torch.from_numpy(x).double()
+    np.testing.assert_allclose(ops.sigmoid(x), torch.sigmoid(t).numpy(), rtol=2e-7, atol=1e-38)
+    np.testing.assert_allclose(ops.silu(x), torch.nn.functional.silu(t).numpy(), rtol=3e-7, atol=1e-38)
+
+
 def test_no_libm_call_for_f32():
-    assert "static inline float tm_erff(float x)" in RUNTIME_C and "static inline float tm_tanhf(float x)" in RUNTIME_C
+    for name in ("tm_erff", "tm_tanhf", "tm_expf"):
+        assert f"static inline float {name}(float x)" in RUNTIME_C
     from taskmap.backends.cpu.codegen import CpuFuncGen
     from taskmap.ir import expr as E
 
-    assert CpuFuncGen.MATH[E.Intrinsic.ERF][0] == "tm_erff" and CpuFuncGen.MATH[E.Intrinsic.TANH][0] == "tm_tanhf"
+    assert [CpuFuncGen.MATH[i][0] for i in (E.Intrinsic.ERF, E.Intrinsic.TANH, E.Intrinsic.EXP)] == \
+        ["tm_erff", "tm_tanhf", "tm_expf"]
 
 
 def test_trunc_and_fmod_in_kernels_match_c_semantics():
@@ -90,7 +123,7 @@ import taskmap  # noqa: E402
 from taskmap import repeat, spatial  # noqa: E402
 from taskmap.backends.cpu.build import CFLAGS  # noqa: E402
 from taskmap.backends.base import host_cpu_target  # noqa: E402
-from taskmap.lang import f32, f64, sqrt  # noqa: E402
+from taskmap.lang import exp, f32, f64, sqrt  # noqa: E402
 
 lanes = repeat(4) * spatial(16)
 
@@ -161,6 +194,26 @@ def test_sqrt_keeps_ieee_results():
     roots(a, c)
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(c, np.sqrt(a))
+
+
+@taskmap.kernel
+def sigmoids(a: f32[64], c: f32[64]):
+    for i in lanes.vectorize():
+        c[i] = 1.0 / (1.0 + exp(-a[i]))
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or "avx512f" not in host_cpu_target().features,
+                    reason="needs gcc and AVX-512 for the assembly")
+def test_exp_loops_vectorize(tmp_path):
+    """A sigmoid loop: no ``expf`` call per lane, 512-bit vector arithmetic."""
+    assert "tm_expf(" in sigmoids.build("cpu").source
+    body = entry_assembly(sigmoids, "sigmoids", tmp_path)
+    assert not re.search(r"call\s+expf", body)
+    assert re.search(r"vfmadd\w+ps\s+%zmm", body)
+    a = np.random.default_rng(4).standard_normal(64).astype(np.float32) * 10
+    c = np.empty_like(a)
+    sigmoids(a, c)
+    np.testing.assert_allclose(c, 1.0 / (1.0 + np.exp(-a.astype(np.float64))), rtol=3e-7)
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None or "avx512f" not in host_cpu_target().features,

@@ -23,6 +23,7 @@ Kernels without barriers, warp primitives or ``cp_async`` skip all this: each th
 completion in turn, without fibers.  Faults the GPU would raise (misaligned vector accesses,
 partial-warp ``mma``) are recorded in the launch's status (``tm_fault``) and reported by Python.
 """
+from ...ir import exp_poly
 from ..clike_runtime import HELPERS
 from .tma_c import TMA_PRIMS_C, TMA_TYPES_C
 from .warp_c import WARP_PRIMS_C, WARP_TYPES_C
@@ -111,6 +112,28 @@ static inline float tm_tanhf(float x) {
   q = q * x2 + 2.26843463243900e-03f;
   q = q * x2 + 4.89352518554385e-03f;
   return fabsf(x) < 0.0004f ? x : c * p / q;
+}
+
+/* f32 exp without a libm call (gcc vectorizes loops of it: sigmoid, SiLU, softplus epilogues):
+   x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two constants), 2 exp(r) as a degree-6
+   polynomial (schedule/fastmath.py's coefficients), times 2^(n-1) as two powers of two so that
+   subnormal results and the overflow to inf come out of the last product, rounded once.  Within
+   1 ulp of the correctly rounded result over the whole range; NaN stays NaN, -inf gives 0. */
+""" + exp_poly.c_defines() + r"""static inline float tm_expf(float x) {
+  float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  float t = c * TM_LOG2E + TM_EXP_SHIFTER;
+  float n = t - TM_EXP_SHIFTER;
+  float r = (c - n * TM_LN2_HI) - n * TM_LN2_LO;
+  float q = TM_EXP_P6;
+  q = q * r + TM_EXP_P5;
+  q = q * r + TM_EXP_P4;
+  q = q * r + TM_EXP_P3;
+  q = q * r + TM_EXP_P2;
+  q = q * r + TM_EXP_P1;
+  q = q * r + TM_EXP_P0;
+  int32_t k = (int32_t)(tm_bits_f32(t) - 0x4B400000u) - 1;
+  int32_t a = k >> 1;
+  return q * tm_f32_of_bits((uint32_t)(a + 127) << 23) * tm_f32_of_bits((uint32_t)(k - a + 127) << 23);
 }
 
 /* ---- GPU thread-block emulation ------------------------------------------------------------ */
