@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import taskmap
-from taskmap.errors import CaptureError, UnsupportedError
+from taskmap.errors import CaptureError, UnsupportedError, UnsupportedOpsError
 from test_frontend_torch import ACTIVATIONS, ARITHMETIC, MATMULS, SHAPE_OPS, Fn, _same
 
 torch.manual_seed(0)
@@ -153,10 +153,14 @@ def test_writes_reaching_views_are_refused_and_input_writes_left_to_dynamo(capsy
 def test_multi_output_ops_need_multi_output_handlers():
     # aten.adaptive_max_pool2d returns (values, indices); F.adaptive_max_pool2d's handler returns
     # the values only, so [0] would pick a row of them: not converted, dynamo's graph is used
+    # (with capture="export": the error names the op; fallback=True runs it in PyTorch)
     fn = Fn(lambda x: F.adaptive_max_pool2d(x, 2) + 1)
     _, tracer = compiled(fn, x4, capture="dynamo")
-    with pytest.raises(CaptureError, match="returns 2 tensors"):
+    with pytest.raises(UnsupportedOpsError, match="adaptive_max_pool2d.default at .*returns 2 tensors"):
         taskmap.compile(fn, progress=False, capture="export")(x4)
+    fast = taskmap.compile(fn, progress=False, capture="export", fallback=True)
+    _same(fast(x4), fn(x4), 1e-6, 1e-6)
+    assert "run by PyTorch: aten.adaptive_max_pool2d.default" in fast.summary()
 
 
 def test_capture_option_and_save_load(tmp_path):
@@ -268,3 +272,36 @@ def test_tracing_loggers_are_silent_while_capturing(monkeypatch):
     with pytest.raises(CaptureError, match="runs eagerly but raises when traced"):
         taskmap.compile(TracedOtherwise().eval(), (torch.randn(2, 4),), progress=False, capture="dynamo")
     assert enabled == [False] and logger.level == level and logger.isEnabledFor(logging.ERROR)
+
+
+class Recurrent(nn.Module):
+    """An RNN layer between converted ops: dynamo cannot capture it, torch.export can."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.proj = nn.Linear(12, 8)
+        self.rnn = kind(8, 16, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.rnn(torch.tanh(self.proj(x)))[0]))
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
+def test_rnn_layers_name_their_op_and_fall_back(kind):
+    """No graph break can be compiled around an RNN by ``taskmap.compile``: the error names the
+    ATen op and the model's line; ``fallback=True`` runs it in PyTorch inside the compiled graph
+    (the linears and activations around it still compiled)."""
+    model = Recurrent(kind).eval()
+    x = torch.randn(2, 5, 12)
+    op = "aten.lstm" if kind is nn.LSTM else "aten.gru"
+    for capture in ("auto", "export"):
+        with pytest.raises(UnsupportedError, match=rf"{op}\.input at .*test_export_capture.py.*self\.rnn"):
+            taskmap.compile(model, progress=False, capture=capture)(x)
+    fast = taskmap.compile(model, progress=False, fallback=True)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-5)
+    summary = fast.summary()
+    assert f"run by PyTorch: {op}.input" in summary and "captured by torch.export" in summary
+    assert "2 compiled kernels + 1 taskmap.ops / PyTorch calls" in summary

@@ -21,6 +21,7 @@ outputs back to the model's output structure; it is picklable (``save``/``load``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import io
 import linecache
@@ -222,10 +223,13 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     fs = forward_signature(model)
     args, kwargs = call_arguments(fs, arguments)
     _transformers_caches(model)
+    refused: _Refused | None = None
     if how != "dynamo":
-        got, reason = _aten_capture(model, fs, args, kwargs, arguments, name)
+        got, reason, refused = _aten_capture(model, fs, args, kwargs, arguments, name)
         if got is not None:
             return got
+        if refused is not None and (how == "export" or not refused.retry):
+            return refused.resolve(fallback, name)
         if how == "export":
             raise CaptureError(name, reason, "torch.export.export")
         if debug_enabled("capture"):
@@ -235,6 +239,8 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
         try:
             exported = torch._dynamo.export(model)(*args, **kwargs)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not the model's own errors
+            if refused is not None:      # torch.export's graph, with the ops it refused run in PyTorch (or named)
+                return refused.resolve(fallback, name)
             raise CaptureError(name, _dynamo_reason(exc)) from exc
         except torch._dynamo.exc.TorchRuntimeError as exc:    # the forward's own code raised on fake tensors
             eager = _eager_error(model, args, kwargs)
@@ -284,23 +290,49 @@ def _quiet() -> Any:
                 lg.setLevel(level)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    """``torch.export``'s graph whose import refused some ops: what serves the forward when
+    dynamo's capture fails too (or is not to be tried: ``retry`` False, ops no torch-level graph
+    would convert either) — imported with those ops run in PyTorch under ``fallback``, else the
+    error naming them."""
+
+    gm: torch.fx.GraphModule
+    cap: Capture
+    examples: list[Any]
+    error: UnsupportedOpsError
+    retry: bool
+
+    def resolve(self, fallback: bool, name: str) -> tuple[Imported, Capture]:
+        if not fallback:
+            raise self.error
+        return _stateless(import_fx(self.gm, self.examples, fallback=True, name=name), name), self.cap
+
+
+#: ATen ops no capture converts (dynamo cannot trace the modules that call them either): a graph
+#: refusing only these is resolved from torch.export's capture, without trying dynamo's.
+_NO_RETRY = ("aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu")
+
+
 def _aten_capture(model: torch.nn.Module, fs: Any, args: list[Any], kwargs: dict[str, Any],
-                  arguments: dict[str, Any], name: str) -> tuple[tuple[Imported, Capture] | None, str]:
+                  arguments: dict[str, Any], name: str
+                  ) -> tuple[tuple[Imported, Capture] | None, str, _Refused | None]:
     """``torch.export.export(strict=False)``'s graph of ATen calls, imported (:mod:`.aten`), or
-    None and the reason it is not used.  Several times faster than ``torch._dynamo.export`` on
+    None, the reason it is not used and — when that reason is ops the import refused — the graph
+    to fall back to (:class:`_Refused`).  Several times faster than ``torch._dynamo.export`` on
     transformers' models (BERT-base: ~1.2 s vs 5-6 s), it serves forwards that change nothing in
     place and whose every op converts; dynamo's torch-level graph serves the others (its
     unsupported-op errors name torch's functions, and it tracks writes into inputs)."""
     if fs.var_positional is not None:
-        return None, "a forward of *args"
+        return None, "a forward of *args", None
     with _quiet(), _no_fastpaths(), _state_kept(model):
         try:
             ep = torch.export.export(model, tuple(args), kwargs, strict=False)
         except Exception as exc:  # noqa: BLE001 - any failure: dynamo's capture decides
-            return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", None
         sig = ep.graph_signature
         if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
-            return None, "the forward changes inputs or buffers in place"
+            return None, "the forward changes inputs or buffers in place", None
         gm = _unguarded(ep.module())
     graph = gm.graph
     try:
@@ -309,15 +341,18 @@ def _aten_capture(model: torch.nn.Module, fs: Any, args: list[Any], kwargs: dict
         raise UnsupportedError(f"{name}: {exc}: taskmap's graphs are functional and do not track which tensors "
                                "share memory; write out of place (h = h + 1) or clone the view") from None
     if unsafe:
-        return None, unsafe
+        return None, unsafe, None
     cap = Capture("export", tuple(graph._codegen.pytree_info.orig_args), graph._codegen, tracer="torch.export")
+    examples = cap.flat_inputs(arguments)
     try:
-        imported = import_fx(gm, cap.flat_inputs(arguments), fallback=False, name=name)
+        imported = import_fx(gm, examples, fallback=False, name=name)
     except UnsupportedOpsError as exc:
-        return None, "; ".join(f"{op}" + (f" ({why})" if why else "") for op, _, why in exc.ops)
+        retry = not all(op.startswith(_NO_RETRY) for op, _, _ in exc.ops)
+        return None, "; ".join(f"{op}" + (f" ({why})" if why else "") for op, _, why in exc.ops), \
+            _Refused(gm, cap, examples, exc, retry)
     except UnsupportedError as exc:
-        return None, str(exc).splitlines()[0]
-    return (imported, cap), ""
+        return None, str(exc).splitlines()[0], None
+    return (imported, cap), "", None
 
 
 def _unguarded(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
