@@ -133,6 +133,10 @@ class FusionError(TaskmapError, ValueError):
     an anchor kernel; the message says why.  Callers fall back to separate kernels."""
 
 
+class ComplexTensorError(UnsupportedError):
+    """An op whose result is a complex tensor: graphs have no complex dtype."""
+
+
 class CaptureError(UnsupportedError):
     """A PyTorch model that cannot be captured as one graph (``taskmap.compile`` needs its whole
     forward: data-dependent control flow, ``.item()`` / ``.tolist()`` feeding Python, ...)."""
@@ -160,12 +164,15 @@ class UnsupportedOpsError(UnsupportedError):
     ``(op, where, reason)`` triple each); the message names every one and how to run the model
     anyway (``fallback=True`` runs those parts in PyTorch)."""
 
-    def __init__(self, ops: Sequence[tuple[str, str, str]]):
+    FALLBACK_HINT = "Pass fallback=True to taskmap.compile (the default under torch.compile) to run them in PyTorch."
+
+    def __init__(self, ops: Sequence[tuple[str, str, str]], hint: str = FALLBACK_HINT):
         super().__init__(list(ops))
         self.ops = list(ops)
+        self.hint = hint
 
     def __str__(self) -> str:
         lines = [f"{len(self.ops)} unsupported operator(s):"]
         lines += [f"  {op} at {where}" + (f": {reason}" if reason else "") for op, where, reason in self.ops]
-        lines.append("Pass fallback=True to taskmap.compile (the default under torch.compile) to run them in PyTorch.")
+        lines.append(self.hint)
         return "\n".join(lines)

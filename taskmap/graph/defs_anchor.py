@@ -7,7 +7,7 @@ import sys
 from typing import Any, Sequence
 
 from .. import ops
-from ..errors import OpError
+from ..errors import ComplexTensorError, OpError
 from ..ir.dtypes import ScalarType, i64, scalar_type
 from .attrs import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, Conv2dAttrs, InputRef, MatmulAttrs, NormAttrs,
                     Pool2dAttrs, ReduceAttrs, ReduceFn, TopkAttrs, TorchAttrs)
@@ -199,7 +199,10 @@ def _infer_torch(xs: Sequence[Any], a: TorchAttrs) -> Spec:
 
 
 def _scalar_of(dtype: Any) -> ScalarType:
-    return scalar_type(str(dtype).replace("torch.", ""))
+    name = str(dtype).replace("torch.", "")
+    if name.startswith("complex"):
+        raise ComplexTensorError(f"the op's result is a {name} tensor")
+    return scalar_type(name)
 
 
 def _infer_scan(xs: Sequence[Any], a: AxisAttrs) -> Spec:

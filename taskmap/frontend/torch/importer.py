@@ -28,7 +28,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ...errors import IRError, UnsupportedError, UnsupportedOpsError
+from ...errors import ComplexTensorError, IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
                ops_tensor, ops_upsample)
@@ -117,6 +117,30 @@ RANDOM_OPS = frozenset({
     "poisson", "native_dropout"})
 
 
+class _ComplexValue:
+    """The value of an op that computes with complex tensors: a graph has no complex dtype, so
+    it (and what depends on it) is not imported; the ops are named in one error at the end."""
+
+
+_COMPLEX = _ComplexValue()
+COMPLEX_REASON = "complex tensors: taskmap's graphs have no complex dtype"
+COMPLEX_HINT = ("taskmap's graphs have no complex dtype, so fallback=True cannot run these in PyTorch either: "
+                "write the complex arithmetic in real tensors (a rotary embedding as x1 * cos - x2 * sin, "
+                "x1 * sin + x2 * cos), or use torch.compile(model, backend=\"taskmap\"), which runs such a graph "
+                "in PyTorch.")
+
+
+def _complex(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.is_complex() or getattr(v, "dtype", None) in (
+        torch.complex32, torch.complex64, torch.complex128)
+
+
+def _touches_complex(node: torch.fx.Node, args: Any) -> bool:
+    """Whether the op reads a complex constant or its result (per PyTorch's metadata) is complex."""
+    return any(_complex(v) for v in pytree.tree_leaves(args)) or \
+        any(_complex(m) for m in _meta_leaves(_meta(node) if _meta(node) is not None else node.meta.get("val")))
+
+
 def _random(target: Any) -> bool:
     name = target.overloadpacket.__name__ if isinstance(target, torch._ops.OpOverload) else \
         target if isinstance(target, str) else getattr(target, "__name__", "")
@@ -142,6 +166,7 @@ class Importer:
         self.env: dict[torch.fx.Node, Any] = {}
         self.consts: dict[int, tuple[Any, Tensor]] = {}
         self.unsupported: list[tuple[str, str, str]] = []
+        self.complex_ops: list[tuple[str, str, str]] = []     # ops computing with complex tensors
         self.aliases: Aliases | None = None          # built at the first in-place op
 
     def run(self) -> Imported:
@@ -170,6 +195,9 @@ class Importer:
             else:
                 self.env[node] = self._call(node)
                 self._check_meta(node)
+        if self.complex_ops:
+            raise UnsupportedOpsError(self.complex_ops + [u for u in self.unsupported if not self.fallback],
+                                      hint=COMPLEX_HINT)
         if self.unsupported and not self.fallback:
             raise UnsupportedOpsError(self.unsupported)
         assert out_node is not None
@@ -204,6 +232,8 @@ class Importer:
         obj: Any = self.gm
         for part in str(node.target).split("."):
             obj = getattr(obj, part)
+        if _complex(obj):
+            return obj                  # read by folded ops only (else the op is named as complex)
         return self._const(obj, str(node.target)) if isinstance(obj, torch.Tensor) else obj
 
     def _call(self, node: torch.fx.Node) -> Any:
@@ -219,7 +249,13 @@ class Importer:
             raise UnsupportedError(f"{where(node)}: {target_name(node)}: dynamo traced a torch.vmap (or another "
                                    "torch.func transform) into this graph; taskmap's graph ops cannot hold "
                                    "functorch's batching levels")
-        if not _has_dynamic((args, kwargs)) and not _random(target):
+        if any(v is _COMPLEX for v in pytree.tree_leaves((args, kwargs))):
+            return _COMPLEX             # downstream of a complex op (named there)
+        dynamic = _has_dynamic((args, kwargs))
+        if dynamic and _touches_complex(node, (args, kwargs)):
+            self.complex_ops.append((target_name(node), where(node), COMPLEX_REASON))
+            return _COMPLEX
+        if not dynamic and not _random(target):
             result = self._fold(node, target, args, kwargs)
             self._rebind_inplace(node, target, result)
             return result
@@ -306,7 +342,7 @@ class Importer:
             out = getattr(a[0], target)(*a[1:], **kw)
         else:
             out = _FUNCTIONAL.get(target, target)(*a, **kw)
-        return pytree.tree_map(lambda v: self._const(v) if isinstance(v, torch.Tensor) else v, out)
+        return pytree.tree_map(lambda v: self._const(v) if isinstance(v, torch.Tensor) and not _complex(v) else v, out)
 
     def _torch_op(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
         """An opaque op run by PyTorch, with the node's recorded output shapes."""
@@ -326,6 +362,10 @@ class Importer:
         specs = [(tuple(m.shape), from_torch_dtype(m.dtype)) for m in leaves] if leaves else None
         try:
             outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=specs)
+        except ComplexTensorError:
+            self.unsupported.pop()                   # named once, as complex
+            self.complex_ops.append((target_name(node), where(node), COMPLEX_REASON))
+            return _COMPLEX
         except (NotImplementedError, RuntimeError) as e:   # no meta kernel, or `.item()`: sizes from values
             if not isinstance(e, NotImplementedError) and "meta tensors" not in str(e) and \
                     "data-dependent" not in str(e):
