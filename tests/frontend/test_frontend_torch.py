@@ -848,6 +848,84 @@ def test_transformer_layers(norm_first, act, batch_first):
     check(M(), x, pad)
 
 
+class FastPath(nn.Module):
+    """PyTorch's eval-mode fused encoder layer, which dynamo records with grad off (its attention
+    module is inlined as ``F.multi_head_attention_forward`` instead)."""
+
+    def __init__(self, norm_first, act, mask):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, activation=act, batch_first=True, norm_first=norm_first)
+        self.mask = mask
+
+    def forward(self, x, m):
+        return self.layer(x, **{"src_key_padding_mask" if self.mask == "padding" else "src_mask": m})
+
+
+def masks(kind):
+    if kind == "padding":
+        m = torch.zeros(3, 10, dtype=torch.bool)
+        m[1, 7:] = True
+        return m
+    return torch.triu(torch.full((10, 10), float("-inf")), 1)
+
+
+@pytest.mark.parametrize("norm_first, act, mask", [(False, "relu", "padding"), (True, "gelu", "causal")])
+def test_torch_compile_of_the_fused_encoder_layer(norm_first, act, mask):
+    """``torch._transformer_encoder_layer_fwd`` converts: the layer compiles under torch.compile
+    (``fallback=False`` would raise on any op left to PyTorch)."""
+    torch.manual_seed(0)
+    model, x, m = FastPath(norm_first, act, mask).eval(), torch.randn(3, 10, 32), masks(mask)
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return gm
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=spy)(x, m)
+        assert any("_transformer_encoder_layer_fwd" in t for t in seen)
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="taskmap", options={"fallback": False})(x, m)
+        want = model(x, m)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+class NativeMHA(nn.Module):
+    """``torch._native_multi_head_attention`` called as ``nn.MultiheadAttention``'s fast path does."""
+
+    def __init__(self, mask_type, need_weights, average):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.mask_type, self.need_weights, self.average = mask_type, need_weights, average
+
+    def forward(self, x, m):
+        a = self.mha
+        return torch._native_multi_head_attention(x, x, x, 32, 4, a.in_proj_weight, a.in_proj_bias, a.out_proj.weight,
+                                                  a.out_proj.bias, m, self.need_weights, self.average, self.mask_type)
+
+
+@pytest.mark.parametrize("mask_type, need_weights, average", [(None, False, True), (0, True, True), (1, True, False),
+                                                              (2, True, True)])
+def test_native_multi_head_attention(mask_type, need_weights, average):
+    torch.manual_seed(0)
+    x = torch.randn(3, 10, 32)
+    pad = torch.zeros(3, 10).masked_fill(masks("padding"), float("-inf"))
+    m = {None: None, 0: masks("causal"), 1: masks("padding"),      # 2: merged as merge_masks does (0 / -inf)
+         2: masks("causal").expand(3, 4, 10, 10) + pad.view(3, 1, 1, 10)}[mask_type]
+    model = NativeMHA(mask_type, need_weights, average).eval()
+    fast = taskmap.compile(model, progress=False)
+    got = fast(x, m)
+    with torch.no_grad():
+        want = model(x, m)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    if need_weights:
+        torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
+    else:
+        assert got[1] is None and want[1] is None
+    assert "run by PyTorch" not in fast.summary()
+
+
 @settings(max_examples=5, deadline=None)
 @given(shapes(min_dims=2, max_dims=4, max_side=9), st.integers(0, 3), st.booleans())
 def test_random_shapes(shape, axis, keepdim):

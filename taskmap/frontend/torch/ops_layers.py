@@ -243,12 +243,68 @@ def transformer_encoder_layer(cv: Converter, m: nn.TransformerEncoderLayer, src:
     def norm(k: int, x: Tensor) -> Tensor:
         return layer_norm(sub(f"norm{k}"), getattr(m, f"norm{k}"), x)
 
-    x = src
-    if m.norm_first:
+    return _encoder_layer(cv, src, m.norm_first, sa, ff, norm)
+
+
+def _encoder_layer(cv: Converter, x: Tensor, norm_first: bool, sa: Any, ff: Any, norm: Any) -> Tensor:
+    """A transformer encoder layer's residual structure around its self-attention ``sa``, feed-
+    forward ``ff`` and layer norms ``norm(1 | 2, x)``."""
+    if norm_first:
         x = cv.binary(BinaryFn.ADD, x, sa(norm(1, x)))
         return cv.binary(BinaryFn.ADD, x, ff(norm(2, x)))
     x = norm(1, cv.binary(BinaryFn.ADD, x, sa(x)))
     return norm(2, cv.binary(BinaryFn.ADD, x, ff(x)))
+
+
+def _fast_path_masks(mask: Any, mask_type: Any) -> tuple[Any, Any]:
+    """(attention mask, key padding mask) of the fused ops' merged ``mask``: type 0 an ``(L, S)``
+    attention mask, 1 an ``(N, S)`` key padding mask, 2 an ``(N, H, L, S)`` merged one."""
+    if mask is None:
+        return None, None
+    if mask_type == 1:
+        return None, mask
+    if mask_type in (0, 2):
+        return mask, None
+    raise NotConvertible(f"mask_type {mask_type!r}")
+
+
+@register(torch._native_multi_head_attention)
+def native_multi_head_attention(cv: Converter, query: Tensor, key: Tensor, value: Tensor, embed_dim: int,
+                                num_head: int, qkv_weight: Tensor, qkv_bias: Tensor, proj_weight: Tensor,
+                                proj_bias: Tensor, mask: Any = None, need_weights: bool = True,
+                                average_attn_weights: bool = True, mask_type: Any = None) -> tuple[Any, Any]:
+    """``nn.MultiheadAttention``'s eval-mode fast path (what dynamo records under torch.compile
+    with grad off): batch-first inputs, the packed projections."""
+    attn_mask, pad = _fast_path_masks(mask, mask_type)
+    return _attention(cv, query, key, value, int(num_head), qkv_weight, qkv_bias, proj_weight, proj_bias, pad,
+                      need_weights, attn_mask, average_attn_weights, False)
+
+
+@register(torch._transformer_encoder_layer_fwd)
+def transformer_encoder_layer_fwd(cv: Converter, src: Tensor, embed_dim: int, num_heads: int, qkv_weight: Tensor,
+                                  qkv_bias: Tensor, proj_weight: Tensor, proj_bias: Tensor, use_gelu: bool,
+                                  norm_first: bool, eps: float, norm_weight_1: Tensor, norm_bias_1: Tensor,
+                                  norm_weight_2: Tensor, norm_bias_2: Tensor, ffn_weight_1: Tensor,
+                                  ffn_bias_1: Tensor, ffn_weight_2: Tensor, ffn_bias_2: Tensor, mask: Any = None,
+                                  mask_type: Any = None) -> Tensor:
+    """``nn.TransformerEncoderLayer``'s eval-mode fast path (dynamo records it under torch.compile
+    with grad off; ``taskmap.compile`` captures with the fast path off): batch-first, exact GELU or
+    ReLU."""
+    attn_mask, pad = _fast_path_masks(mask, mask_type)
+    norms = ((norm_weight_1, norm_bias_1), (norm_weight_2, norm_bias_2))
+
+    def sa(x: Tensor) -> Tensor:
+        return _attention(cv, x, x, x, int(num_heads), qkv_weight, qkv_bias, proj_weight, proj_bias, pad, False,
+                          attn_mask, True, False)[0]
+
+    def ff(x: Tensor) -> Tensor:
+        y = cv.unary(UnaryFn.GELU if use_gelu else UnaryFn.RELU, linear(cv, x, ffn_weight_1, ffn_bias_1))
+        return linear(cv, y, ffn_weight_2, ffn_bias_2)
+
+    def norm(k: int, x: Tensor) -> Tensor:
+        return layer_norm(cv, x, (int(embed_dim),), *norms[k - 1], eps)
+
+    return _encoder_layer(cv, src, norm_first, sa, ff, norm)
 
 
 @register(nn.TransformerEncoder)
