@@ -176,13 +176,15 @@ x3 = torch.randn(2, 8, 17)
     nn.Conv1d(8, 4, 3, padding=1), nn.Conv1d(8, 4, 5, stride=2, groups=4, bias=False), nn.Conv1d(8, 6, 3, dilation=2),
     nn.Conv1d(8, 4, 4, padding="same"), nn.MaxPool1d(2), nn.MaxPool1d(3, 2, 1, ceil_mode=True), nn.AvgPool1d(3, 2),
     nn.AvgPool1d(4, 3, 2, count_include_pad=False), nn.AdaptiveAvgPool1d(5), nn.BatchNorm1d(8),
+    nn.AdaptiveMaxPool1d(6), nn.ConvTranspose1d(8, 4, 4, stride=2, padding=1),
+    nn.ConvTranspose1d(8, 6, 3, stride=3, padding=2, output_padding=1, groups=2, dilation=2),
 ], ids=lambda m: type(m).__name__)
 def test_one_d_layers(layer):
     if isinstance(layer, nn.BatchNorm1d):
         with torch.no_grad():
             layer.running_mean.copy_(torch.randn(8))
     check(layer, x3, rtol=1e-4, atol=1e-5)
-    if isinstance(layer, nn.Conv1d):
+    if isinstance(layer, (nn.Conv1d, nn.ConvTranspose1d, nn.AdaptiveMaxPool1d)):
         check(layer, x3[0], rtol=1e-4, atol=1e-5)       # unbatched (C, L)
 
 

@@ -140,6 +140,10 @@ MATMULS = [
     (lambda i, a, b: torch.addmm(i, a, b, beta=0.5, alpha=2.0), [(4,), (3, 8), (8, 4)]),
     (lambda i, a, b: torch.baddbmm(i, a, b, alpha=0.25), [(2, 3, 4), (2, 3, 8), (2, 8, 4)]),
     (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), [(1, 2, 16, 8)] * 3),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), [(2, 6, 16, 8), (2, 2, 12, 8),
+                                                                               (2, 2, 12, 8)]),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+     [(6, 16, 8), (3, 16, 8), (3, 16, 8)]),
 ]
 
 

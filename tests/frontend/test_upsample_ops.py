@@ -15,16 +15,16 @@ from taskmap.errors import UnsupportedOpsError
 
 
 @given(h=st.integers(1, 13), w=st.integers(1, 13), oh=st.integers(1, 29), ow=st.integers(1, 29),
-       mode=st.sampled_from(["nearest", "bilinear", "bilinear_ac"]))
-@settings(max_examples=25, deadline=None)
+       mode=st.sampled_from(["nearest", "nearest-exact", "bilinear", "bilinear_ac", "bicubic", "bicubic_ac", "area"]))
+@settings(max_examples=40, deadline=None)
 def test_interpolate_to_any_size(h, w, oh, ow, mode):
     x = torch.randn(2, 3, h, w)
-    kwargs = {"mode": "bilinear", "align_corners": True} if mode == "bilinear_ac" else {"mode": mode}
+    kwargs = {"mode": mode[:-3], "align_corners": True} if mode.endswith("_ac") else {"mode": mode}
     check(Fn(lambda t: F.interpolate(t, size=(oh, ow), **kwargs)), x, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("scale", [2, 3, 0.5, 1.7, (2, 1.5)])
-@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bicubic"])
 def test_interpolate_by_scale_factor(scale, mode):
     check(Fn(lambda t: F.interpolate(t, scale_factor=scale, mode=mode)), x4, atol=1e-5)
     check(Fn(lambda t: F.interpolate(t, scale_factor=scale, mode=mode, recompute_scale_factor=True)), x4, atol=1e-5)
@@ -49,8 +49,13 @@ def test_nearest_upsampling_by_an_integer_factor_is_a_broadcast():
 
 def test_unsupported_interpolation_is_named():
     with pytest.raises(UnsupportedOpsError) as e:
-        taskmap.compile(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="bicubic")), x4, progress=False)
-    assert "bicubic" in str(e.value)
+        taskmap.compile(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="bicubic", antialias=True)), x4,
+                        progress=False)
+    assert "antialias" in str(e.value)
+    with pytest.raises(UnsupportedOpsError) as e:
+        taskmap.compile(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="area")), torch.randn(2, 3, 5),
+                        progress=False)
+    assert "interpolate(mode='area') of a 3-d tensor" in str(e.value)
 
 
 @pytest.mark.parametrize("cin, cout, k, s, p, op, g, d", [

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, OpKind, PadAttrs, ReduceAttrs, ReduceFn, Tensor, UnaryFn, WhereAttrs
-from .ops_nn import (adaptive_avg_pool2d, avg_pool2d, conv2d, conv_module, layer_norm, linear, max_pool2d,
-                     max_pool_module)
+from .ops_nn import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, conv2d, conv_module, layer_norm, linear,
+                     max_pool2d, max_pool_module)
+from .ops_upsample import conv_transpose2d
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
@@ -126,6 +127,32 @@ def adaptive_avg_pool1d(cv: Converter, x: Any, output_size: Any = None) -> Tenso
         x, output_size = output_size, x.output_size
     x2, lead = _as_2d(cv, x, "adaptive_avg_pool1d")
     return _back(cv, adaptive_avg_pool2d(cv, x2, (1, _one(output_size))), x, lead)
+
+
+@register(F.adaptive_max_pool1d, torch.adaptive_max_pool1d, nn.AdaptiveMaxPool1d)
+def adaptive_max_pool1d(cv: Converter, x: Any, output_size: Any = None, return_indices: bool = False) -> Tensor:
+    if isinstance(x, nn.Module):
+        x, output_size, return_indices = output_size, x.output_size, x.return_indices
+    if return_indices:
+        raise NotConvertible("adaptive_max_pool1d(return_indices=True)")
+    x2, lead = _as_2d(cv, x, "adaptive_max_pool1d")
+    return _back(cv, adaptive_max_pool2d(cv, x2, (1, _one(output_size))), x, lead)
+
+
+@register(F.conv_transpose1d, torch.conv_transpose1d, nn.ConvTranspose1d)
+def conv_transpose1d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
+                     output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    if isinstance(x, nn.Module):
+        m, x = x, weight
+        x, weight, bias, stride, padding, dilation, groups = conv_module(cv, m, x)
+        output_padding = m.output_padding
+    if isinstance(padding, str):
+        raise NotConvertible("conv_transpose1d with string padding")
+    x2, lead = _as_2d(cv, x, "conv_transpose1d")
+    w2 = cv.reshape(weight, (weight.shape[0], weight.shape[1], 1, weight.shape[2]))
+    y = conv_transpose2d(cv, x2, w2, bias, (1, _one(stride)), (0, _one(padding)), (0, _one(output_padding)), groups,
+                         (1, _one(dilation)))
+    return _back(cv, y, x, lead)
 
 
 # ----------------------------------------------------------------------------- attention layers

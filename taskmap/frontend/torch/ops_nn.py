@@ -216,10 +216,21 @@ def _adaptive(kind: OpKind, *targets: Any) -> Any:
 
 adaptive_avg_pool2d = _adaptive(OpKind.ADAPTIVE_AVG_POOL2D, F.adaptive_avg_pool2d,
                                 torch._C._nn.adaptive_avg_pool2d, nn.AdaptiveAvgPool2d)
-_adaptive(OpKind.ADAPTIVE_MAX_POOL2D, F.adaptive_max_pool2d, nn.AdaptiveMaxPool2d)
+adaptive_max_pool2d = _adaptive(OpKind.ADAPTIVE_MAX_POOL2D, F.adaptive_max_pool2d, nn.AdaptiveMaxPool2d)
 
 
 # ----------------------------------------------------------------------------- attention
+
+
+def _repeat_heads(cv: Converter, t: Tensor, heads: int) -> Tensor:
+    """Grouped-query attention's keys / values ``(..., H_kv, L, D)`` repeated to ``heads`` heads
+    (each one ``heads / H_kv`` times in a row, as ``repeat_interleave``): a broadcast."""
+    *lead, hkv, length, d = t.shape
+    if heads % hkv:
+        raise NotConvertible(f"scaled_dot_product_attention(enable_gqa=True): {heads} query heads are not a "
+                             f"multiple of {hkv} key / value heads")
+    wide = cv.expand(cv.reshape(t, (*lead, hkv, 1, length, d)), (*lead, hkv, heads // hkv, length, d))
+    return cv.reshape(wide, (*lead, heads, length, d))
 
 
 @register(F.scaled_dot_product_attention)
@@ -227,8 +238,8 @@ def sdpa(cv: Converter, q: Tensor, k: Tensor, v: Tensor, attn_mask: Any = None, 
          is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Tensor:
     if dropout_p:
         raise NotConvertible("scaled_dot_product_attention with dropout")
-    if enable_gqa:
-        raise NotConvertible("scaled_dot_product_attention(enable_gqa=True)")
+    if enable_gqa and k.ndim >= 3 and q.ndim == k.ndim and k.shape[-3] != q.shape[-3]:
+        k, v = (_repeat_heads(cv, t, q.shape[-3]) for t in (k, v))
     ins = [q, k, v] + ([attn_mask] if attn_mask is not None else [])
     return cv.op(OpKind.ATTENTION, ins, AttentionAttrs(bool(is_causal), None if scale is None else float(scale),
                                                        attn_mask is not None))

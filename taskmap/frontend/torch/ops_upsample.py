@@ -1,12 +1,14 @@
-"""Registry: upsampling — ``interpolate`` / ``nn.Upsample`` (nearest, and linear / bilinear /
-trilinear with or without ``align_corners``) and ``conv_transpose2d`` — composed from taskmap ops.
+"""Registry: upsampling — ``interpolate`` / ``nn.Upsample`` (nearest, nearest-exact, area, and
+linear / bilinear / trilinear / bicubic with or without ``align_corners``) and ``conv_transpose2d``
+(``conv_transpose1d`` is one of these: :mod:`.ops_layers`) — composed from taskmap ops.
 
-Interpolation is separable: along each spatial axis a gather at constant source indices (two,
-blended by constant weights, for the linear modes; nearest upsampling by an integer factor is a
-broadcast instead), all injective, so it fuses into the kernel that consumes it.  A transposed
-convolution is a convolution of stride 1 over the input with ``stride - 1`` zeros inserted
-between its elements (a reshape, a pad and a reshape), padded by ``dilation * (k - 1) - padding``,
-with the weights' in / out channels swapped and their taps reversed."""
+Interpolation is separable: along each spatial axis a gather at constant source indices (two
+for the linear modes, four for bicubic, blended by constant weights; nearest upsampling by an
+integer factor is a broadcast instead), all injective, so it fuses into the kernel that consumes
+it.  ``area`` is adaptive average pooling.  A transposed convolution is a convolution of stride 1
+over the input with ``stride - 1`` zeros inserted between its elements (a reshape, a pad and a
+reshape), padded by ``dilation * (k - 1) - padding``, with the weights' in / out channels swapped
+and their taps reversed."""
 from __future__ import annotations
 
 import math
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, Conv2dAttrs, OpKind, PadAttrs, SliceAttrs, Tensor
 from .ops_composite import _repeat_each
-from .ops_nn import _pair, conv_module
+from .ops_nn import _pair, adaptive_avg_pool2d, conv_module
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
@@ -53,7 +55,8 @@ def _gather_axis(cv: Converter, x: Tensor, axis: int, index: np.ndarray) -> Tens
     return cv.op(OpKind.GATHER, [x, cv.expand(idx, out)], AxisAttrs(axis))
 
 
-def _nearest(cv: Converter, x: Tensor, outs: list[int], scales: list[float]) -> Tensor:
+def _nearest(cv: Converter, x: Tensor, outs: list[int], scales: list[float], exact: bool = False) -> Tensor:
+    """``nearest`` picks source ``floor(dst * scale)``, ``nearest-exact`` ``floor((dst + 0.5) * scale)``."""
     for k, (o, s) in enumerate(zip(outs, scales)):
         axis, n = 2 + k, x.shape[2 + k]
         if o == n:
@@ -61,45 +64,84 @@ def _nearest(cv: Converter, x: Tensor, outs: list[int], scales: list[float]) -> 
         if o % n == 0 and np.isclose(s * (o // n), 1.0):       # an integer factor: a broadcast
             x = _repeat_each(cv, x, axis, o // n)
             continue
-        src = np.minimum(np.floor(np.arange(o, dtype=np.float32) * np.float32(s)), n - 1)
+        dst = np.arange(o, dtype=np.float32) + np.float32(0.5 if exact else 0.0)
+        src = np.minimum(np.floor(dst * np.float32(s)), n - 1)
         x = _gather_axis(cv, x, axis, src)
     return x
 
 
-def _linear(cv: Converter, x: Tensor, outs: list[int], scales: list[float], align_corners: bool) -> Tensor:
-    """Separable linear interpolation, one spatial axis at a time (torch's source indices)."""
+def _source(dst: np.ndarray, n: int, o: int, s: float, align_corners: bool, cubic: bool) -> np.ndarray:
+    """torch's source coordinate of each output position (``area_pixel_compute_source_index``, in
+    f32): ``dst * (n - 1) / (o - 1)`` with ``align_corners``, else ``s * (dst + 0.5) - 0.5``,
+    clamped at 0 for the linear modes (not for the cubic one)."""
+    if align_corners:
+        return dst * np.float32((n - 1) / (o - 1) if o > 1 else 0.0)
+    src = np.float32(s) * (dst + np.float32(0.5)) - np.float32(0.5)
+    return src if cubic else np.maximum(src, np.float32(0.0))
+
+
+#: The cubic convolution kernel's ``A`` (Keys' kernel as PyTorch and OpenCV use it).
+CUBIC_A = -0.75
+
+
+def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    """Weights of the taps ``i - 1 .. i + 2`` at fraction ``t`` (torch's
+    ``get_cubic_upsample_coefficients``, in f32)."""
+    a = np.float32(CUBIC_A)
+
+    def near(x: np.ndarray) -> np.ndarray:        # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:         # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    one = np.float32(1.0)
+    return [far(t + one), near(t), near(one - t), far(one - t + one)]
+
+
+def _separable(cv: Converter, x: Tensor, outs: list[int], scales: list[float], align_corners: bool,
+               cubic: bool) -> Tensor:
+    """Separable linear or cubic interpolation, one spatial axis at a time: per output position a
+    weighted sum of 2 (linear) or 4 (cubic) source positions, clamped to the edges (torch's
+    source indices and weights)."""
     for k, (o, s) in enumerate(zip(outs, scales)):
         axis, n = 2 + k, x.shape[2 + k]
-        dst = np.arange(o, dtype=np.float32)
-        if align_corners:
-            src = dst * np.float32((n - 1) / (o - 1) if o > 1 else 0.0)
+        src = _source(np.arange(o, dtype=np.float32), n, o, s, align_corners, cubic)
+        i0 = np.floor(src)
+        t = (src - i0).astype(np.float32)
+        i0 = i0.astype(np.int64)
+        if cubic:
+            taps = [(np.clip(i0 + d, 0, n - 1), w) for d, w in zip((-1, 0, 1, 2), _cubic_weights(t))]
         else:
-            src = np.maximum(np.float32(s) * (dst + np.float32(0.5)) - np.float32(0.5), np.float32(0.0))
-        i0 = np.minimum(np.floor(src), n - 1).astype(np.int64)
-        i1 = np.minimum(i0 + 1, n - 1)
-        l1 = (src - i0).astype(np.float32)
+            i0 = np.minimum(i0, n - 1)
+            taps = [(i0, np.float32(1.0) - t), (np.minimum(i0 + 1, n - 1), t)]
         shape = [1] * x.ndim
         shape[axis] = o
-        w1 = cv.const(l1.reshape(shape))
-        w0 = cv.const((np.float32(1.0) - l1).reshape(shape))
-        x = cv.binary(BinaryFn.ADD, cv.binary(BinaryFn.MUL, _gather_axis(cv, x, axis, i0), w0),
-                      cv.binary(BinaryFn.MUL, _gather_axis(cv, x, axis, i1), w1))
+        terms = [cv.binary(BinaryFn.MUL, _gather_axis(cv, x, axis, i), cv.const(w.astype(np.float32).reshape(shape)))
+                 for i, w in taps]
+        x = terms[0]
+        for term in terms[1:]:
+            x = cv.binary(BinaryFn.ADD, x, term)
     return x
 
 
 def _interpolate(cv: Converter, x: Tensor, size: Any, scale_factor: Any, mode: str, align_corners: Any,
                  recompute: Any) -> Tensor:
-    linear = {"linear": 1, "bilinear": 2, "trilinear": 3}
-    if mode == "nearest":
+    spatial = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+    if mode in ("nearest", "nearest-exact"):
         outs, scales = _out_sizes(x, size, scale_factor, recompute)
-        return _nearest(cv, x, outs, scales)
-    if linear.get(mode) == x.ndim - 2:
+        return _nearest(cv, x, outs, scales, mode == "nearest-exact")
+    if mode == "area":             # torch: adaptive average pooling to the output size
+        outs, _ = _out_sizes(x, size, scale_factor, recompute)
+        if x.ndim != 4:
+            raise NotConvertible(f"interpolate(mode='area') of a {x.ndim}-d tensor (4-d is supported)")
+        return adaptive_avg_pool2d(cv, x, tuple(outs))
+    if spatial.get(mode) == x.ndim - 2:
         outs, scales = _out_sizes(x, size, scale_factor, recompute)
         if not x.dtype.is_float:
             raise NotConvertible(f"{mode} interpolation of a {x.dtype.name} tensor")
-        return _linear(cv, x, outs, scales, bool(align_corners))
-    raise NotConvertible(f"interpolate(mode={mode!r}) of a {x.ndim}-d tensor (nearest, and (bi/tri)linear "
-                         "on 3/4/5-d tensors are supported)")
+        return _separable(cv, x, outs, scales, bool(align_corners), mode == "bicubic")
+    raise NotConvertible(f"interpolate(mode={mode!r}) of a {x.ndim}-d tensor (nearest / nearest-exact, area on 4-d, "
+                         "(bi/tri)linear on 3/4/5-d and bicubic on 4-d tensors are supported)")
 
 
 @register(F.interpolate, F.upsample)
