@@ -7,7 +7,7 @@ padding; the bottom / right is implied by the output size), dilation.  The kerne
 
 Tuning space, in hardware terms: CPU — vector width (full or half registers: unaligned
 full-width loads mostly cross cache lines, and a 512-bit operation is two 256-bit ones on some
-cores) and output rows computed together (they share the loads of the input rows their windows
+cores: the cost model takes the host's measured 512-bit rate, ``Target.vector_fma_rate``) and output rows computed together (they share the loads of the input rows their windows
 cover; more rows, more accumulator registers); GPU — threads per block.  ``cost`` is a
 roofline: the bytes read and written against bandwidth, and per vector of outputs the larger of
 the taps' FMAs (max: three operations) and the loads, plus the staging copy (a few cycles a
@@ -159,15 +159,17 @@ class WindowTemplate:
                 return traffic / bw + outputs * 20 / (clock * cores)
             lanes, group = schedule["lanes"], schedule["rows"]
             vbytes = lanes * p.compute_type.nbytes
-            halves = max(1.0, vbytes / 32)  # 256-bit halves: what the FMA / load pipes take per cycle (two)
+            # vector operations per cycle: two of up to 256 bits; 512-bit ones at the host's
+            # measured rate (one on AMD Zen 4, whose pipes take them as two halves; two on Zen 5)
+            rate = target.vector_fma_rate if vbytes > 32 else 2.0
             vectors = -(-p.ow // lanes)  # per output row (the last one overlapping)
             # per vector of outputs: the taps' FMAs (max: compare, compare, blend) ...
-            compute = p.taps * (3 if p.op == "max" else 1) * halves / 2
+            compute = p.taps * (3 if p.op == "max" else 1) / rate
             # ... against the loads a group of rows shares, unaligned: a load crossing a cache
             # line costs two (most 64-byte loads do, under half of the 32-byte ones)
             loads = p.kw * ((group - 1) * p.sh + (p.kh - 1) * p.dh + 1) / group
             crossing = (vbytes - p.compute_type.nbytes) / target.transaction_bytes
-            cycles = max(compute, loads * halves * (1 + crossing) / 2) + 1  # + the store
+            cycles = max(compute, loads * (1 + crossing) / rate) + 1  # + the store
             # staging, per output row: each staged row costs a few cycles (pads, short and
             # de-interleaving copies; measured ~4) plus its bytes at 32 B a cycle
             chunk = chunk_rows(p, cores)
