@@ -244,11 +244,13 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
         return _Anchor(mp, {"x": x, "wt": wt}, {"x": (n, cin, h, wd), "wt": wshape}, {}, p, direct)
     ops: dict[str, Tensor] = {}
     views: dict[str, tuple[int, ...]] = {}
+    graph_input: dict[int, str] = {}
     if p.pointwise:                   # else the img2col prologue's input (see plan_anchor)
         ops["b"], views["b"] = x, (mp.batch, mp.k, mp.n)
+        graph_input[0] = "b"          # a prologue (SE's x * scale) in B's packing
     if not (a.groups > 1 and n > 1):  # else the per-group weights prologue's input
         ops["a"], views["a"] = w, mp.a_shape
-    return _Anchor(mp, ops, views, {}, p, gemm=gemm)
+    return _Anchor(mp, ops, views, graph_input, p, gemm=gemm)
 
 
 _ANCHORS: "weakref.WeakKeyDictionary[Op, dict[Target, _Anchor | None]]" = weakref.WeakKeyDictionary()

@@ -312,3 +312,31 @@ def test_reshape_only_prologue_reads_its_source(m):
     xv = rand(m, 48, 1, 1)
     (out,) = compiled(graph)(xv)
     np.testing.assert_allclose(out, xv.reshape(m, 48).astype(np.float64) @ w.T + bias, rtol=1e-5, atol=1e-5)
+
+
+class SqueezeExcite(nn.Module):
+    """EfficientNet's squeeze-and-excitation and projection: ``proj(x * s)``, ``s`` per channel."""
+
+    def __init__(self, c=144, r=6, co=24):
+        super().__init__()
+        self.reduce, self.expand, self.proj = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1), nn.Conv2d(c, co, 1)
+
+    def forward(self, x):
+        x = F.silu(x)
+        s = torch.sigmoid(self.expand(F.silu(self.reduce(F.adaptive_avg_pool2d(x, 1)))))
+        return self.proj(x * s)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_pointwise_conv_takes_a_prologue_in_its_packing(n):
+    """A 1x1 convolution on the implicit GEMM reads its input through B's packing: the channel
+    scaling before it (x * s) is spliced there instead of running as a kernel of its own."""
+    model = SqueezeExcite().eval()
+    x = torch.randn(n, 144, 32, 32)
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-5)
+    steps = fast._entry(fast._bind((x,), {})).ready(False).steps
+    proj = [s for s in steps if "binary" in s.name and "conv2d" in s.name]
+    assert len(proj) == 1 and proj[0].kernels[0].__name__ == "matmul_cpu", [s.name for s in steps]
