@@ -411,6 +411,8 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         param = anc.graph_input.get(k)
         if param is None:
             raise FusionError(f"{anchor.name}: input {k} takes no prologue")
+        if anc.conv is not None and any(op.kind is OpKind.CONCAT for op in ops):
+            raise FusionError(f"{anchor.name}: a concatenation's inputs are written in place instead (.concat_place)")
         source = _reshaped(ops, anchor.inputs[k])
         if source is not None:       # only reshapes (views of row-major data): read the source itself
             anc.operands[param] = source

@@ -1,10 +1,11 @@
-"""Hand-written CNNs (torchvision's architectures, random weights) compiled with taskmap.compile
-match eager PyTorch (f32: rtol 1e-3, atol 1e-4)."""
+"""Hand-written CNNs (torchvision's architectures, random weights; EfficientNet-B0 and a U-Net too)
+compiled with taskmap.compile match eager PyTorch (f32: rtol 1e-3, atol 1e-4)."""
 import pytest
 import torch
 
 import taskmap
 from cnn_defs import inception_v3, mobilenet_v2, resnet50
+from more_defs import efficientnet_b0, unet
 
 
 def compare(model, x):
@@ -37,6 +38,32 @@ def test_mobilenet_v2(batch):
 def test_inception_v3(batch):
     torch.manual_seed(0)
     compare(inception_v3(), torch.randn(batch, 3, 299, 299))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 3])
+def test_efficientnet_b0(batch):
+    """SiLU / sigmoid epilogues, squeeze-and-excitation (its x * s a prologue of the projection's
+    packing), 3x3 and 5x5 depthwise convolutions: no op left to PyTorch, fewer steps than ops."""
+    torch.manual_seed(0)
+    fast = compare(efficientnet_b0(), torch.randn(batch, 3, 224, 224))
+    (entry,) = fast.entries.values()
+    steps = entry.ready(False).steps
+    assert "fallback" not in fast.summary() and len(steps) <= 120
+    # every block's x * s: spliced into its 1x1 projection's packing where that runs on the implicit
+    # GEMM; a kernel of its own before a projection on the direct kernel (which reads x in place)
+    kernel = [st.kernels[0].__name__ if st.kernels else "" for st in steps]
+    fused = [i for i, st in enumerate(steps) if st.name.startswith("binary") and "+conv2d" in st.name]
+    alone = [i for i, st in enumerate(steps) if kernel[i] == "binary_cpu"]
+    assert len(fused) + len(alone) == 16 and all(kernel[i] == "matmul_cpu" for i in fused)
+    assert all(kernel[i + 1] == "conv_cpu_cvec" for i in alone)
+
+
+@pytest.mark.slow
+def test_unet():
+    torch.manual_seed(0)
+    fast = compare(unet(), torch.randn(2, 3, 96, 80))
+    assert "fallback" not in fast.summary()
 
 
 @pytest.mark.slow
