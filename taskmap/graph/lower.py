@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends import Target, TargetKind
@@ -217,10 +217,26 @@ def _partly_fused(group: FusionGroup, target: Target, reason: str) -> list[Kerne
 def _plan(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilogue: Sequence[Op],
           target: Target) -> AnchorPlan:
     """The fused kernel of an anchor: its template (:mod:`.lower_template`) or the matmul / conv
-    lowering (:mod:`.lower_anchor`)."""
+    lowering (:mod:`.lower_anchor`).  Reshapes ending the epilogue are views: the kernel writes
+    the tensor before them, seen as it is, into the group's output (same elements in the same
+    order) — spliced in, a reshape's index arithmetic (group norm's ``(N, C, H, W)`` to ``(N, G,
+    C / G * H * W)``) kept a direct convolution's stores scalar: U-Net's first layer 0.45 -> 1.28 ms."""
+    views = 0
+    while views < len(epilogue) and epilogue[len(epilogue) - 1 - views].kind is OpKind.RESHAPE:
+        views += 1
+    if views:
+        kept = epilogue[:len(epilogue) - views]
+        plan = _plan(anchor, prologues, kept, target)
+        return _written_into(plan, kept[-1].output if kept else anchor.output, epilogue[-1].output)
     if template_fusable(anchor, target):
         return plan_template(anchor, prologues, epilogue, target)
     return plan_anchor(anchor, prologues, epilogue, target)
+
+
+def _written_into(plan: AnchorPlan, written: Tensor, into: Tensor) -> AnchorPlan:
+    """``plan`` with ``into`` passed wherever it passes ``written`` (viewed as before)."""
+    return replace(plan, args=tuple(into if a is written else a for a in plan.args),
+                   then=tuple(_written_into(p, written, into) for p in plan.then))
 
 
 def _prologue_inputs(op: Op, target: Target) -> tuple[int, ...]:

@@ -340,3 +340,28 @@ def test_pointwise_conv_takes_a_prologue_in_its_packing(n):
     steps = fast._entry(fast._bind((x,), {})).ready(False).steps
     proj = [s for s in steps if "binary" in s.name and "conv2d" in s.name]
     assert len(proj) == 1 and proj[0].kernels[0].__name__ == "matmul_cpu", [s.name for s in steps]
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_reshapes_ending_an_epilogue_are_views_of_what_the_kernel_writes(relu):
+    """Group norm's ``(N, C, H, W) -> (N, G, -1)`` after a convolution: the conv's kernel (with its
+    element-wise epilogue, if any) writes the reshaped tensor seen in the conv's own shape — the
+    same kernel as without the reshape, no index arithmetic in its stores."""
+    w = rand(32, 3, 3, 3)
+
+    def build(reshape):
+        b = GraphBuilder()
+        x = b.input((1, 3, 40, 40), f32)
+        wt = b.constant(w)
+        y = b.op(OpKind.CONV2D, [x, wt], Conv2dAttrs((1, 1), (1, 1)))
+        if relu:
+            y = b.op(OpKind.UNARY, [y], UnaryAttrs(UnaryFn.RELU))
+        if reshape:
+            y = b.op(OpKind.RESHAPE, [y], ShapeAttrs((1, 8, 4 * 40 * 40)))
+            y = b.op(OpKind.RESHAPE, [y], ShapeAttrs((8, 6400)))
+        return compiled(b.build([y]))
+    cg, plain = build(True), build(False)
+    assert len(cg.steps) == 1 and cg.steps[0].kernels[0].build("cpu").source == \
+        plain.steps[0].kernels[0].build("cpu").source
+    xa = rand(1, 3, 40, 40)
+    np.testing.assert_array_equal(cg(xa)[0], plain(xa)[0].reshape(8, 6400))
