@@ -61,12 +61,16 @@ def test_unsupported_interpolation_is_named():
 @pytest.mark.parametrize("cin, cout, k, s, p, op, g, d", [
     (4, 6, 3, 2, 1, 1, 1, 1), (4, 6, 4, 2, 1, 0, 2, 1), (3, 5, 3, 1, 0, 0, 1, 1), (4, 4, 3, 3, 2, 2, 4, 1),
     (2, 3, 5, 2, 4, 1, 1, 2), (6, 4, 2, 2, 0, 0, 2, 1), (3, 3, 1, 2, 0, 1, 1, 1), (3, 2, 3, 2, 3, 0, 1, 1),
+    (4, 6, 2, 2, 0, 0, 1, 1), (3, 5, 3, 3, 0, 0, 1, 1), (5, 4, 1, 1, 0, 0, 1, 1),     # stride = kernel: 1x1 convs
 ])
 def test_conv_transpose2d(cin, cout, k, s, p, op, g, d):
     m = nn.ConvTranspose2d(cin, cout, k, s, p, op, g, True, d)
-    check(m, torch.randn(2, cin, 7, 9), rtol=1e-4, atol=1e-5)
+    fast = check(m, torch.randn(2, cin, 7, 9), rtol=1e-4, atol=1e-5)
     w = torch.randn(cin, cout // g, k, k)
     check(Fn(lambda t: F.conv_transpose2d(t, w, None, s, p, op, g, d)), torch.randn(1, cin, 5, 6), rtol=1e-4, atol=1e-5)
+    entry = fast._entry(fast._bind((torch.randn(2, cin, 7, 9),), {}))
+    pads = [op_ for op_ in entry.imported.graph.ops if op_.kind.name == "PAD"]
+    assert bool(pads) == bool(s != k or p or op or g > 1 or d > 1)     # no zeros inserted where windows do not overlap
 
 
 def test_unet_style_decoder():

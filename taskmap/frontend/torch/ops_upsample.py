@@ -187,6 +187,20 @@ def _edges(cv: Converter, x: Tensor, axis: int, before: int, after: int) -> Tens
     return x
 
 
+def _unpooling_conv(cv: Converter, x: Tensor, weight: Tensor, bias: Any) -> Tensor:
+    """A transposed convolution whose stride is its kernel (U-Net's 2x2 / stride-2 upsampling:
+    the windows do not overlap): each input pixel times the weights gives a ``kh x kw`` block of
+    the output — a 1x1 convolution to ``C_out * kh * kw`` channels, its result moved into place by
+    a reshape / permute (the convolution's epilogue), without the zeros the general form
+    inserts (three quarters of its multiplications at stride 2)."""
+    n, cin, h, w = x.shape
+    _, cout, kh, kw = weight.shape
+    wp = cv.reshape(cv.permute(weight, (1, 2, 3, 0)), (cout * kh * kw, cin, 1, 1))
+    z = cv.reshape(cv.op(OpKind.CONV2D, [x, wp], Conv2dAttrs()), (n, cout, kh, kw, h, w))
+    y = cv.reshape(cv.permute(z, (0, 1, 4, 2, 5, 3)), (n, cout, h * kh, w * kw))
+    return y if bias is None else cv.binary(BinaryFn.ADD, y, cv.reshape(bias, (1, cout, 1, 1)))
+
+
 @register(F.conv_transpose2d, torch.conv_transpose2d, nn.ConvTranspose2d)
 def conv_transpose2d(cv: Converter, x: Any, weight: Any = None, bias: Any = None, stride: Any = 1, padding: Any = 0,
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
@@ -199,6 +213,8 @@ def conv_transpose2d(cv: Converter, x: Any, weight: Any = None, bias: Any = None
     stride, padding, output_padding, dilation = map(_pair, (stride, padding, output_padding, dilation))
     cin, cout_g, kh, kw = weight.shape
     g = int(groups)
+    if g == 1 and stride == (kh, kw) and padding == output_padding == (0, 0) and dilation == (1, 1):
+        return _unpooling_conv(cv, x, weight, bias)
     # weights (Cin, Cout/g, kh, kw) -> (Cout, Cin/g, kh, kw), taps reversed
     w = cv.reshape(weight, (g, cin // g, cout_g, kh, kw))
     w = cv.reshape(cv.permute(w, (0, 2, 1, 3, 4)), (g * cout_g, cin // g, kh, kw))
