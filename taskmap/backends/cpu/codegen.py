@@ -38,10 +38,12 @@ class CpuFuncGen(CLikeFuncGen):
 
     FLOAT_BITS = {t: (f"tm_bits_{s}", f"tm_{s}_of_bits") for t, s in
                   (("float32", "f32"), ("float64", "f64"), ("float16", "f16"))}
-    #: f32 erf, tanh and exp are inline approximations (runtime_c.py): no libm call, so gcc
-    #: vectorizes the loops that use them (GELU, sigmoid, SiLU epilogues) and keeps their registers
+    #: f32 erf, tanh, exp, log, log1p and expm1 are inline approximations (runtime_c.py): no libm
+    #: call, so gcc vectorizes the loops that use them (GELU, sigmoid, SiLU, softplus, Mish, ELU
+    #: epilogues) and keeps their registers
     MATH = {**CLikeFuncGen.MATH, E.Intrinsic.ERF: ("tm_erff", "erf"), E.Intrinsic.TANH: ("tm_tanhf", "tanh"),
-            E.Intrinsic.EXP: ("tm_expf", "exp")}
+            E.Intrinsic.EXP: ("tm_expf", "exp"), E.Intrinsic.LOG: ("tm_logf", "log"),
+            E.Intrinsic.LOG1P: ("tm_log1pf", "log1p"), E.Intrinsic.EXPM1: ("tm_expm1f", "expm1")}
     #: float min / max as a compare and a blend (runtime_c.py), which gcc vectorizes: libm's
     #: fminf / fmaxf it calls once per lane
     MIN_MAX = ("tm_fmin", "tm_fmax")

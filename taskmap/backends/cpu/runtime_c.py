@@ -119,8 +119,14 @@ static inline float tm_tanhf(float x) {
    polynomial (schedule/fastmath.py's coefficients), times 2^(n-1) as two powers of two so that
    subnormal results and the overflow to inf come out of the last product, rounded once.  Within
    1 ulp of the correctly rounded result over the whole range; NaN stays NaN, -inf gives 0. */
+/* mask ? a : b with an all-ones / all-zeros mask, as bit operations: gcc keeps a ternary whose
+   operands divide as control flow (the division might trap), which stops vectorization */
+static inline float tm_blendf(uint32_t mask, float a, float b) {
+  return tm_f32_of_bits((tm_bits_f32(a) & mask) | (tm_bits_f32(b) & ~mask));
+}
+static inline uint32_t tm_maskf(int c) { return -(uint32_t)c; }
 """ + exp_poly.c_defines() + r"""static inline float tm_expf(float x) {
-  float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  float c = tm_blendf(tm_maskf(x > 89.0f), 89.0f, tm_blendf(tm_maskf(x < -104.0f), -104.0f, x));
   float t = c * TM_LOG2E + TM_EXP_SHIFTER;
   float n = t - TM_EXP_SHIFTER;
   float r = (c - n * TM_LN2_HI) - n * TM_LN2_LO;
@@ -134,6 +140,57 @@ static inline float tm_tanhf(float x) {
   int32_t k = (int32_t)(tm_bits_f32(t) - 0x4B400000u) - 1;
   int32_t a = k >> 1;
   return q * tm_f32_of_bits((uint32_t)(a + 127) << 23) * tm_f32_of_bits((uint32_t)(k - a + 127) << 23);
+}
+
+/* f32 log, log1p and expm1 without libm calls (softplus, Mish, log-sigmoid, ELU epilogues):
+   log as Cephes' logf — x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) by a degree-8 polynomial
+   of m - 1 — with subnormal inputs scaled first; log1p(x) = log(u) x / (u - 1) with u = 1 + x, and
+   expm1(x) = (u - 1) x / log(u) with u = exp(x) (Goldberg's and Kahan's corrections of the
+   rounding in u).  Within 2 ulp of the correctly rounded results; special values as C's. */
+static inline float tm_logf(float x) {
+  uint32_t tiny = tm_maskf(x < 1.17549435e-38f);
+  float xs = x * tm_f32_of_bits(0x3f800000u + (tiny & (23u << 23)));    /* subnormals times 2^23 */
+  uint32_t b = tm_bits_f32(xs);
+  int32_t e = (int32_t)((b >> 23) & 0xffu) - 126 - (int32_t)(tiny & 23u);
+  float m = tm_f32_of_bits((b & 0x007fffffu) | 0x3f000000u);          /* [0.5, 1) */
+  uint32_t low = tm_maskf(m < 0.707106781186547524f);
+  e += (int32_t)low;                                                  /* -1 where low */
+  float f = m + tm_f32_of_bits(tm_bits_f32(m) & low) - 1.0f;
+  float z = f * f;
+  float y = 7.0376836292e-2f;
+  y = y * f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z;
+  float fe = (float)e;
+  y += -2.12194440e-4f * fe;
+  y += -0.5f * z;
+  float r = f + y + 0.693359375f * fe;
+  r = tm_blendf(tm_maskf(x == 0.0f), -__builtin_inff(), r);
+  r = tm_blendf(tm_maskf(x == __builtin_inff()), x, r);
+  return tm_blendf(tm_maskf(x < 0.0f) | tm_maskf(x != x), __builtin_nanf(""), r);
+}
+static inline float tm_log1pf(float x) {
+  float u = 1.0f + x;
+  float d = u - 1.0f;
+  uint32_t exact = tm_maskf(d == 0.0f);
+  float r = tm_logf(u) * (x / tm_blendf(exact, 1.0f, d));
+  r = tm_blendf(exact, x, r);
+  return tm_blendf(tm_maskf(x == __builtin_inff()), x, r);
+}
+static inline float tm_expm1f(float x) {
+  float u = tm_expf(x);
+  float d = u - 1.0f;
+  float l = tm_logf(u);
+  float r = d * (x / tm_blendf(tm_maskf(l == 0.0f), 1.0f, l));
+  r = tm_blendf(tm_maskf(u == 1.0f), x, r);
+  r = tm_blendf(tm_maskf(d == -1.0f), -1.0f, r);
+  return tm_blendf(tm_maskf(u == __builtin_inff()), u, r);
 }
 
 /* ---- GPU thread-block emulation ------------------------------------------------------------ */
