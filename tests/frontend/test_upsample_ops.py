@@ -36,6 +36,8 @@ def test_upsample_modules_linear_and_trilinear():
     check(nn.UpsamplingBilinear2d(scale_factor=2), x4, atol=1e-5)
     check(nn.UpsamplingNearest2d(size=7), x4)
     check(Fn(lambda t: F.interpolate(t, scale_factor=2.5, mode="linear")), torch.randn(2, 3, 7), atol=1e-5)
+    check(Fn(lambda t: F.interpolate(t, size=4, mode="area")), torch.randn(2, 3, 11), atol=1e-6)
+    check(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="area")), torch.randn(2, 3, 5), atol=1e-6)
     check(Fn(lambda t: F.interpolate(t, size=(3, 4, 5), mode="trilinear")), torch.randn(1, 2, 4, 3, 6), atol=1e-5)
 
 
@@ -53,9 +55,9 @@ def test_unsupported_interpolation_is_named():
                         progress=False)
     assert "antialias" in str(e.value)
     with pytest.raises(UnsupportedOpsError) as e:
-        taskmap.compile(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="area")), torch.randn(2, 3, 5),
+        taskmap.compile(Fn(lambda t: F.interpolate(t, scale_factor=2, mode="area")), torch.randn(1, 2, 3, 4, 5),
                         progress=False)
-    assert "interpolate(mode='area') of a 3-d tensor" in str(e.value)
+    assert "interpolate(mode='area') of a 5-d tensor" in str(e.value)
 
 
 @pytest.mark.parametrize("cin, cout, k, s, p, op, g, d", [

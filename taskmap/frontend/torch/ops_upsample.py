@@ -132,15 +132,18 @@ def _interpolate(cv: Converter, x: Tensor, size: Any, scale_factor: Any, mode: s
         return _nearest(cv, x, outs, scales, mode == "nearest-exact")
     if mode == "area":             # torch: adaptive average pooling to the output size
         outs, _ = _out_sizes(x, size, scale_factor, recompute)
+        if x.ndim == 3:            # (N, C, L) as (N, C, 1, L)
+            y = adaptive_avg_pool2d(cv, cv.reshape(x, (*x.shape[:2], 1, x.shape[2])), (1, outs[0]))
+            return cv.reshape(y, (*x.shape[:2], outs[0]))
         if x.ndim != 4:
-            raise NotConvertible(f"interpolate(mode='area') of a {x.ndim}-d tensor (4-d is supported)")
+            raise NotConvertible(f"interpolate(mode='area') of a {x.ndim}-d tensor (3-d and 4-d are supported)")
         return adaptive_avg_pool2d(cv, x, tuple(outs))
     if spatial.get(mode) == x.ndim - 2:
         outs, scales = _out_sizes(x, size, scale_factor, recompute)
         if not x.dtype.is_float:
             raise NotConvertible(f"{mode} interpolation of a {x.dtype.name} tensor")
         return _separable(cv, x, outs, scales, bool(align_corners), mode == "bicubic")
-    raise NotConvertible(f"interpolate(mode={mode!r}) of a {x.ndim}-d tensor (nearest / nearest-exact, area on 4-d, "
+    raise NotConvertible(f"interpolate(mode={mode!r}) of a {x.ndim}-d tensor (nearest / nearest-exact, area on 3/4-d, "
                          "(bi/tri)linear on 3/4/5-d and bicubic on 4-d tensors are supported)")
 
 
