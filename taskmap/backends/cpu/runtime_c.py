@@ -114,18 +114,19 @@ static inline float tm_tanhf(float x) {
   return fabsf(x) < 0.0004f ? x : c * p / q;
 }
 
-/* f32 exp without a libm call (gcc vectorizes loops of it: sigmoid, SiLU, softplus epilogues):
-   x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two constants), 2 exp(r) as a degree-6
-   polynomial (schedule/fastmath.py's coefficients), times 2^(n-1) as two powers of two so that
-   subnormal results and the overflow to inf come out of the last product, rounded once.  Within
-   1 ulp of the correctly rounded result over the whole range; NaN stays NaN, -inf gives 0. */
-/* mask ? a : b with an all-ones / all-zeros mask, as bit operations: gcc keeps a ternary whose
-   operands divide as control flow (the division might trap), which stops vectorization */
+/* mask ? a : b with an all-ones / all-zeros mask, as bit operations: branch-free whatever the
+   flags (without -fno-trapping-math gcc keeps a ternary whose operands divide as control flow,
+   which stops vectorization) */
 static inline float tm_blendf(uint32_t mask, float a, float b) {
   return tm_f32_of_bits((tm_bits_f32(a) & mask) | (tm_bits_f32(b) & ~mask));
 }
 static inline uint32_t tm_maskf(int c) { return -(uint32_t)c; }
-""" + exp_poly.c_defines() + r"""static inline float tm_expf(float x) {
+""" + exp_poly.c_defines() + r"""/* f32 exp without a libm call (gcc vectorizes loops of it: sigmoid, SiLU, softplus epilogues):
+   x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two constants), 2 exp(r) as a degree-6
+   polynomial (ir/exp_poly.py's coefficients), times 2^(n-1) as two powers of two so that
+   subnormal results and the overflow to inf come out of the last product, rounded once.  Within
+   1 ulp of the correctly rounded result over the whole range; NaN stays NaN, -inf gives 0. */
+static inline float tm_expf(float x) {
   float c = tm_blendf(tm_maskf(x > 89.0f), 89.0f, tm_blendf(tm_maskf(x < -104.0f), -104.0f, x));
   float t = c * TM_LOG2E + TM_EXP_SHIFTER;
   float n = t - TM_EXP_SHIFTER;
@@ -137,7 +138,7 @@ static inline uint32_t tm_maskf(int c) { return -(uint32_t)c; }
   q = q * r + TM_EXP_P2;
   q = q * r + TM_EXP_P1;
   q = q * r + TM_EXP_P0;
-  int32_t k = (int32_t)(tm_bits_f32(t) - 0x4B400000u) - 1;
+  int32_t k = (int32_t)(tm_bits_f32(t) - tm_bits_f32(TM_EXP_SHIFTER)) - 1;
   int32_t a = k >> 1;
   return q * tm_f32_of_bits((uint32_t)(a + 127) << 23) * tm_f32_of_bits((uint32_t)(k - a + 127) << 23);
 }

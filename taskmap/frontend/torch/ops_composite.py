@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ...graph import AxisAttrs, BinaryFn, NormAttrs, OpKind, PadAttrs, ReduceFn, SliceAttrs, Tensor, \
     UnaryFn, WhereAttrs
 from ...ir.dtypes import bool_, i32
-from .ops_nn import _axes, _pair, _reduce
+from .ops_nn import _axes, _pair, _reduce, _repeat_each
 from .ops_tensor import repeat
 from .registry import Converter, NotConvertible, from_torch_dtype, norm_axis, register
 
@@ -459,14 +459,6 @@ def fold(cv: Converter, x: Any, output_size: Any = None, kernel_size: Any = None
         if ph or pw:
             y = cv.slice(cv.slice(y, 2, ph, ph + hh), 3, pw, pw + ww)
     return y if batched else cv.reshape(y, y.shape[1:])
-
-
-def _repeat_each(cv: Converter, x: Tensor, axis: int, times: int) -> Tensor:
-    """Every element of ``axis`` repeated ``times`` times in place (a broadcast, then a reshape)."""
-    shape = x.shape
-    y = cv.reshape(x, (*shape[:axis + 1], 1, *shape[axis + 1:]))
-    y = cv.expand(y, (*shape[:axis + 1], times, *shape[axis + 1:]))
-    return cv.reshape(y, (*shape[:axis], shape[axis] * times, *shape[axis + 1:]))
 
 
 @register(torch.repeat_interleave, "repeat_interleave")

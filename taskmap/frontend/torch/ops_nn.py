@@ -222,15 +222,22 @@ adaptive_max_pool2d = _adaptive(OpKind.ADAPTIVE_MAX_POOL2D, F.adaptive_max_pool2
 # ----------------------------------------------------------------------------- attention
 
 
+def _repeat_each(cv: Converter, x: Tensor, axis: int, times: int) -> Tensor:
+    """Every element of ``axis`` repeated ``times`` times in place (a broadcast, then a reshape)."""
+    shape = x.shape
+    y = cv.reshape(x, (*shape[:axis + 1], 1, *shape[axis + 1:]))
+    y = cv.expand(y, (*shape[:axis + 1], times, *shape[axis + 1:]))
+    return cv.reshape(y, (*shape[:axis], shape[axis] * times, *shape[axis + 1:]))
+
+
 def _repeat_heads(cv: Converter, t: Tensor, heads: int) -> Tensor:
     """Grouped-query attention's keys / values ``(..., H_kv, L, D)`` repeated to ``heads`` heads
-    (each one ``heads / H_kv`` times in a row, as ``repeat_interleave``): a broadcast."""
-    *lead, hkv, length, d = t.shape
+    (each one ``heads / H_kv`` times in a row, as ``repeat_interleave``)."""
+    hkv = t.shape[-3]
     if heads % hkv:
         raise NotConvertible(f"scaled_dot_product_attention(enable_gqa=True): {heads} query heads are not a "
                              f"multiple of {hkv} key / value heads")
-    wide = cv.expand(cv.reshape(t, (*lead, hkv, 1, length, d)), (*lead, hkv, heads // hkv, length, d))
-    return cv.reshape(wide, (*lead, heads, length, d))
+    return _repeat_each(cv, t, t.ndim - 3, heads // hkv)
 
 
 @register(F.scaled_dot_product_attention)

@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, Conv2dAttrs, OpKind, PadAttrs, SliceAttrs, Tensor
-from .ops_composite import _repeat_each
-from .ops_nn import _pair, adaptive_avg_pool2d, conv_module
+from .ops_nn import _pair, _repeat_each, adaptive_avg_pool2d, conv_module
 from .registry import Converter, NotConvertible, register
 
 nn = torch.nn
