@@ -206,6 +206,11 @@ def plan_problem(tp: TemplateProblem, anchor: Op, prologues: Sequence[tuple[int,
         param = tp.graph_input.get(k)
         if param is None or param not in tp.operands:
             raise FusionError(f"{anchor.name}: input {k} takes no prologue")
+        if tp.template is WINDOW and any(op.kind is OpKind.CONCAT for op in ops):
+            # the staging would load every part for each element (DenseNet's transitions: 7 parts
+            # 0.53 ms; as a piecewise injective kernel, then the pool alone, ~0.15 ms)
+            raise FusionError(f"{anchor.name}: a concatenation is written in place, or by its own kernel piece "
+                              "by piece, instead")
         compose(ops, nodes, sources, "p")
         pro_defs[param] = view_as(nodes[anchor.inputs[k]], param, tp.operands[param][1])
     epi_defs: dict[str, TensorNode] = {}

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ..backends import Target, TargetKind, resolve_target
@@ -41,7 +41,7 @@ from ..ir import expr as E
 from ..ir import stmt as S
 from ..ir.expr import Expr, Var, blockIdx, threadIdx
 from ..ir.func import FuncKind, Function, LaunchConfig, Module
-from ..ir.functor import collect, substitute
+from ..ir.functor import IRRewriter, collect, substitute
 from ..ir.mapping import repeat, spatial
 from ..ir.types import TensorType
 from ..runtime.kernel import Kernel
@@ -172,14 +172,61 @@ def _lanes(target: Target, dtype: Any) -> int:
 # ----------------------------------------------------------------------------- CPU rules
 
 
+class _Piece(IRRewriter):
+    """The value on the range ``[lo, hi)`` of output axis ``axis``: each select that tests
+    ``axis < c`` with ``c`` outside the range replaced by the branch it takes there."""
+
+    def __init__(self, axis: Var, lo: int, hi: int) -> None:
+        super().__init__()
+        self.axis, self.lo, self.hi = axis, lo, hi
+
+    def visit_Select(self, s: E.Select) -> Expr:
+        c = _cut(s.cond, self.axis)
+        if c is not None and self.hi <= c:
+            return self.visit(s.a)
+        if c is not None and self.lo >= c:
+            return self.visit(s.b)
+        return self.generic_visit(s)
+
+
+def _cut(cond: Expr, axis: Var) -> int | None:
+    """``c`` when ``cond`` is ``axis < c`` (how a concat picks its part), else None."""
+    if isinstance(cond, E.Compare) and cond.op is E.CmpOp.LT and cond.a is axis and isinstance(cond.b, E.Const):
+        return int(cond.b.value)
+    return None
+
+
+def _pieces(p: Plan) -> tuple[int, list[tuple[int, int]]]:
+    """The output dimension along which the value is piecewise — a concatenation's selects between
+    its parts, ``axis < offset`` — and its pieces ``[lo, hi)``: the dimension with the most cuts,
+    the outer one of a tie (-1 and no pieces when there is none)."""
+    cuts: dict[int, set[int]] = {}
+    for sel in collect(p.value, E.Select):
+        for d, axis in enumerate(p.axes):
+            c = _cut(sel.cond, axis)
+            if c is not None and 0 < c < p.shape[d]:
+                cuts.setdefault(d, set()).add(c)
+    if not cuts:
+        return -1, []
+    d = min(cuts, key=lambda k: (-len(cuts[k]), k))
+    bounds = [0, *sorted(cuts[d]), p.shape[d]]
+    return d, list(zip(bounds, bounds[1:]))
+
+
 def _cpu_injective(p: Plan, t: Target, b: Builder) -> None:
+    """Rows of the output on the cores, each a vector loop over the trailing dimensions.  A value
+    that is piecewise along one dimension (a concatenation's parts, :func:`_pieces`) is computed
+    piece by piece, each reading its own part alone: per row when the dimension is an outer one,
+    as consecutive ranges of the vector loop when it leads the fused trailing dimensions (the
+    vector loop fuses no dimension before it)."""
     shape, n = p.shape, len(p.shape)
     if n == 0:
         b.store(p.out, (), p.at(()))
         return
     lanes = _lanes(t, p.output.dtype)
+    d, ranges = _pieces(p)
     m, inner = 1, shape[-1]
-    while m < n and inner < 4 * lanes:  # fuse small trailing dimensions into the vector loop
+    while m < n - max(d, 0) and inner < 4 * lanes:  # fuse small trailing dimensions into the vector loop
         m += 1
         inner *= shape[n - m]
     outer = list(shape[: n - m])
@@ -189,19 +236,36 @@ def _cpu_injective(p: Plan, t: Target, b: Builder) -> None:
         pieces = min(-(-inner // (4 * lanes)), -(-4 * t.num_cores // rows))
         chunk = -(-(-(-inner // pieces)) // lanes) * lanes
     chunks = -(-inner // chunk)
+    plans = [(lo, hi, replace(p, value=_Piece(p.axes[d], lo, hi).visit(p.value))) for lo, hi in ranges] or \
+        [(0, shape[n - m], p)]
+    lead = math.prod(shape[n - m + 1:])       # vector-loop elements per step of its leading dimension
     workers = spatial(*(outer or [1]), chunks)
     par = math.prod(shape) >= PARALLEL_MIN_WORK and t.num_cores > 1
     with b.mapping(workers.parallel() if par else workers.sequential(), "abcdefgh") as ws:
         o, c = list(ws[:-1]) if outer else [], ws[-1]
-        if chunks == 1:
+        if chunks == 1 and len(plans) == 1:
             with b.mapping(spatial(inner).vectorize(), "j") as (j,):
                 idx = o + unflatten(j, shape[n - m:])
                 b.store(p.out, idx, p.at(idx))
-        else:
-            stop = E.minimum(c * chunk + chunk, inner) if inner % chunk else c * chunk + chunk
-            with b.loop("j", c * chunk, stop, S.ForKind.VECTORIZE) as j:
-                idx = o + unflatten(j, shape[n - m:])
-                b.store(p.out, idx, p.at(idx))
+            return
+        start: Expr = E.const(0) if chunks == 1 else c * chunk
+        stop: Expr = E.const(inner) if chunks == 1 else \
+            E.minimum(c * chunk + chunk, inner) if inner % chunk else c * chunk + chunk
+        for lo, hi, q in plans:
+            cond: Expr = E.const(True)
+            first, last = start, stop
+            if 0 <= d < n - m:      # an outer dimension: the rows of this piece
+                if lo:
+                    cond = E.compare(E.CmpOp.GE, o[d], lo)
+                if hi < shape[d]:
+                    cond = _and(cond, E.compare(E.CmpOp.LT, o[d], hi))
+            elif d >= 0:            # the vector loop's leading dimension: a range of the loop
+                first = E.maximum(start, lo * lead) if lo else start
+                last = E.minimum(stop, hi * lead) if hi < shape[d] else stop
+            with b.if_(cond):
+                with b.loop("j", first, last, S.ForKind.VECTORIZE) as j:
+                    idx = o + unflatten(j, shape[n - m:])
+                    b.store(p.out, idx, q.at(idx))
 
 
 def _cpu_reduce(p: Plan, t: Target, b: Builder) -> None:

@@ -1,7 +1,8 @@
-"""Two more hand-written CNNs users compile (random weights; the architectures of torchvision's
-EfficientNet-B0 and of a small U-Net): SiLU and sigmoid epilogues, squeeze-and-excitation
-blocks, 5x5 depthwise convolutions, group norm, transposed convolutions, bilinear / nearest
-upsampling and skip concatenations."""
+"""More hand-written CNNs users compile (random weights; the architectures of torchvision's
+EfficientNet-B0 and DenseNet-121, and a small U-Net): SiLU and sigmoid epilogues,
+squeeze-and-excitation blocks, 5x5 depthwise convolutions, group norm, transposed convolutions,
+bilinear / nearest upsampling, skip concatenations, and DenseNet's pre-activation layers (batch
+norm and ReLU before each conv), growing concatenations and average-pooled transitions."""
 from __future__ import annotations
 
 import torch
@@ -88,6 +89,55 @@ class UNet(nn.Module):
         y = self.u2(torch.cat([F.interpolate(y, scale_factor=2, mode="bilinear"), x2], 1))
         y = self.u1(torch.cat([F.interpolate(y, scale_factor=2, mode="nearest"), x1], 1))
         return self.out(y)
+
+
+class _DenseLayer(nn.Module):
+    """BN-ReLU-1x1 conv (to 4 x growth), BN-ReLU-3x3 conv (to growth), on every earlier feature."""
+
+    def __init__(self, cin: int, growth: int) -> None:
+        super().__init__()
+        self.norm1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, 4 * growth, 1, bias=False)
+        self.norm2, self.conv2 = nn.BatchNorm2d(4 * growth), nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = self.conv1(F.relu(self.norm1(torch.cat(features, 1))))
+        return self.conv2(F.relu(self.norm2(x)))
+
+
+class DenseNet121(nn.Module):
+    """torchvision's densenet121: growth 32, blocks of 6 / 12 / 24 / 16 layers, transitions
+    (BN-ReLU-1x1 conv halving the channels, 2x2 / 2 average pool) between them."""
+
+    def __init__(self, classes: int = 1000, growth: int = 32, blocks: tuple[int, ...] = (6, 12, 24, 16)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        c = 64
+        self.blocks, self.transitions = nn.ModuleList(), nn.ModuleList()
+        for i, n in enumerate(blocks):
+            self.blocks.append(nn.ModuleList(_DenseLayer(c + j * growth, growth) for j in range(n)))
+            c += n * growth
+            if i < len(blocks) - 1:
+                self.transitions.append(nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False),
+                                                      nn.AvgPool2d(2, 2)))
+                c //= 2
+        self.norm, self.classifier = nn.BatchNorm2d(c), nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for i, block in enumerate(self.blocks):
+            features = [x]
+            for layer in block:
+                features.append(layer(features))
+            x = torch.cat(features, 1)
+            if i < len(self.transitions):
+                x = self.transitions[i](x)
+        x = F.adaptive_avg_pool2d(F.relu(self.norm(x)), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+def densenet121() -> nn.Module:
+    return randomize_bn(DenseNet121()).eval()
 
 
 def efficientnet_b0() -> nn.Module:

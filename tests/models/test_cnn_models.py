@@ -1,11 +1,13 @@
-"""Hand-written CNNs (torchvision's architectures, random weights; EfficientNet-B0 and a U-Net too)
+"""Hand-written CNNs (torchvision's architectures, random weights; EfficientNet-B0, DenseNet-121 and a U-Net too)
 compiled with taskmap.compile match eager PyTorch (f32: rtol 1e-3, atol 1e-4)."""
 import pytest
 import torch
 
 import taskmap
 from cnn_defs import inception_v3, mobilenet_v2, resnet50
-from more_defs import efficientnet_b0, unet
+from more_defs import densenet121, efficientnet_b0, unet
+
+from taskmap.graph import OpKind
 
 
 def compare(model, x):
@@ -57,6 +59,24 @@ def test_efficientnet_b0(batch):
     alone = [i for i, st in enumerate(steps) if kernel[i] == "binary_cpu"]
     assert len(fused) + len(alone) == 16 and all(kernel[i] == "matmul_cpu" for i in fused)
     assert all(kernel[i + 1] == "conv_cpu_cvec" for i in alone)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch,side", [(1, 224), (2, 64)])
+def test_densenet121(batch, side):
+    """Growing concatenations before batch norm + ReLU (one kernel each, computed part by part),
+    and transitions whose 2x2 average pool runs before their 1x1 conv (graph pass reorder_pool)."""
+    torch.manual_seed(0)
+    fast = compare(densenet121(), torch.randn(batch, 3, side, side))
+    assert "fallback" not in fast.summary()
+    (entry,) = fast.entries.values()
+    graph = entry.compiled.graph
+    pools = [op for op in graph.ops if op.kind is OpKind.AVG_POOL2D]
+    assert len(pools) == 3
+    for pool in pools:
+        (reader,) = [op for op in graph.ops if pool.output in op.inputs]
+        assert reader.kind is OpKind.CONV2D and reader.inputs[1].shape[2:] == (1, 1)
+        assert reader.output.shape[1] * 2 == pool.output.shape[1]
 
 
 @pytest.mark.slow
