@@ -50,6 +50,9 @@ from .fastmath import helpers_for
 
 #: Below this many elements of work a CPU kernel runs on one core (OpenMP's fork costs more).
 PARALLEL_MIN_WORK = 1 << 15
+#: A CPU kernel computes a value piecewise along an axis (a concatenation's parts) up to this many
+#: pieces: a vector loop each.
+MAX_PIECES = 128
 #: Threads per block of the GPU schedules.
 GPU_BLOCK = 256
 
@@ -206,9 +209,9 @@ def _pieces(p: Plan) -> tuple[int, list[tuple[int, int]]]:
             c = _cut(sel.cond, axis)
             if c is not None and 0 < c < p.shape[d]:
                 cuts.setdefault(d, set()).add(c)
-    if not cuts:
+    d = min(cuts, key=lambda k: (-len(cuts[k]), k), default=-1)
+    if d < 0 or len(cuts[d]) >= MAX_PIECES:
         return -1, []
-    d = min(cuts, key=lambda k: (-len(cuts[k]), k))
     bounds = [0, *sorted(cuts[d]), p.shape[d]]
     return d, list(zip(bounds, bounds[1:]))
 
