@@ -62,7 +62,7 @@ CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 1e-
 #: (An H200, session 27: BERT, GPT-2 and ViT on the wgmma template 1.4-2.2e-3 from eager's TF32.)
 TF32_CHECK_TOLERANCE = 5e-3
 MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit", "efficientnet_b0", "unet",
-          "densenet121")
+          "densenet121", "resnext50")
 
 
 def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -73,9 +73,9 @@ def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tup
         model = getattr(cnn_defs, name)()
         side = 299 if name == "inception_v3" else 224
         args: tuple[torch.Tensor, ...] = (torch.randn(batch, 3, side, side),)
-    elif name in ("efficientnet_b0", "unet", "densenet121"):
+    elif name in ("efficientnet_b0", "unet", "densenet121", "resnext50"):
         from tests.models import more_defs
-        model = getattr(more_defs, name)()
+        model = getattr(more_defs, "resnext50_32x4d" if name == "resnext50" else name)()
         args = (torch.randn(batch, 3, 224, 224),)
     elif name == "vit":
         from tests.models.vit_def import ViT

@@ -79,7 +79,8 @@ def direct_bias_epilogue(p: ConvProblem) -> Any:
 
 def direct_sizes(p: ConvProblem) -> dict[str, int]:
     """The direct template's symbolic sizes bound to ``p`` (the fused kernel is specialised)."""
-    return {"n": p.n, "cin": p.cin, "h": p.h, "w": p.w, "cout": p.cout, "oh": p.oh, "ow": p.ow}
+    return {"n": p.n, "cin": p.cin, "cig": p.cin // p.groups, "h": p.h, "w": p.w, "cout": p.cout, "oh": p.oh,
+            "ow": p.ow}
 
 
 def gemm_prologues(p: ConvProblem, cpu: bool) -> dict[str, Any]:

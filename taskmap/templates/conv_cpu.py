@@ -154,18 +154,28 @@ WINO_WEIGHT_COST = 0.6e-9
 WINO_STREAM_BANDWIDTH = 10e9
 
 
+def grouped_tiles(cog: int, regs: int) -> tuple[tuple[int, int], ...]:
+    """The pixel kernel's register tiles for a grouped convolution of ``cog`` output channels a
+    group: ``MR`` dividing ``cog`` (a tile's channels in one group), ``MR x NV`` accumulators — at
+    least 16 where the register file allows — with ``NV`` input vectors and a broadcast within it.
+    (ResNeXt-50's 3x3 layers have 4 to 32 output channels a group; RegNets 8 to 232.)"""
+    tiles = [(mr, nv) for mr in range(1, min(cog, 24) + 1) if cog % mr == 0
+             for nv in range(1, (regs - 1) // (mr + 1) + 1)]
+    return tuple(t for t in tiles if t[0] * t[1] >= 16) or tuple(tiles[-1:])
+
+
 class ConvCpuTemplate(KernelFamily):
-    """f32 2-D convolution (groups 1, any kernel / stride / padding; dilation with stride 1 or
-    where every stride phase is used) on the CPU."""
+    """f32 2-D convolution (any kernel / stride / padding / groups — groups on the pixel kernel
+    only; dilation with stride 1 or where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
-    version = 11  # keys the tuning cache: bump when the kernels change (11: the 16 x 2 channel tile)
-
+    version = 12  # keys the tuning cache: bump when the kernels change (12: grouped convolutions)
 
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
         return (isinstance(p, ConvProblem) and target.kind is TargetKind.CPU and p.dtype == "float32"
-                and p.groups == 1 and p.oh > 0 and p.ow > 0 and (not p.pointwise or p.const_weights))
+                and p.oh > 0 and p.ow > 0 and (not p.pointwise or p.const_weights)
+                and (p.groups == 1 or not p.pointwise))
 
     @staticmethod
     def _window(p: ConvProblem, mr: int, nr: int, lanes: int, cores: int, shift: bool = False) -> ConvCpuConfig:
@@ -176,12 +186,15 @@ class ConvCpuTemplate(KernelFamily):
         if not self.applies(problem, target):
             return []
         p, V, regs = problem, lanes_of(target), vector_registers(target)
-        flops = 2.0 * p.n * p.cout * p.oh * p.ow * p.cin * p.kh * p.kw
+        flops = 2.0 * p.n * p.cout * p.oh * p.ow * p.cin // p.groups * p.kh * p.kw
         cores = [target.num_cores] if flops > LARGE_FLOPS or target.num_cores == 1 else \
             [1] if flops < SMALL_FLOPS else [1, target.num_cores]
         shifts = (False, True) if p.kw > 1 else (False,)
-        pixels = [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in TILES[regs]
+        tiles = TILES[regs] if p.groups == 1 else grouped_tiles(p.cout // p.groups, regs)
+        pixels = [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in tiles
                   for c in cores for sh in shifts] if valid(self._window(p, 1, V, V, 1)) and not p.pointwise else []
+        if p.groups > 1:       # the channel and Winograd kernels are for groups of all channels
+            return pixels
         # reduction blocks only for pre-packed panels that overflow half the L2 (packing per call
         # in blocks measured slower: C10 / C12 of TVM's Table 2, one core)
         half_l2 = l2_per_core(target) // 2
@@ -219,7 +232,7 @@ class ConvCpuTemplate(KernelFamily):
         V = lanes_of(target)
         clock = target.clock_hz or 2.5e9
         (nph, npw), (_, npc), (hq, wq) = cfg.phases, cfg.planes, cfg.frame(p.oh, p.ow)
-        k = p.cin * p.kh * p.kw
+        k = p.cin // p.groups * p.kh * p.kw
         fmas = mr * nr // V
         loads = mr + SPLIT_LOAD * nr / V
         step = (max(fmas / target.vector_fma_rate, loads / 2.0) + 0.02 * loads) / MICRO_EFFICIENCY
@@ -324,7 +337,7 @@ class ConvCpuTemplate(KernelFamily):
         if isinstance(cfg, WinoConfig):
             return (cfg.weight_size(p.cin, p.cout) if cfg.prepacked else p.cout * p.cin * 9,)
         if not isinstance(cfg, CvecConfig):
-            return (p.cout, p.cin, p.kh, p.kw)
+            return (p.cout, p.cin // p.groups, p.kh, p.kw)
         return (-(-p.cout // cfg.nr) * cfg.panel(p.cin) if cfg.prepacked else p.cout * cfg.panel(p.cin) // cfg.nr,)
 
     def weights(self, problem: ConvProblem, schedule: Schedule, w: Any, target: Target | None = None) -> Any:

@@ -16,11 +16,14 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   convolution becomes a stride-1, unpadded one, and the taps of ``NR`` consecutive pixels are one
   contiguous (unaligned) vector load.  Pixels with ``ow >= OW`` (``QW`` per row) are computed
   and never stored; reads past the last plane land in a zeroed tail of ``NR`` elements.
+* **groups**: the weights are ``(C_out, C_in / G, KH, KW)`` (``cig`` input channels a group); a
+  tile's ``MR`` output channels lie in one group (the template's tiles divide ``C_out / G``), and
+  its reduction runs over that group's input channels only.
 * **register tile** ``MR`` output channels x ``NR`` pixels: ``repeat(MR, NR // V) * spatial(1, V)``
   (lanes along the pixels); per input channel and tap, ``NR / V`` vector loads of ``xp``, ``MR``
   broadcasts of the weights (read in place: ``w[co, ci, kh, kw]``) and ``MR * NR / V`` FMAs.  The
   taps are unrolled (a big window's rows stay a loop: :data:`UNROLLED_FMAS`); the reduction runs
-  over all of ``C_in`` in registers, so there are no partial sums: **each output element is stored exactly once and the output is never read**
+  over all of the group's ``C_in / G`` in registers, so there are no partial sums: **each output element is stored exactly once and the output is never read**
   (post-scheduling fusion splices epilogues into these stores, :mod:`taskmap.fusion`).
 * **stores**: a tile inside one output row stores whole vectors; other tiles (across rows, or
   in the last channel panel) store one masked vector per output row they touch.
@@ -31,7 +34,7 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
 from dataclasses import dataclass
 
 from ..ir.mapping import repeat, spatial
-from ..lang import f32, func, i32, parallel, register_tensor, symbol, unroll
+from ..lang import f32, func, i32, parallel, register_tensor, symbol, unroll, vectorize
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 
@@ -113,8 +116,8 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NR // V) * spatial(1, V)
     ROWS = unroll if KH * KW * MR * NR // V <= UNROLLED_FMAS else range   # the window's rows
-    n, cin, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "h", "w", "cout", "oh", "ow", "wsx"))
-    X_T, W_T, C_T, XP_T = f32[n, cin, h, w], f32[cout, cin, KH, KW], f32[n, cout, oh, ow], f32[wsx]
+    n, cin, cig, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "cig", "h", "w", "cout", "oh", "ow", "wsx"))
+    X_T, W_T, C_T, XP_T = f32[n, cin, h, w], f32[cout, cig, KH, KW], f32[n, cout, oh, ow], f32[wsx]
 
     @func
     def pack(x: X_T, xp: f32[wsx], q: i32, hq: i32, wq: i32):
@@ -154,11 +157,11 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
         p0 = t * NR
         plane = hq * wq
         cpl = NPH * NPC * plane
-        xb = b * cin * cpl + p0
+        xb = (b * cin + co0 // (cout // (cin // cig)) * cig) * cpl + p0     # the group's first input channel
         for r, s in tile.vectorize():
             acc[r, s] = 0.0
         if co0 + MR <= cout:
-            for ci in range(cin):
+            for ci in range(cig):
                 for kh in ROWS(KH):
                     for kw in unroll(KW):
                         for r, s in tile.vectorize():
@@ -166,7 +169,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
                                 xb + ci * cpl + (kh * DH % SH * NPC + (kw if SHIFT else kw * DW % SW)) * plane
                                 + kh * DH // SH * wq + (0 if SHIFT else kw * DW // SW) + s]
         else:
-            for ci in range(cin):
+            for ci in range(cig):
                 for kh in ROWS(KH):
                     for kw in unroll(KW):
                         for r, s in tile.vectorize():
@@ -178,6 +181,13 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
         if co0 + MR <= cout and wo0 + NR <= ow:
             for r, s in tile.vectorize():
                 c[b, co0 + r, ho0, wo0 + s] = acc[r, s]
+        elif co0 + MR <= cout:      # a whole channel panel across rows: each row's range of lanes
+            rows = min((wo0 + NR - 1) // wq + 1, oh - ho0)
+            for j in range(rows):
+                lo = j * wq - wo0
+                for r in unroll(MR):
+                    for s in vectorize(max(lo, 0), min(lo + ow, NR)):
+                        c[b, co0 + r, ho0 + j, s - lo] = acc[r, s]
         else:
             rows = min((wo0 + NR - 1) // wq + 1, oh - ho0)
             for j in range(rows):

@@ -25,14 +25,16 @@ def randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, cin: int, width: int, stride: int = 1, downsample: nn.Module | None = None):
+    def __init__(self, cin: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
+                 groups: int = 1, width_per_group: int = 64):
         super().__init__()
+        width = planes * width_per_group // 64 * groups       # ResNeXt: grouped 3x3 convs, wider
         self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, groups=groups, bias=False)
         self.bn2 = nn.BatchNorm2d(width)
-        self.conv3 = nn.Conv2d(width, width * 4, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(width * 4)
+        self.conv3 = nn.Conv2d(width, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
@@ -48,9 +50,12 @@ class Bottleneck(nn.Module):
 
 
 class ResNet50(nn.Module):
-    def __init__(self, num_classes: int = 1000, layers: tuple[int, ...] = (3, 4, 6, 3)):
+    """torchvision's resnet50 (and, with ``groups`` / ``width_per_group``, its resnext50_32x4d)."""
+
+    def __init__(self, num_classes: int = 1000, layers: tuple[int, ...] = (3, 4, 6, 3), groups: int = 1,
+                 width_per_group: int = 64):
         super().__init__()
-        self.inplanes = 64
+        self.inplanes, self.groups, self.width_per_group = 64, groups, width_per_group
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
@@ -66,9 +71,10 @@ class ResNet50(nn.Module):
         down = None
         if stride != 1 or self.inplanes != width * 4:
             down = nn.Sequential(nn.Conv2d(self.inplanes, width * 4, 1, stride, bias=False), nn.BatchNorm2d(width * 4))
-        layers = [Bottleneck(self.inplanes, width, stride, down)]
+        g, wg = self.groups, self.width_per_group
+        layers = [Bottleneck(self.inplanes, width, stride, down, g, wg)]
         self.inplanes = width * 4
-        layers += [Bottleneck(self.inplanes, width) for _ in range(1, blocks)]
+        layers += [Bottleneck(self.inplanes, width, 1, None, g, wg) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """More hand-written CNNs users compile (random weights; the architectures of torchvision's
-EfficientNet-B0 and DenseNet-121, and a small U-Net): SiLU and sigmoid epilogues,
+EfficientNet-B0, DenseNet-121 and ResNeXt-50 32x4d, and a small U-Net): SiLU and sigmoid epilogues,
 squeeze-and-excitation blocks, 5x5 depthwise convolutions, group norm, transposed convolutions,
 bilinear / nearest upsampling, skip concatenations, and DenseNet's pre-activation layers (batch
 norm and ReLU before each conv), growing concatenations and average-pooled transitions."""
@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 try:
-    from .cnn_defs import randomize_bn      # imported as tests.models.more_defs (benchmarks/models.py)
+    from .cnn_defs import ResNet50, randomize_bn      # imported as tests.models.more_defs (benchmarks/models.py)
 except ImportError:
-    from cnn_defs import randomize_bn       # imported by pytest from tests/models
+    from cnn_defs import ResNet50, randomize_bn       # imported by pytest from tests/models
 
 
 class SqueezeExcite(nn.Module):
@@ -138,6 +138,12 @@ class DenseNet121(nn.Module):
 
 def densenet121() -> nn.Module:
     return randomize_bn(DenseNet121()).eval()
+
+
+def resnext50_32x4d() -> nn.Module:
+    """torchvision's resnext50_32x4d: ResNet-50's blocks with 3x3 convs of 32 groups (4 to 32
+    channels a group), twice as wide."""
+    return randomize_bn(ResNet50(groups=32, width_per_group=4)).eval()
 
 
 def efficientnet_b0() -> nn.Module:

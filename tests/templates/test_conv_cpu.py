@@ -110,7 +110,9 @@ def test_routing():
     assert select(problem(1, 64, 56, 56, 64, 3, 1, 1), CPU) is not None
     assert select(problem(1, 64, 56, 56, 64, 1, 1, 0), CPU) is None               # 1x1 stride 1: a matmul
     grouped = ConvProblem(1, 8, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, "float32", False)
-    assert not CONV_CPU.applies(grouped, CPU)
+    assert {s.get("vec", "pixels") for s in CONV_CPU.space(grouped, CPU)} == {"pixels"}     # groups: pixels only
+    assert not CONV_CPU.applies(dataclasses.replace(grouped, kh=1, kw=1, pt=0, pb=0, pl=0, pr=0, const_weights=True),
+                                CPU)                          # a grouped 1x1 layer: the implicit GEMM
     odd = ConvProblem(1, 3, 20, 20, 5, 2, 2, 3, 3, 0, 0, 0, 0, 2, 2, 1, "float32", False)
     space = CONV_CPU.space(odd, CPU)       # stride 3, dilation 2, k 2: taps skip phase 1 ...
     assert space and all(s.get("vec") == "channels" for s in space)     # ... only the channel kernel
@@ -448,3 +450,43 @@ def test_pad_each_is_chosen_when_every_core_gets_two_images():
         p = dataclasses.replace(p, const_weights=True)
         assert CONV_CPU.config(p, CPU, sched).pad_each == (n >= PAD_EACH_IMAGES * 2)
         assert not CONV_CPU.config(p, CPU, channel_schedule(7, 2, kc=64, packed=True, cores=2)).pad_each
+
+
+@pytest.mark.parametrize("window", [(3, 1, 1, 1), (3, 2, 1, 1), (5, 1, 2, 1), (3, 1, 0, 2)],
+                         ids=lambda v: "k{}s{}p{}d{}".format(*v))
+@given(n=st.integers(1, 2), groups=st.sampled_from([2, 3, 4, 8]), cig=st.integers(1, 5), cog=st.sampled_from([1, 2, 4, 6, 8]),
+       h=st.integers(3, 19), w=st.integers(3, 23), shift=st.booleans())
+@FEW
+def test_grouped_convolutions_on_the_pixel_kernel(window, n, groups, cig, cog, h, w, shift):
+    """Groups of ``cig`` input and ``cog`` output channels (ResNeXt's 3x3 layers, RegNets): each
+    tile's channels in one group, its reduction over that group's inputs alone (a wrong group
+    would read other channels: compared against torch in float64)."""
+    k, s, pad, d = window
+    h, w = max(h, d * (k - 1) + 1 - 2 * pad), max(w, d * (k - 1) + 1 - 2 * pad)
+    p = ConvProblem(n, groups * cig, h, w, groups * cog, k, k, s, s, pad, pad, pad, pad, d, d, groups, "float32",
+                    False)
+    space = CONV_CPU.space(p, CPU)
+    assert space and all(not sc.get("vec") and cog % sc["mr"] == 0 for sc in space)
+    sched = next(sc for sc in space if sc["shift"] == shift and sc["mr"] == max(x["mr"] for x in space))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(np.float32)
+    wt = rng.standard_normal((p.cout, cig, k, k)).astype(np.float32)
+    c = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)
+    CONV_CPU.instantiate(p, CPU, sched)(*CONV_CPU.arguments(p, [x, wt], [c], sched, CPU))
+    t = torch.from_numpy
+    want = torch.nn.functional.conv2d(t(x).double(), t(wt).double(), None, s, pad, d, groups).numpy()
+    assert_close(c, want, rtol=1e-5, atol=2e-6 * cig * k * k + 1e-5, err_msg=f"{p} {sched}")
+
+
+def test_grouped_layers_route_by_the_cost_model_and_match_torch():
+    """ResNeXt-50's first 3x3 layer (32 groups of 4 channels) and a RegNet-like one: ``ops.conv2d``
+    (whichever route the model takes, the direct kernel among them) against torch."""
+    rng = np.random.default_rng(2)
+    for cin, hw, groups, stride in [(128, 20, 32, 1), (96, 14, 4, 2)]:
+        x = rng.standard_normal((1, cin, hw, hw)).astype(np.float32)
+        w = rng.standard_normal((cin, cin // groups, 3, 3)).astype(np.float32)
+        b = rng.standard_normal(cin).astype(np.float32)
+        got = ops.conv2d(x, w, b, stride, 1, 1, groups)
+        t = torch.from_numpy
+        want = torch.nn.functional.conv2d(t(x).double(), t(w).double(), t(b).double(), stride, 1, 1, groups)
+        assert_close(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-4)
