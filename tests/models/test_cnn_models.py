@@ -1,11 +1,12 @@
-"""Hand-written CNNs (torchvision's architectures, random weights; EfficientNet-B0, DenseNet-121 and a U-Net too)
+"""Hand-written CNNs (torchvision's architectures, random weights; EfficientNet-B0, DenseNet-121,
+ResNeXt-50 and a U-Net too)
 compiled with taskmap.compile match eager PyTorch (f32: rtol 1e-3, atol 1e-4)."""
 import pytest
 import torch
 
 import taskmap
 from cnn_defs import inception_v3, mobilenet_v2, resnet50
-from more_defs import densenet121, efficientnet_b0, unet
+from more_defs import densenet121, efficientnet_b0, resnext50_32x4d, unet
 
 from taskmap.graph import OpKind
 
@@ -77,6 +78,20 @@ def test_densenet121(batch, side):
         (reader,) = [op for op in graph.ops if pool.output in op.inputs]
         assert reader.kind is OpKind.CONV2D and reader.inputs[1].shape[2:] == (1, 1)
         assert reader.output.shape[1] * 2 == pool.output.shape[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
+def test_resnext50(batch):
+    """32 groups in every 3x3 conv (4 to 32 channels a group): on the direct kernel's pixel tiles,
+    whose channels stay in one group, the batch norm and ReLU in their stores."""
+    torch.manual_seed(0)
+    fast = compare(resnext50_32x4d(), torch.randn(batch, 3, 160 if batch > 1 else 224, 160 if batch > 1 else 224))
+    assert "fallback" not in fast.summary()
+    (entry,) = fast.entries.values()
+    steps = entry.ready(False).steps
+    kernels = [st.kernels[0].__name__ for st in steps if st.kernels and "conv2d" in st.name]
+    assert len(steps) == 56 and kernels.count("conv_cpu") >= 8
 
 
 @pytest.mark.slow
