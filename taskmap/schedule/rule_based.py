@@ -9,12 +9,14 @@ nest with task mappings:
 =====================  ==================================================================
 CPU, injective         ``spatial(*outer, chunks).parallel()`` over rows (and chunks of long
                        rows) on the cores; the innermost contiguous dimensions (fused until
-                       they are a few vectors long) as a ``vectorize()``d loop
+                       they are a few vectors long) as a ``vectorize()``d loop; a concat's
+                       parts piece by piece
 CPU, reduction         inner reductions: a worker per output, ``spatial(T).vectorize()`` lanes
                        accumulating ``T`` partial results, then a horizontal reduction; outer
                        reductions (the reduced axis is not the contiguous one): lanes over
                        the output's contiguous dimension, the reduction loop outside them
 GPU, injective         ``repeat(R) * spatial(256)`` on ``threadIdx.x``: coalesced, predicated
+                       (a concat's parts: a branch per part, each loading its own)
 GPU, reduction         inner reductions of 8 or more: ``spatial(rows, lanes).on(threadIdx.x)`` —
                        a group of 8..32 lanes (the whole block past 1024) per output, strided
                        coalesced loads ``(repeat(n) * spatial(lanes)).on(lane)``, a shuffle
@@ -216,6 +218,11 @@ def _pieces(p: Plan) -> tuple[int, list[tuple[int, int]]]:
     return d, list(zip(bounds, bounds[1:]))
 
 
+def _piece_plans(p: Plan, d: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int, Plan]]:
+    """``(lo, hi, the plan on that range of dimension d)`` for each piece."""
+    return [(lo, hi, replace(p, value=_Piece(p.axes[d], lo, hi).visit(p.value))) for lo, hi in ranges]
+
+
 def _cpu_injective(p: Plan, t: Target, b: Builder) -> None:
     """Rows of the output on the cores, each a vector loop over the trailing dimensions.  A value
     that is piecewise along one dimension (a concatenation's parts, :func:`_pieces`) is computed
@@ -239,8 +246,7 @@ def _cpu_injective(p: Plan, t: Target, b: Builder) -> None:
         pieces = min(-(-inner // (4 * lanes)), -(-4 * t.num_cores // rows))
         chunk = -(-(-(-inner // pieces)) // lanes) * lanes
     chunks = -(-inner // chunk)
-    plans = [(lo, hi, replace(p, value=_Piece(p.axes[d], lo, hi).visit(p.value))) for lo, hi in ranges] or \
-        [(0, shape[n - m], p)]
+    plans = _piece_plans(p, d, ranges) or [(0, shape[n - m], p)]
     lead = math.prod(shape[n - m + 1:])       # vector-loop elements per step of its leading dimension
     workers = spatial(*(outer or [1]), chunks)
     par = math.prod(shape) >= PARALLEL_MIN_WORK and t.num_cores > 1
@@ -328,7 +334,12 @@ def _gpu_injective(p: Plan, t: Target, b: Builder) -> LaunchConfig:
         e = blockIdx.x * tile + e_local
         with b.if_(E.compare(E.CmpOp.LT, e, total)):
             idx = unflatten(e, p.shape)
-            b.store(p.out, idx, p.at(idx))
+            d, ranges = _pieces(p)
+            if not ranges:
+                b.store(p.out, idx, p.at(idx))
+            for lo, hi, q in _piece_plans(p, d, ranges):     # a concat's parts: the thread loads its own
+                with b.if_(_and(E.compare(E.CmpOp.GE, idx[d], lo), E.compare(E.CmpOp.LT, idx[d], hi))):
+                    b.store(p.out, idx, q.at(idx))
     return _launch(-(-total // tile), block)
 
 

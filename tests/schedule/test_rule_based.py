@@ -210,15 +210,16 @@ def test_gather_at_an_index_computed_by_a_producer():
     assert_close(out, w_v[ids_v + off_v] * 2.0)
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @given(batch=st.integers(1, 3), parts=st.lists(st.integers(1, 40), min_size=2, max_size=9),
        side=st.sampled_from([1, 3, 7, 14, 56]), mixed=st.booleans())
 @FEW
-def test_a_concatenation_runs_piece_by_piece(batch, parts, side, mixed):
+def test_a_concatenation_runs_piece_by_piece(target, batch, parts, side, mixed):
     """A channel concat with per-channel arithmetic after it (DenseNet's concat -> batch norm ->
-    ReLU) is computed part by part on the CPU: every store reads one part, whichever dimensions
+    ReLU) is computed part by part: every store reads one part — on the CPU whichever dimensions
     the vector loop covers (rows per channel at 56 x 56, channels inside it at 7 x 7, rows split
-    over the cores at batch 1); the results match numpy's.  ``mixed``: a second concat along the
-    last axis, whose selects stay."""
+    over the cores at batch 1), on GPUs in a branch per part —; the results match numpy's.
+    ``mixed``: a second concat along the last axis, whose selects stay."""
     xs = [tensor_input(f"x{k}", f32, [batch, c, side, side]) for k, c in enumerate(parts)]
     cat = concat_compute(xs, 1)
     total = sum(parts)
@@ -231,13 +232,12 @@ def test_a_concatenation_runs_piece_by_piece(batch, parts, side, mixed):
     scale = _rand(total)
     ins = [*arrays, scale] + ([_rand((batch, total, side, 2))] if mixed else [])
     out = np.empty(y.shape, np.float32)
-    kernel = schedule(y, "cpu")
-    kernel(*ins, out)
+    schedule(y, target)(*ins, out)
     want = np.maximum(np.concatenate(arrays, 1) * scale[:, None, None] + 1.0, 0.0)
     if mixed:
         want = np.concatenate([want, ins[-1]], 3)
     assert_close(out, want, rtol=1e-6, atol=1e-6)
-    body = build_module(y, "cpu").entry_function.body
+    body = build_module(y, target).entry_function.body
     names = {x.var.name for x in xs}
     stores = collect(body, S.Store)
     read = [{ld.tensor.name for ld in collect(st.value, E.Load)} & names for st in stores]
