@@ -124,7 +124,7 @@ class WindowTemplate:
     """Pooling and depthwise convolution (see the module docstring)."""
 
     name = "window"
-    version = 2  # 2: max pooling takes plain maxima when the staged input holds no NaN
+    version = 3  # 3: rows shorter than the lanes stored through a flat buffer (2: NaN-free max pooling)
 
     def __repr__(self) -> str:
         return "<WindowTemplate>"

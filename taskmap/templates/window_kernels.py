@@ -269,6 +269,10 @@ def _compute_rows(b: Builder, k: _Kernel, buf: Var, pl: Expr, nc: Expr, r0: Expr
     first = b.let("first", k.start(c), ct) if k.bias is not None else k.identity()
     count = E.minimum(rows, p.oh - r0) if p.oh % rows else E.const(rows)
     group = min(row_group, rows)
+    # rows shorter than the lanes go through a buffer of the chunk's outputs, stored to ``y`` by
+    # one flat loop: gcc 12 keeps a loop of 7 stores scalar, and a fused SiLU's exp with it
+    # (1152 channels 5x5 at 7x7 + SiLU: 101 -> 45 us)
+    flat = b.register("flat", k.y_t, [rows * p.ow]) if short > p.ow else None
 
     def rows_of(r: Expr, nrows: int) -> None:
         """Output rows ``r .. r + nrows`` of the chunk, sharing the loads of their input rows."""
@@ -318,7 +322,10 @@ def _compute_rows(b: Builder, k: _Kernel, buf: Var, pl: Expr, nc: Expr, r0: Expr
             if tiles is not None:
                 for j, tile in enumerate(tiles):
                     with b.loop("l", 0, stored, S.ForKind.VECTORIZE) as l:
-                        b.store(k.y, (n, c, r0 + r + j, base + l), E.Load(tile, (l,)))
+                        if flat is not None:
+                            b.store(flat, ((r + j) * p.ow + base + l,), E.Load(tile, (l,)))
+                        else:
+                            b.store(k.y, (n, c, r0 + r + j, base + l), E.Load(tile, (l,)))
 
         if p.ow >= lanes:
             with b.loop("t", 0, p.ow // lanes) as t:
@@ -333,6 +340,9 @@ def _compute_rows(b: Builder, k: _Kernel, buf: Var, pl: Expr, nc: Expr, r0: Expr
     if group > 1 and (p.oh % group or rows % group):
         with b.loop("r", count // group * group, count) as r:
             rows_of(r, 1)
+    if flat is not None:
+        with b.loop("q", 0, count * p.ow, S.ForKind.VECTORIZE) as q:
+            b.store(k.y, (n, c, r0 + q // p.ow, q % p.ow), E.Load(flat, (q,)))
 
 
 def _stage_row(b: Builder, k: _Kernel, buf: Var, at_row: tuple[Expr, ...], n: Expr, ci: Expr, ih: Expr, wb: int,
