@@ -26,7 +26,9 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   over all of the group's ``C_in / G`` in registers, so there are no partial sums: **each output element is stored exactly once and the output is never read**
   (post-scheduling fusion splices epilogues into these stores, :mod:`taskmap.fusion`).
 * **stores**: a tile inside one output row stores whole vectors; other tiles (across rows, or
-  in the last channel panel) store one masked vector per output row they touch.
+  in the last channel panel) store, per output row they touch, that row's range of lanes of each
+  channel inside ``C_out`` (no per-lane test: a fused epilogue's loads stay unconditional, and
+  gcc vectorizes them).
 * **cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``N x CP x PT`` tiles (``CP``
   channel panels, ``PT`` pixel tiles; pixel tiles innermost, so a core's weight panel stays in
   cache); the packing is one parallel loop over the planes before.
@@ -181,20 +183,14 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
         if co0 + MR <= cout and wo0 + NR <= ow:
             for r, s in tile.vectorize():
                 c[b, co0 + r, ho0, wo0 + s] = acc[r, s]
-        elif co0 + MR <= cout:      # a whole channel panel across rows: each row's range of lanes
+        else:      # across rows, or the last channel panel: each row's range of lanes, channels in C_out
             rows = min((wo0 + NR - 1) // wq + 1, oh - ho0)
             for j in range(rows):
                 lo = j * wq - wo0
                 for r in unroll(MR):
-                    for s in vectorize(max(lo, 0), min(lo + ow, NR)):
-                        c[b, co0 + r, ho0 + j, s - lo] = acc[r, s]
-        else:
-            rows = min((wo0 + NR - 1) // wq + 1, oh - ho0)
-            for j in range(rows):
-                lo = j * wq - wo0
-                for r, s in tile.vectorize():
-                    if co0 + r < cout and s >= lo and s < lo + ow:
-                        c[b, co0 + r, ho0 + j, s - lo] = acc[r, s]
+                    if co0 + r < cout:
+                        for s in vectorize(max(lo, 0), min(lo + ow, NR)):
+                            c[b, co0 + r, ho0 + j, s - lo] = acc[r, s]
 
     @kernel
     def conv_cpu(x: X_T, wt: W_T, c: C_T, xp: XP_T):
