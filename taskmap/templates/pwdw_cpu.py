@@ -60,8 +60,12 @@ def _config(p: PwDwProblem, mr: int, nr: int, lanes: int, rows: int, cores: int)
 #: in the model): 1.08-1.38x faster from 28x28x192 (0.6 MB) up, 0.88-0.97x at 14x14 (0.3-0.45 MB)
 #: and 0.66-0.70x at 7x7 (0.19 MB).  Per image, because the fused kernel works an image at a time:
 #: at batch 8 (Zen 5) fusing the 14x14 and 7x7 pairs too (their whole batch over the threshold)
-#: made MobileNetV2 1.16x slower than this rule.
-L2_SHARE = 0.5
+#: made MobileNetV2 1.16x slower than this rule.  On Zen 5 (1 MB L2 per core) EfficientNet-B0's and
+#: MobileNetV3-Large's 14x14x672 pairs (0.53 MB) ran slower fused: leaving them to two kernels made
+#: the models 1.03-1.05x (batch 1) and 1.05x (EfficientNet-B0, batch 8) faster, where at half of L2
+#: they were fused.  Moving the threshold on past 28x28x192 / 28x28x240 (0.6-0.75 MB) changed the
+#: models by +-1.5%, within the machine's noise.
+L2_SHARE = 0.55
 
 
 def worth_fusing(image_bytes: int, target: Target) -> bool:

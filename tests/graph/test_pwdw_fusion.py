@@ -63,7 +63,7 @@ def test_block_is_one_kernel_less(stride, act):
 def test_five_by_five_without_batch_norm():
     torch.manual_seed(0)
     model = Block(cin=6, cexp=160, k=5, stride=2, bn=False).eval()       # the convs' own biases
-    names = compiled_steps(model, torch.randn(2, 6, 30, 30))
+    names = compiled_steps(model, torch.randn(2, 6, 32, 32))
     assert len(fused(names)) == 1
 
 
