@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
@@ -96,6 +97,15 @@ PACK_BANDWIDTH = 16e9
 CVEC_TILES = {32: tuple((mr, nv) for nv in (2, 3, 4) for mr in range(1, 16) if mr * nv >= 18 and (mr + 1) * nv <= 32)
               + ((16, 2),),
               16: ((6, 2), (7, 2), (4, 3))}
+#: The channel kernel's tiles are whole output rows shorter than a vector on 7x7 / 14x14 images:
+#: per channel a row's pixels are stored in 4 + 2 + 1 lanes (gcc 12's pieces for a 7-lane loop),
+#: a fused epilogue computed in each piece (SiLU: a 192 -> 1152 1x1 conv at 7x7 ran 61 us alone,
+#: 96 us with it).  With ``planes`` a unit is a channel panel of one image, all of its rows: the
+#: rows are written plainly into a core's buffer of the panel's planes (``PLANE_BYTES`` at most,
+#: in L1 / L2), then each channel's plane goes out as one vector loop, its epilogue with it.
+#: Taken where it balances the cores within ``PLANE_BALANCE`` of tile by tile.
+PLANE_BYTES = 64 << 10
+PLANE_BALANCE = 1.1
 #: Reduction blocks (input channels) of the channel kernel, besides 0 (all of C_in).
 CVEC_KCS = (64, 128)
 #: The channel kernel sweeping a batch image by image pads each image on the core that works on it,
@@ -154,6 +164,17 @@ WINO_WEIGHT_COST = 0.6e-9
 WINO_STREAM_BANDWIDTH = 10e9
 
 
+def _planes(p: ConvProblem, cfg: CvecConfig) -> bool:
+    """Whether the channel kernel works whole output planes (``CvecConfig.planes``): packed
+    panels, no reduction blocks, a tile per output row, rows shorter than a vector, a core's
+    planes within :data:`PLANE_BYTES`, and the cores no worse balanced than tile by tile."""
+    if not (cfg.prepacked and not cfg.kc and p.ow <= cfg.mr and p.ow < cfg.lanes
+            and cfg.nr * cfg.plane_stride(p.oh, p.ow) * 4 <= PLANE_BYTES):
+        return False
+    units = p.n * -(-p.cout // cfg.nr)
+    return -(-units // cfg.cores) * p.oh <= PLANE_BALANCE * -(-units * p.oh // cfg.cores)
+
+
 def grouped_tiles(cog: int, regs: int) -> tuple[tuple[int, int], ...]:
     """The pixel kernel's register tiles for a grouped convolution of ``cog`` output channels a
     group: ``MR`` dividing ``cog`` (a tile's channels in one group), ``MR x NV`` accumulators — at
@@ -174,7 +195,7 @@ class ConvCpuTemplate(KernelFamily):
     only; dilation with stride 1 or where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
-    version = 12  # keys the tuning cache: bump when the kernels change (12: grouped convolutions)
+    version = 13  # keys the tuning cache: bump when the kernels change (13: whole planes of short rows)
 
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
@@ -269,7 +290,9 @@ class ConvCpuTemplate(KernelFamily):
         tile = p.cin * cfg.taps * step + stores + (blocks - 1) * 3 * fmas + 40
         panels = -(-p.cout // nr)
         tiles = panels * p.n * p.oh * -(-p.ow // mr)
-        seconds = -(-tiles // cores) * tile / clock
+        # whole planes: the cores share (image, panel) units, each all of its rows
+        busiest = -(-(panels * p.n) // cores) * p.oh if cfg.planes else -(-tiles // cores)
+        seconds = busiest * tile / clock
         direct = cfg.direct(p.h, p.w, p.oh, p.ow)
         hp, wp = (p.h, p.w) if direct else cfg.padded(p.oh, p.ow)
         if not direct:
@@ -325,9 +348,10 @@ class ConvCpuTemplate(KernelFamily):
                               s["packed"], PREFETCH_BYTES // 4)
         if s.get("vec") == "channels":
             by_image = s["packed"] and not s["kc"] and p.n > 1
-            return CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
-                              p.pt, p.pl, s["kc"], s["packed"], by_image,
-                              by_image and p.n >= PAD_EACH_IMAGES * s["cores"])
+            cfg = CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
+                             p.pt, p.pl, s["kc"], s["packed"], by_image,
+                             by_image and p.n >= PAD_EACH_IMAGES * s["cores"])
+            return replace(cfg, planes=_planes(p, cfg))
         return self._window(p, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
 
     def instantiate(self, problem: ConvProblem, target: Target, schedule: Schedule) -> Kernel:

@@ -490,3 +490,81 @@ def test_grouped_layers_route_by_the_cost_model_and_match_torch():
         t = torch.from_numpy
         want = torch.nn.functional.conv2d(t(x).double(), t(w).double(), t(b).double(), stride, 1, 1, groups)
         assert_close(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-4)
+
+
+def _silu_epilogue(p: ConvProblem):
+    """``y = silu(c + bias[co])`` over the conv's output ``c``."""
+    from taskmap.ir import expr as E
+    from taskmap.ir.expr import Intrinsic
+
+    shape = [p.n, p.cout, p.oh, p.ow]
+    c = tensor_input("c", "float32", shape)
+    eb = tensor_input("eb", "float32", [p.cout])
+    return compute("y", shape, lambda i, co, r, q: (c[i, co, r, q] + eb[co]) /
+                   (1.0 + E.call(Intrinsic.EXP, -(c[i, co, r, q] + eb[co]))))
+
+
+@pytest.mark.parametrize("window, hw", [((1, 1, 0, 1), 7), ((3, 1, 1, 1), 7), ((3, 2, 1, 1), 13), ((1, 1, 0, 1), 5)],
+                         ids=["1x1-7x7-in-place", "3x3-7x7-padded", "3x3s2-13x13", "1x1-5x5"])
+@pytest.mark.parametrize("n, cores", [(1, CPU.num_cores), (2, 2), (5, 2), (3, 1)])
+def test_channel_kernel_whole_planes(window, hw, n, cores):
+    """Rows shorter than a vector, one tile each: a unit is a channel panel of one image, its rows
+    written into the core's planes, then each channel's plane stored by one vector loop with a
+    fused bias + SiLU — in place or from the padded copy, image by image and padded per core
+    (``n`` 5), the last panel partial (85 channels), against torch in float64."""
+    k, s, pad, d = window
+    p = ConvProblem(n, 6, hw, hw, 85, k, k, s, s, pad, pad, pad, pad, d, d, 1, "float32", False, True)
+    sched = channel_schedule(7, 1, packed=True, cores=cores)
+    cfg = CONV_CPU.config(p, CPU, sched)
+    assert cfg.planes and cfg.workspace(p.n, p.cin, p.oh, p.ow) >= cores * cfg.nr * (p.oh * p.ow + cfg.mrp)
+    x, w, b = data(p, seed=n + hw)
+    plain = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)     # the kernel alone
+    kernel = CONV_CPU.instantiate(p, CPU, sched)
+    kernel(*CONV_CPU.arguments(p, [x, w], [plain], sched, CPU))
+    ref = reference(p, x, w)
+    assert_close(plain, ref, **tol(p))
+    fused = fuse(kernel, {}, {"c": _silu_epilogue(p)}, direct_sizes(p))
+    out = np.full(plain.shape, np.nan, np.float32)
+    avail = {"x": x, "wt": CONV_CPU.weights(p, sched, w), "eb": b, "y": out,
+             "xp": np.full(CONV_CPU.workspace_size(p, sched, CPU), np.nan, np.float32)}
+    fused(*[avail[q.name] for q in fused.func.params])
+    z = ref + b[None, :, None, None]
+    assert_close(out, z / (1.0 + np.exp(-z)), **tol(p))
+
+
+def test_whole_planes_are_taken_where_they_balance_the_cores():
+    """``planes``: packed panels without reduction blocks, rows of one tile shorter than a vector,
+    and enough (image, panel) units for the cores."""
+    from taskmap.templates.conv_cpu import PLANE_BYTES
+
+    two = channel_schedule(7, 2, packed=True, cores=2)
+    config = lambda n, hw, cout, sched=two: CONV_CPU.config(  # noqa: E731
+        ConvProblem(n, 64, hw, hw, cout, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True), CPU, sched)
+    assert config(1, 7, 1152).planes                    # 36 panels
+    assert not config(1, 7, 2 * V).planes               # one panel for two cores: rows balance them
+    assert config(2, 7, 2 * V).planes                   # ... an image each
+    assert not config(1, 7, 5 * 2 * V).planes           # 5 panels: 3 / 2
+    assert not config(1, 16 if V == 16 else 8, 1152).planes           # rows of a whole vector
+    assert not config(1, 14, 1152).planes               # 14 pixels: two tiles of 7 a row
+    assert not config(1, 7, 1152, channel_schedule(7, 2, packed=False, cores=2)).planes
+    assert not config(1, 7, 1152, channel_schedule(7, 2, kc=64, packed=True, cores=2)).planes
+    big = ConvProblem(1, 64, 7, 7, 1152, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True)
+    cfg = CONV_CPU.config(big, CPU, two)
+    assert cfg.nr * cfg.plane_stride(7, 7) * 4 <= PLANE_BYTES
+
+
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_whole_planes_store_in_vector_loops():
+    """The planes' stores with a fused bias + SiLU at 7x7: gcc vectorizes each plane's loop with
+    whole zmm vectors (the rows of 7 pixels went in 4 + 2 + 1 lanes)."""
+    p = ConvProblem(1, 64, 7, 7, 256, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True)
+    sched = channel_schedule(7, 2, packed=True, cores=2)
+    assert CONV_CPU.config(p, CPU, sched).planes
+    fused = fuse(CONV_CPU.instantiate(p, CPU, sched), {}, {"c": _silu_epilogue(p)}, direct_sizes(p))
+    src = fused.build("cpu").source_path
+    lines = open(src).read().splitlines()
+    loop = next(i for i, line in enumerate(lines, 1) if "tm_fn_store_planes(" in line and "{" in line)
+    report = subprocess.run(["gcc", *ASM_FLAGS, "-fopt-info-vec-optimized", "-S", src, "-o", "/dev/null"],
+                            capture_output=True, text=True, check=True).stderr
+    vectorized = [int(m.group(1)) for m in re.finditer(r":(\d+):\d+: optimized: loop vectorized using 64 byte", report)]
+    assert any(loop < line < loop + 10 for line in vectorized), report
