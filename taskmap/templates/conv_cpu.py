@@ -42,8 +42,8 @@ runs on (``taskmap.ops.conv2d`` and the graph compiler both ask it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 

@@ -51,7 +51,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.mapping import repeat, spatial
-from ..lang import bool_, f32, func, i32, parallel, register_tensor, symbol, transpose_block, vectorize
+from ..lang import (
+    bool_,
+    f32,
+    func,
+    i32,
+    parallel,
+    register_tensor,
+    symbol,
+    transpose_block,
+    vectorize,
+)
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .conv_cpu_kernel import ConvKernelConfig
@@ -70,10 +80,15 @@ class CvecConfig(ConvKernelConfig):
     planes: bool = False      # (prepacked, kc 0, a row per tile) whole output planes per unit, see the doc
 
     @property
+    def tb(self) -> int:
+        """The side of the stores' transposed blocks: the lanes, or the power of two covering
+        ``mr`` when smaller."""
+        return min(self.lanes, max(4, 1 << (self.mr - 1).bit_length()))
+
+    @property
     def mrp(self) -> int:
-        """The tile's pixels rounded up to whole transposed blocks (the stores' ``TB x TB``)."""
-        tb = min(self.lanes, max(4, 1 << (self.mr - 1).bit_length()))
-        return -(-self.mr // tb) * tb
+        """The tile's pixels rounded up to whole transposed blocks."""
+        return -(-self.mr // self.tb) * self.tb
 
     def plane_stride(self, oh: int, ow: int) -> int:
         """Elements between two channels' planes in a core's ``planes`` buffer: the plane and the
@@ -132,7 +147,7 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NR // V) * spatial(1, V)
     square = repeat(V, 1) * spatial(1, V)
-    TB = min(V, max(4, 1 << (MR - 1).bit_length()))   # the stores' transposed blocks: TB x TB
+    TB = cfg.tb                            # the stores' transposed blocks: TB x TB
     MRP = cfg.mrp                          # the tile's pixels padded to whole blocks
     row = spatial(MRP)                     # a channel's pixels in the transposed tile (masked)
     whole = spatial(MR)                    # ... in a whole tile
@@ -283,10 +298,9 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                 for u in range(u0, u1):
                     b = u // CP if BY_IMAGE else u % n
                     i = u % CP if BY_IMAGE else u // n
-                    if PAD_EACH and not direct:
-                        if u == u0 or u % CP == 0:
-                            for r in range(cin * HP):
-                                pad_row(x, xp, b * cin * HP + r, HP, WP, p * cin * HP + r)
+                    if PAD_EACH and not direct and (u == u0 or u % CP == 0):    # as it is reached
+                        for r in range(cin * HP):
+                            pad_row(x, xp, b * cin * HP + r, HP, WP, p * cin * HP + r)
                     for ho in range(oh):
                         if direct:
                             micro_x(c, x, xp, wt, i * PANEL, pb, b, i * NR, ho, 0, HP, WP, 0, cin, True, True, b)

@@ -6,6 +6,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -538,8 +539,11 @@ def test_whole_planes_are_taken_where_they_balance_the_cores():
     from taskmap.templates.conv_cpu import PLANE_BYTES
 
     two = channel_schedule(7, 2, packed=True, cores=2)
-    config = lambda n, hw, cout, sched=two: CONV_CPU.config(  # noqa: E731
-        ConvProblem(n, 64, hw, hw, cout, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True), CPU, sched)
+
+    def config(n, hw, cout, sched=two):
+        p = ConvProblem(n, 64, hw, hw, cout, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True)
+        return CONV_CPU.config(p, CPU, sched)
+
     assert config(1, 7, 1152).planes                    # 36 panels
     assert not config(1, 7, 2 * V).planes               # one panel for two cores: rows balance them
     assert config(2, 7, 2 * V).planes                   # ... an image each
@@ -562,7 +566,7 @@ def test_whole_planes_store_in_vector_loops():
     assert CONV_CPU.config(p, CPU, sched).planes
     fused = fuse(CONV_CPU.instantiate(p, CPU, sched), {}, {"c": _silu_epilogue(p)}, direct_sizes(p))
     src = fused.build("cpu").source_path
-    lines = open(src).read().splitlines()
+    lines = Path(src).read_text().splitlines()
     loop = next(i for i, line in enumerate(lines, 1) if "tm_fn_store_planes(" in line and "{" in line)
     report = subprocess.run(["gcc", *ASM_FLAGS, "-fopt-info-vec-optimized", "-S", src, "-o", "/dev/null"],
                             capture_output=True, text=True, check=True).stderr
