@@ -40,6 +40,7 @@ from ..compute.nodes import dag_str, graph_inputs
 from ..errors import FusionError, UnsupportedError
 from ..runtime.kernel import Kernel
 from ..schedule.rule_based import schedule
+from .attrs import BinaryFn
 from .ir import Graph, Op, Tensor
 from .kernel_cache import cached_kernel
 from .lower_anchor import (
@@ -50,6 +51,7 @@ from .lower_anchor import (
     anchor_problem,
     compose,
     fusable,
+    gemm_takes_prologue,
     kernel_shape,
     plan_anchor,
 )
@@ -251,10 +253,36 @@ def _prologue_inputs(op: Op, target: Target) -> tuple[int, ...]:
     return tuple(default_prologue_inputs(op)) or template_prologue_inputs(op)
 
 
+def _channel_scale(graph: Graph, op: Op) -> Op | None:
+    """The producer of a CONV2D op's input when it is squeeze-and-excitation's ``x * scale``: a
+    multiply by a computed per-channel scale (``N x C x 1 x 1``), read by this op alone (not an output).  No kernel
+    before it can take it as an epilogue (its scale is reduced from ``x``): it is a prologue of
+    the convolution or a kernel of its own (:func:`.lower_anchor.gemm_takes_prologue`)."""
+    if op.kind is not OpKind.CONV2D:
+        return None
+    x = op.inputs[0]
+    prod = graph.producer(x)
+    readers = graph.consumers(x)
+    if prod is None or prod.kind is not OpKind.BINARY or prod.attrs.fn is not BinaryFn.MUL or \
+            len(prod.inputs) != 2 or len(readers) != 1 or readers[0] is not op or x.ndim != 4 or \
+            any(t is x for t in graph.outputs):
+        return None
+    a, b = prod.inputs
+    scale = b if a.shape == x.shape else a if b.shape == x.shape else None
+    if scale is None or scale.data is not None or scale.shape != (*x.shape[:2], 1, 1):
+        return None
+    return prod
+
+
 def graph_groups(graph: Graph, target: Target) -> list[FusionGroup]:
     """The graph's fusion groups for ``target`` (anchors fused where the lowering can).
 
     With ``TASKMAP_DEBUG=groups`` the groups are printed to stderr."""
+    if target.kind is TargetKind.CPU:
+        for op in graph.ops:
+            scale = _channel_scale(graph, op)
+            if scale is not None:
+                gemm_takes_prologue(op, scale.output.numel, target)
     groups = partition(graph, lambda op: fusable(op, target) or reduction_fusable(op) or template_fusable(op, target),
                        lambda op: _prologue_inputs(op, target))
     if debug_enabled("groups"):

@@ -14,7 +14,10 @@ Conv2d runs where :func:`taskmap.ops.conv_route.route` puts it (the one decision
 :mod:`taskmap.ops.conv`; measured under ``TASKMAP_TUNE``): the direct-convolution template (the
 epilogue spliced into its NCHW stores), or the implicit GEMM on the matmul schedule the route
 chose (the model's, when the group's own prologues need operands it does not pack), with the
-img2col prologue and per-group weights of :mod:`taskmap.ops.conv_defs`.  :func:`plan_anchor`
+img2col prologue and per-group weights of :mod:`taskmap.ops.conv_defs`.  A 1x1 convolution whose
+input is squeeze-and-excitation's ``x * scale`` moves from the direct template to the implicit
+GEMM when the cost model prices the GEMM, the multiply in its B packing, below the direct kernel
+plus the multiply as a kernel of its own (:func:`gemm_takes_prologue`).  :func:`plan_anchor`
 returns an :class:`AnchorPlan`; it raises :class:`~taskmap.errors.FusionError` when the group
 cannot be one kernel (the caller splits it).
 
@@ -40,15 +43,15 @@ from ..compute.nodes import TensorNode, compute, dag_str, graph_inputs, tensor_i
 from ..errors import FusionError
 from ..fusion import fuse, fusion_key
 from ..ops.conv_defs import direct_sizes, grouped_weights, img2col
-from ..ops.conv_route import route
+from ..ops.conv_route import CONV_ROUTE_CPU, route
 from ..ops._dispatch import kernel_shape
 from ..ops.transform import reshape_compute
 from ..runtime.kernel import Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
-from ..templates.conv_cpu import CONV_CPU
+from ..templates.conv_cpu import CONV_CPU, gemm_cost, gemm_space
 from ..templates.conv_problem import ConvProblem
-from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_cpu import CALL_COST, COPY_BANDWIDTH, FORK_COST, MATMUL_CPU
 from ..templates.matmul_cpu_bf16 import MATMUL_CPU_BF16
 from ..templates.matmul_problem import MatmulProblem
 from ..templates.matmul_simt import MATMUL_SIMT
@@ -242,15 +245,51 @@ def conv_anchor(op: Op, target: Target) -> _Anchor | None:
         wt = w if not direct.get("packed") else _packed_tensor(      # shared by every image size
             w, derived((w.data,), packing, lambda: CONV_CPU.weights(p, direct, w.data, target)), wshape)
         return _Anchor(mp, {"x": x, "wt": wt}, {"x": (n, cin, h, wd), "wt": wshape}, {}, p, direct)
+    return _gemm_anchor(op, p, gemm)
+
+
+def _gemm_anchor(op: Op, p: ConvProblem, gemm: Schedule | None) -> _Anchor:
+    """The CONV2D op ``op`` (problem ``p``) as the implicit GEMM, on the matmul schedule ``gemm``."""
+    x, w = op.inputs[0], op.inputs[1]
+    mp = p.matmul()
     ops: dict[str, Tensor] = {}
     views: dict[str, tuple[int, ...]] = {}
     graph_input: dict[int, str] = {}
     if p.pointwise:                   # else the img2col prologue's input (see plan_anchor)
         ops["b"], views["b"] = x, (mp.batch, mp.k, mp.n)
         graph_input[0] = "b"          # a prologue (SE's x * scale) in B's packing
-    if not (a.groups > 1 and n > 1):  # else the per-group weights prologue's input
+    if not (p.groups > 1 and p.n > 1):  # else the per-group weights prologue's input
         ops["a"], views["a"] = w, mp.a_shape
     return _Anchor(mp, ops, views, graph_input, p, gemm=gemm)
+
+
+def _alone_seconds(elements: int, target: Target) -> float:
+    """An f32 element-wise kernel of its own over ``elements``: its operand read and its result
+    written once (at the matmul cost model's copy bandwidth a core), a parallel region and a call."""
+    return 8 * elements / (COPY_BANDWIDTH * max(1, target.num_cores)) + FORK_COST + CALL_COST
+
+
+def gemm_takes_prologue(op: Op, elements: int, target: Target) -> bool:
+    """Re-anchor ``op``, a CPU 1x1 convolution routed to the direct template (which reads its input
+    in place and takes no prologue), on the implicit GEMM, whose B packing takes the producer of
+    its input (``elements`` of it) as a prologue — when the cost model prices the GEMM below the
+    direct kernel plus that producer run as a kernel of its own.  Squeeze-and-excitation's
+    ``x * scale`` before a projection is such a producer: no kernel before it can take it (its
+    scale is reduced from ``x``).  Returns whether it re-anchored ``op``."""
+    anc = anchor_problem(op, target)
+    if target.kind is not TargetKind.CPU or anc is None or anc.direct is None or anc.conv is None or \
+            not anc.conv.pointwise:
+        return False
+    p = anc.conv
+    space = gemm_space(p, target)
+    if not space:
+        return False
+    gemm = min(space, key=lambda s: gemm_cost(p, target, s))
+    if gemm_cost(p, target, gemm) >= CONV_ROUTE_CPU.cost(p, target, anc.direct) + _alone_seconds(elements, target):
+        return False
+    with _ANCHORS_LOCK:
+        _ANCHORS[op][target] = _gemm_anchor(op, p, gemm)
+    return True
 
 
 _ANCHORS: "weakref.WeakKeyDictionary[Op, dict[Target, _Anchor | None]]" = weakref.WeakKeyDictionary()
@@ -636,5 +675,5 @@ def _direct_plan(anc: _Anchor, anchor: Op, pro_defs: dict[str, TensorNode], epi_
     return AnchorPlan(kernel, tuple(args), tuple(shapes))
 
 
-__all__ = ["AnchorPlan", "Arg", "Workspace", "Zeros", "anchor_dtypes", "anchor_problem", "compose", "fusable", "kernel_shape",
-           "leaf", "plan_anchor"]
+__all__ = ["AnchorPlan", "Arg", "Workspace", "Zeros", "anchor_dtypes", "anchor_problem", "compose", "fusable",
+           "gemm_takes_prologue", "kernel_shape", "leaf", "plan_anchor"]

@@ -342,6 +342,58 @@ def test_pointwise_conv_takes_a_prologue_in_its_packing(n):
     assert len(proj) == 1 and proj[0].kernels[0].__name__ == "matmul_cpu", [s.name for s in steps]
 
 
+def test_squeeze_excitation_moves_a_projection_onto_the_gemm(monkeypatch):
+    """EfficientNet's 672 -> 112 projection at 14x14: routed alone to the direct template, which
+    takes no prologue (the ``x * s`` before it would be a kernel of its own); the cost model
+    prices the implicit GEMM with ``x * s`` in its packing below the two, so the projection is
+    re-anchored there: one kernel, matching eager."""
+    torch.manual_seed(0)
+    model = SqueezeExcite(672, 28, 112).eval()
+    x = torch.randn(1, 672, 14, 14)
+    with torch.no_grad():
+        want = model(x)
+
+    def steps():
+        fast = taskmap.compile(model, progress=False)
+        torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-5)
+        return fast._entry(fast._bind((x,), {})).ready(False).steps
+
+    proj = [s for s in steps() if s.name.startswith("binary") and "conv2d" in s.name]
+    assert len(proj) == 1 and proj[0].kernels[0].__name__ == "matmul_cpu"
+    # alone, the projection is on the direct template (the re-anchoring is what fused the multiply)
+    monkeypatch.setattr(lower_mod, "gemm_takes_prologue", lambda *a: False)
+    plain = steps()
+    assert any(s.name.startswith("binary") and "conv2d" not in s.name for s in plain), [s.name for s in plain]
+    assert [s for s in plain if s.name.startswith("conv2d")][-1].kernels[0].__name__ == "conv_cpu_cvec"
+
+
+def _se_graph(scale_shape=(1, 48, 1, 1), constant=False, reused=False, kernel=1):
+    """``conv(x * s)``: ``s`` per channel (computed, or a constant), the product read once (or
+    returned too)."""
+    b = GraphBuilder()
+    x = b.input((1, 48, 14, 14), f32)
+    s = b.constant(rand(*scale_shape)) if constant else b.input(scale_shape, f32)
+    y = b.op(OpKind.BINARY, [x, s], BinaryAttrs(BinaryFn.MUL))
+    out = b.op(OpKind.CONV2D, [y, b.constant(rand(16, 48, kernel, kernel))], Conv2dAttrs((1, 1), (kernel // 2,) * 2))
+    graph = b.build([out, y] if reused else [out])
+    return graph, graph.producer(out)
+
+
+@pytest.mark.parametrize("case", ["se", "constant", "reused", "full", "3x3"])
+def test_channel_scales_before_a_conv(case):
+    """What counts as squeeze-and-excitation's scaling for the re-anchoring: a computed per-channel
+    scale read by the convolution alone, a 1x1 one for the GEMM's packing to take."""
+    from taskmap.graph.lower_anchor import gemm_takes_prologue
+
+    graph, conv = _se_graph(constant=case == "constant", reused=case == "reused",
+                            scale_shape=(1, 48, 14, 14) if case == "full" else (1, 48, 1, 1),
+                            kernel=3 if case == "3x3" else 1)
+    found = lower_mod._channel_scale(graph, conv)
+    assert (found is not None) == (case in ("se", "3x3"))
+    if case == "3x3":                  # no B packing to take it
+        assert not gemm_takes_prologue(conv, found.output.numel, host_cpu_target())
+
+
 @pytest.mark.parametrize("relu", [False, True])
 def test_reshapes_ending_an_epilogue_are_views_of_what_the_kernel_writes(relu):
     """Group norm's ``(N, C, H, W) -> (N, G, -1)`` after a convolution: the conv's kernel (with its
