@@ -255,9 +255,10 @@ def _prologue_inputs(op: Op, target: Target) -> tuple[int, ...]:
 
 def _channel_scale(graph: Graph, op: Op) -> Op | None:
     """The producer of a CONV2D op's input when it is squeeze-and-excitation's ``x * scale``: a
-    multiply by a computed per-channel scale (``N x C x 1 x 1``), read by this op alone (not an output).  No kernel
-    before it can take it as an epilogue (its scale is reduced from ``x``): it is a prologue of
-    the convolution or a kernel of its own (:func:`.lower_anchor.gemm_takes_prologue`)."""
+    multiply by a computed per-channel scale (``N x C x 1 x 1``), read by this op alone and not a
+    graph output.  No kernel before it can take it as an epilogue (its scale is reduced from
+    ``x``): it is a prologue of the convolution or a kernel of its own
+    (:func:`.lower_anchor.gemm_takes_prologue`)."""
     if op.kind is not OpKind.CONV2D:
         return None
     x = op.inputs[0]
