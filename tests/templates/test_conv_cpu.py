@@ -508,26 +508,28 @@ def _silu_epilogue(p: ConvProblem):
 @pytest.mark.parametrize("window, hw", [((1, 1, 0, 1), 7), ((3, 1, 1, 1), 7), ((3, 2, 1, 1), 13), ((1, 1, 0, 1), 5)],
                          ids=["1x1-7x7-in-place", "3x3-7x7-padded", "3x3s2-13x13", "1x1-5x5"])
 @pytest.mark.parametrize("n, cores", [(1, CPU.num_cores), (2, 2), (5, 2), (3, 1)])
-def test_channel_kernel_whole_planes(window, hw, n, cores):
+@pytest.mark.parametrize("target", LANE_TARGETS)
+def test_channel_kernel_whole_planes(window, hw, n, cores, target):
     """Rows shorter than a vector, one tile each: a unit is a channel panel of one image, its rows
     written into the core's planes, then each channel's plane stored by one vector loop with a
     fused bias + SiLU — in place or from the padded copy, image by image and padded per core
-    (``n`` 5), the last panel partial (85 channels), against torch in float64."""
+    (``n`` 5), the last panel partial (85 channels), against torch in float64; 16 and 8 lanes."""
     k, s, pad, d = window
+    lanes = max(4, target.vector_bytes // 4)
     p = ConvProblem(n, 6, hw, hw, 85, k, k, s, s, pad, pad, pad, pad, d, d, 1, "float32", False, True)
-    sched = channel_schedule(7, 1, packed=True, cores=cores)
-    cfg = CONV_CPU.config(p, CPU, sched)
+    sched = Schedule.of(vec="channels", mr=7, nr=lanes, cores=cores, kc=0, packed=True)
+    cfg = CONV_CPU.config(p, target, sched)
     assert cfg.planes and cfg.workspace(p.n, p.cin, p.oh, p.ow) >= cores * cfg.nr * (p.oh * p.ow + cfg.mrp)
     x, w, b = data(p, seed=n + hw)
     plain = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)     # the kernel alone
-    kernel = CONV_CPU.instantiate(p, CPU, sched)
-    kernel(*CONV_CPU.arguments(p, [x, w], [plain], sched, CPU))
+    kernel = CONV_CPU.instantiate(p, target, sched)
+    kernel(*CONV_CPU.arguments(p, [x, w], [plain], sched, target))
     ref = reference(p, x, w)
     assert_close(plain, ref, **tol(p))
     fused = fuse(kernel, {}, {"c": _silu_epilogue(p)}, direct_sizes(p))
     out = np.full(plain.shape, np.nan, np.float32)
-    avail = {"x": x, "wt": CONV_CPU.weights(p, sched, w), "eb": b, "y": out,
-             "xp": np.full(CONV_CPU.workspace_size(p, sched, CPU), np.nan, np.float32)}
+    avail = {"x": x, "wt": CONV_CPU.weights(p, sched, w, target), "eb": b, "y": out,
+             "xp": np.full(CONV_CPU.workspace_size(p, sched, target), np.nan, np.float32)}
     fused(*[avail[q.name] for q in fused.func.params])
     z = ref + b[None, :, None, None]
     assert_close(out, z / (1.0 + np.exp(-z)), **tol(p))
