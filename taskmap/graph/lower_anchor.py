@@ -49,7 +49,7 @@ from ..ops.transform import reshape_compute
 from ..runtime.kernel import Kernel
 from ..schedule import tune
 from ..templates.base import Schedule
-from ..templates.conv_cpu import CONV_CPU, gemm_cost, gemm_space
+from ..templates.conv_cpu import CONV_CPU, best_gemm, gemm_cost
 from ..templates.conv_problem import ConvProblem
 from ..templates.matmul_cpu import CALL_COST, COPY_BANDWIDTH, FORK_COST, MATMUL_CPU
 from ..templates.matmul_cpu_bf16 import MATMUL_CPU_BF16
@@ -281,10 +281,9 @@ def gemm_takes_prologue(op: Op, elements: int, target: Target) -> bool:
             not anc.conv.pointwise:
         return False
     p = anc.conv
-    space = gemm_space(p, target)
-    if not space:
+    gemm = best_gemm(p, target)
+    if gemm is None:
         return False
-    gemm = min(space, key=lambda s: gemm_cost(p, target, s))
     if gemm_cost(p, target, gemm) >= CONV_ROUTE_CPU.cost(p, target, anc.direct) + _alone_seconds(elements, target):
         return False
     with _ANCHORS_LOCK:

@@ -416,9 +416,15 @@ def gemm_cost(p: ConvProblem, target: Target, schedule: Schedule) -> float:
     return MATMUL_CPU.cost(mp, target, schedule) + gather
 
 
+def best_gemm(p: ConvProblem, target: Target) -> Schedule | None:
+    """The implicit GEMM's schedule the cost model ranks first (None: no point applies)."""
+    return min(gemm_space(p, target), key=lambda s: gemm_cost(p, target, s), default=None)
+
+
 def implicit_gemm_cost(p: ConvProblem, target: Target) -> float:
     """The implicit GEMM's estimated seconds on its best schedule."""
-    return min((gemm_cost(p, target, s) for s in gemm_space(p, target)), default=float("inf"))
+    best = best_gemm(p, target)
+    return float("inf") if best is None else gemm_cost(p, target, best)
 
 
 def direct_cost(p: ConvProblem, target: Target, schedule: Schedule) -> float:
@@ -440,4 +446,5 @@ def select(p: ConvProblem, target: Target) -> Schedule | None:
     return best if costs[best] < implicit_gemm_cost(p, target) else None
 
 
-__all__ = ["CONV_CPU", "ConvCpuTemplate", "direct_cost", "gemm_cost", "gemm_space", "implicit_gemm_cost", "select"]
+__all__ = ["CONV_CPU", "ConvCpuTemplate", "best_gemm", "direct_cost", "gemm_cost", "gemm_space", "implicit_gemm_cost",
+           "select"]
