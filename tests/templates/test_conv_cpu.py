@@ -336,13 +336,15 @@ def test_constant_weights_route_resnet_layers_to_packed_panels():
 
 
 @pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
-def test_channel_micro_kernel_assembly():
+@pytest.mark.parametrize("pf", [0, 1024])
+def test_channel_micro_kernel_assembly(pf):
     """The channel kernel's hot loop (one tap of a 7 x 4-vector tile): 4 aligned vector loads of
     the panel, 7 broadcasts, 28 FMAs, the accumulators in registers.  The tile fills the 32
     registers exactly: gcc's tuning for Intel parts (``-march=native`` on a Cascade Lake) keeps
     one accumulator on the stack (a load and a store per tap), its AMD tuning none — the check
-    allows that one and no more."""
-    cfg = CvecConfig(7, 64, 16, 1, 3, 3, 1, 1, 1, 1, 1, 1, 0, True)
+    allows that one and no more.  With ``pf``, a prefetch per cache line of the tap's panel row
+    (4), and the input rows' prefetches outside the tap loop."""
+    cfg = CvecConfig(7, 64, 16, 1, 3, 3, 1, 1, 1, 1, 1, 1, 0, True, pf=pf)
     src = build_cvec(cfg).build("cpu").source_path
     asm = subprocess.run(["gcc", *ASM_FLAGS, "-S", src, "-o", "-"],
                          capture_output=True, text=True, check=True).stdout
@@ -352,6 +354,20 @@ def test_channel_micro_kernel_assembly():
     assert hot.count("vfmadd") == 28
     assert hot.count("vbroadcastss") + hot.count("{1to16}") == 7
     assert hot.count("(%rsp)") <= 2 and "gather" not in hot
+    assert hot.count("prefetcht0") == (4 if pf else 0)
+    assert asm.count("prefetcht0") > hot.count("prefetcht0") or not pf       # the input rows'
+
+
+def test_channel_kernel_prefetches_in_the_graph_config():
+    """The template's configurations prefetch (``pf``: the matmul's distance along the weight
+    stream); the input ``pf / (kh kw NR)`` channels ahead, past the last channel and image
+    harmlessly (a prefetch never faults: every kernel test here runs with it)."""
+    from taskmap.templates.panels import PREFETCH_BYTES
+
+    p = ConvProblem(1, 576, 14, 14, 96, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True)
+    assert CONV_CPU.config(p, CPU, channel_schedule(14, 2, packed=True)).pf == PREFETCH_BYTES // 4
+    src = CONV_CPU.instantiate(p, CPU, channel_schedule(14, 2, packed=True)).build("cpu").source
+    assert src.count("__builtin_prefetch(") >= 3
 
 
 @pytest.mark.parametrize("schedule", [Schedule.of(mr=6, nr=64, cores=1, shift=False),
