@@ -263,6 +263,30 @@ def test_b_rows_a_page_apart_are_read_in_place_for_short_k():
 
 
 @pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_b_in_place_is_prefetched_rows_ahead():
+    """B read in place: each step of K prefetches the lines of its row ``B_ROWS_AHEAD`` rows on
+    (the tile's 3 vectors, wherever the row starts: 4 lines), beside the 24 FMAs; packed B, none
+    of its own (its panels are prefetched only when packed beforehand)."""
+    from taskmap.templates.matmul_cpu_kernel import B_ROWS_AHEAD
+
+    def hot_loop(pack_b):
+        cfg = CpuConfig(8, 48, 256, 4, "n", True, pack_b, 24, 16, 2, False, True, False, False, pre_a=True, pf=1024)
+        src = build_kernel(cfg).build("cpu")
+        asm = subprocess.run(["gcc", *ASM_FLAGS, "-S", src.source_path, "-o", "-"],
+                             capture_output=True, text=True, check=True).stdout
+        loops = [body for body in re.split(r"\n\.L\d+:\n", asm) if body.count("vfmadd231ps") == 24]
+        assert loops, "no loop with 24 FMAs (the 8 x 48 register tile)"
+        return src.source, sorted(body.split("\n\t j")[0].count("prefetcht0") for body in loops)
+
+    source, prefetches = hot_loop(False)      # (a B narrower than a panel is packed: that loop too)
+    assert f"+ {B_ROWS_AHEAD})" in source or f"{B_ROWS_AHEAD} +" in source
+    assert prefetches[-1] == 1 + 4                  # A's panel, B's row
+    assert hot_loop(True)[1] == [1]
+    check(MatmulProblem(1, 19, 1100, 300, a_batched=False, const_a=True),
+          sched(mr=8, nr=48, kc=256, split="n", pack_b=False))
+
+
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
 def test_micro_kernel_assembly():
     """The hot loop of the 12x32 kernel: 24 FMAs with broadcasts, 2 vector loads, no gathers."""
     cfg = CpuConfig(12, 32, 384, 8, "m", True, True, 24, 16, 2, True, True, False, False)
