@@ -28,6 +28,8 @@ from ..runtime.kernel import Kernel
 from .base import Schedule
 from .reduce import view
 from .reduce_kernels import lanes_of
+from .window_chan import ChanConfig, fits
+from .window_chan import build_kernel as build_chan
 from .window_kernels import cpu_global, cpu_window, gpu_window, staging
 
 OPS = ("max", "avg", "conv")
@@ -44,6 +46,15 @@ STAGING_TARGET_BYTES = 48 * 1024
 #: stores have drained from the store queue (Zen 4: 64 stores).  Measured: 14% off 1024x7x7;
 #: no gain (or a loss) from 14x14 planes on, whose own staging takes long enough.
 STAGE_AHEAD_BYTES = 4 * 1024
+#: Cycles of the channel-lane depthwise kernel (:mod:`.window_chan`) per unit of ``V`` channels
+#: besides its taps: per ``V x V`` block transposed (the input and the outputs), per element moved
+#: lane by lane (a plane's pixels short of a block, taps short of one), per vector of the padded
+#: frame (zeroed, then the pixels copied in) and per vector stored.  Rough, from its instruction
+#: counts; on the Xeon of session 33 (two cores, side by side with the row kernel's best point):
+#: 1152 channels 5x5 at 7x7 54-56 vs 97-105 us, 960 3x3 at 7x7 44-57 vs 48-67, 672 5x5 stride 2
+#: 14x14 -> 7x7 56 vs 87; at 14x14 outputs the row kernel's 14 of 16 lanes won (672 5x5: 106 vs
+#: 129, 384 3x3: 33 vs 51), so the channel lanes are offered for rows of at most half the lanes.
+CHAN_CYCLES = {"block": 48.0, "lane": 1.0, "frame": 1.0, "store": 1.0}
 
 
 @dataclass(frozen=True)
@@ -124,7 +135,7 @@ class WindowTemplate:
     """Pooling and depthwise convolution (see the module docstring)."""
 
     name = "window"
-    version = 3  # 3: rows shorter than the lanes stored through a flat buffer (2: NaN-free max pooling)
+    version = 4  # 4: the channel-lane depthwise kernel (3: short rows through a flat buffer)
 
     def __repr__(self) -> str:
         return "<WindowTemplate>"
@@ -142,7 +153,9 @@ class WindowTemplate:
             # full or half vector registers; max pooling keeps full ones: its three operations per
             # tap are bound by instruction throughput, where full registers issue half as many
             widths = [lanes] + ([lanes // 2] if lanes >= 8 and problem.op != "max" else [])
-            return [Schedule.of(lanes=v, rows=r) for v in widths for r in (1, 2) if r <= max(1, problem.oh)]
+            rows = [Schedule.of(lanes=v, rows=r) for v in widths for r in (1, 2) if r <= max(1, problem.oh)]
+            chan = self._chan_config(problem, target, lanes)
+            return rows + ([Schedule.of(lanes=lanes, rows=0, chan=True)] if chan is not None else [])
         return [Schedule.of(block=bs) for bs in (128, 256) if bs <= target.max_threads_per_block]
 
     def cost(self, problem: WindowProblem, target: Target, schedule: Schedule) -> float:
@@ -157,6 +170,8 @@ class WindowTemplate:
             cores = max(1, min(target.num_cores, p.n * p.c_out * p.oh))
             if p.is_global:
                 return traffic / bw + outputs * 20 / (clock * cores)
+            if schedule.get("chan", False):
+                return self._chan_cost(p, target, schedule, traffic / bw)
             lanes, group = schedule["lanes"], schedule["rows"]
             vbytes = lanes * p.compute_type.nbytes
             # vector operations per cycle: two of up to 256 bits; 512-bit ones at the host's
@@ -185,8 +200,43 @@ class WindowTemplate:
         latency = waves * p.taps * 24 / clock
         return max(traffic / bw, latency * tail) + 3e-6 + (0 if block == 256 else 1e-9)
 
+    @staticmethod
+    def _chan_config(p: WindowProblem, target: Target, lanes: int) -> ChanConfig | None:
+        """The channel-lane kernel's configuration for ``p``, where it is offered: an f32
+        depthwise convolution (one output channel per input channel) whose output rows fill at
+        most half of the lanes, within the kernel's stack budget."""
+        if p.op != "conv" or p.mult != 1 or p.dtype != "float32" or p.adaptive or 2 * p.ow > lanes:
+            return None
+        work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
+        cores = target.num_cores if target.num_cores > 1 and work >= PARALLEL_MIN_WORK else 1
+        cfg = ChanConfig(p.n, p.c_in, p.h, p.w, p.oh, p.ow, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw,
+                         p.bias, lanes, cores)
+        return cfg if fits(cfg) else None
+
+    def _chan_cost(self, p: WindowProblem, target: Target, schedule: Schedule, memory: float) -> float:
+        """The channel-lane kernel: per unit its taps (per output row and tap, a weight load and
+        ``OW`` FMAs with memory operands: whichever of the FMAs and the loads is slower) and the
+        staging and transposed stores (:data:`CHAN_CYCLES`), over the cores."""
+        cfg = self._chan_config(p, target, schedule["lanes"])
+        assert cfg is not None
+        V, c = cfg.lanes, CHAN_CYCLES
+        hp, wp = cfg.frame
+        taps = p.oh * p.taps * max(p.ow / target.vector_fma_rate, (p.ow + 1) / 2.0)
+        hw = p.h * p.w
+        blocks = hw // V + p.taps // V + cfg.pixels // V
+        lanes = V * (hw % V + p.taps % V)
+        moves = hp * wp + hw
+        stores = V * -(-p.oh * p.ow // V)
+        cycles = taps + c["block"] * blocks + c["lane"] * lanes + c["frame"] * moves + c["store"] * stores
+        work = -(-cfg.units // cfg.cores) * cycles / (target.clock_hz or 2.5e9)
+        return max(memory, work) + 0.25 * min(memory, work) + 2e-6
+
     def instantiate(self, problem: WindowProblem, target: Target, schedule: Schedule) -> Kernel:
         p = problem
+        if target.kind is TargetKind.CPU and schedule.get("chan", False):
+            cfg = self._chan_config(p, target, schedule["lanes"])
+            assert cfg is not None, (p, schedule)
+            return build_chan(cfg)
         if target.kind is TargetKind.CPU:
             work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
             parallel = target.num_cores > 1 and work >= PARALLEL_MIN_WORK and p.n * p.c_out * p.oh > 1

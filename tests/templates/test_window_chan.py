@@ -1,0 +1,134 @@
+"""The depthwise kernel with the channels in the lanes (taskmap.templates.window_chan): numerics
+against torch in float64 (whole and partial blocks of channels, strides, dilation, padding, with
+and without a bias, 16 and 8 lanes, one and two cores), where the window template offers and takes
+it, and a compiled block whose depthwise conv + BatchNorm + SiLU runs on it as one kernel."""
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import taskmap
+from taskmap import ops
+from taskmap.backends.base import host_cpu_target
+from taskmap.templates.window import WINDOW, WindowProblem, output_size
+from taskmap.templates.window_chan import CHAN_STACK_BYTES, ChanConfig, build_kernel, fits
+from taskmap.testing import assert_close
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.models.cnn_defs import randomize_bn  # noqa: E402
+
+CPU = host_cpu_target()
+
+
+def _config(n, c, hw, k, s, p, d=1, bias=True, lanes=16, cores=CPU.num_cores, w=None):
+    w = hw if w is None else w
+    oh, ow = output_size(hw, k, s, p, p, d), output_size(w, k, s, p, p, d)
+    return ChanConfig(n, c, hw, w, oh, ow, k, k, s, s, p, p, d, d, bias, lanes, cores)
+
+
+def _run(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((cfg.n, cfg.c, cfg.h, cfg.w)).astype(np.float32)
+    w = rng.standard_normal((cfg.c, cfg.kh * cfg.kw)).astype(np.float32)
+    b = rng.standard_normal(cfg.c).astype(np.float32)
+    y = np.full((cfg.n, cfg.c, cfg.oh, cfg.ow), np.nan, np.float32)
+    build_kernel(cfg)(*([x, w, b, y] if cfg.bias else [x, w, y]))
+    ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double().reshape(cfg.c, 1, cfg.kh, cfg.kw),
+                   torch.from_numpy(b).double() if cfg.bias else None, (cfg.sh, cfg.sw), (cfg.ph, cfg.pw),
+                   (cfg.dh, cfg.dw), cfg.c).numpy()
+    assert_close(y, ref, rtol=1e-5, atol=1e-5 * cfg.kh * cfg.kw)
+
+
+@pytest.mark.parametrize("n, c, hw, k, s, p, d", [
+    (1, 1152, 7, 5, 1, 2, 1),        # EfficientNet-B0's 7x7 layers: whole blocks of 16 channels
+    (1, 960, 7, 3, 1, 1, 1),         # MobileNetV2's (9 taps: short of a transposed block)
+    (2, 672, 14, 5, 2, 2, 1),        # stride 2 to 7x7, two images
+    (3, 20, 7, 3, 1, 1, 1),          # a partial block of channels (20 = 16 + 4), three images
+    (1, 5, 9, 5, 2, 1, 2),           # fewer channels than lanes, dilation 2, less padding than the window
+    (2, 40, 13, 3, 2, 0, 1),         # no padding: input rows and columns past the frame unused
+    (1, 24, 4, 3, 1, 3, 1),          # padding wider than the image
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_torch(n, c, hw, k, s, p, d, bias):
+    _run(_config(n, c, hw, k, s, p, d, bias))
+
+
+@pytest.mark.parametrize("lanes, cores", [(8, 1), (8, 2), (16, 1)])
+def test_eight_lanes_and_one_core(lanes, cores):
+    """AVX2's 8 lanes (4 x 4-pixel output rows) and a single core."""
+    _run(_config(2, 27, 8, 3, 2, 1, lanes=lanes, cores=cores), seed=lanes + cores)
+    _run(_config(1, 16, 5, 5, 1, 2, lanes=lanes, cores=cores, w=3), seed=cores)
+
+
+def test_fits_the_stack_budget():
+    assert fits(_config(1, 1152, 7, 5, 1, 2)) and fits(_config(1, 672, 14, 5, 1, 2))
+    assert not fits(_config(1, 32, 112, 3, 1, 1))                          # a 112x112 frame
+    assert _config(1, 32, 28, 5, 1, 2).stack_bytes > CHAN_STACK_BYTES
+    assert not fits(_config(1, 16, 31, 1, 1, 0))                           # 31 accumulators + a weight
+
+
+def _problem(c, hw, k=3, s=1, n=1, mult=1, op="conv", dtype="float32"):
+    p = k // 2
+    o = output_size(hw, k, s, p, p, 1)
+    return WindowProblem(op, n, c, hw, hw, o, o, k, k, s, s, p, p, 1, 1, mult=mult, dtype=dtype, bias=op == "conv")
+
+
+def _best(problem, target=CPU):
+    return min(WINDOW.space(problem, target), key=lambda sc: WINDOW.cost(problem, target, sc))
+
+
+@pytest.mark.skipif(CPU.vector_bytes < 64, reason="the 7x7 rows fill half of 16 lanes: AVX-512 hosts")
+def test_offered_for_rows_of_at_most_half_the_lanes_and_taken_there():
+    """7x7 outputs (at most half of 16 lanes): offered and ranked first — on Zen 4's, Zen 5's and
+    the Xeon's 512-bit rates; 14x14 outputs (14 of 16 lanes on the row kernel), pooling, channel
+    multipliers and half floats: not offered."""
+    for rate in (1.0, 1.75, 2.0):
+        target = dataclasses.replace(CPU, fma512_per_cycle=rate)
+        for problem in (_problem(1152, 7, 5), _problem(960, 7), _problem(672, 14, 5, 2), _problem(1152, 7, 5, n=8)):
+            assert _best(problem, target).get("chan"), (rate, problem)
+    chan = lambda problem: any(sc.get("chan") for sc in WINDOW.space(problem, CPU))
+    assert not chan(_problem(672, 14, 5)) and not chan(_problem(384, 14))
+    assert not chan(_problem(64, 7, op="max")) and not chan(_problem(32, 7, mult=2))
+    assert not chan(_problem(64, 7, dtype="float16"))
+
+
+def test_ops_depthwise_runs_it():
+    """``taskmap.ops.depthwise_conv2d`` on a 7x7 image takes the channel kernel (AVX-512 hosts) and
+    matches torch, with and without a bias."""
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.standard_normal((2, 48, 7, 7)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((48, 1, 5, 5)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal(48).astype(np.float32))
+    for bias in (b, None):
+        ref = F.conv2d(x.double(), w.double(), None if bias is None else bias.double(), 1, 2, 1, 48).float()
+        assert_close(ops.depthwise_conv2d(x, w, bias, 1, 2), ref, rtol=1e-5, atol=3e-4)
+
+
+class _Block(nn.Module):
+    def __init__(self, c=96, k=5):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, k, 1, k // 2, groups=c, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.dw(x))) + x
+
+
+@pytest.mark.skipif(CPU.vector_bytes < 64, reason="the 7x7 rows fill half of 16 lanes: AVX-512 hosts")
+def test_compiled_block_fuses_bn_silu_and_residual_into_its_stores():
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model = randomize_bn(_Block())
+    x = torch.randn(2, 96, 7, 7)
+    fast = taskmap.compile(model, (x,))
+    with torch.no_grad():
+        assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+    steps = [s for e in fast.entries.values() for s in e.compiled.steps]
+    assert len(steps) == 1
+    assert [k.__name__ for k in steps[0].kernels] == ["depthwise_conv2d_cpu_chan"]
