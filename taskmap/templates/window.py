@@ -207,8 +207,7 @@ class WindowTemplate:
         most half of the lanes, within the kernel's stack budget."""
         if p.op != "conv" or p.mult != 1 or p.dtype != "float32" or p.adaptive or 2 * p.ow > lanes:
             return None
-        work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
-        cores = target.num_cores if target.num_cores > 1 and work >= PARALLEL_MIN_WORK else 1
+        cores = target.num_cores if _parallel(p, target) else 1
         cfg = ChanConfig(p.n, p.c_in, p.h, p.w, p.oh, p.ow, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw,
                          p.bias, lanes, cores)
         return cfg if fits(cfg) else None
@@ -238,8 +237,7 @@ class WindowTemplate:
             assert cfg is not None, (p, schedule)
             return build_chan(cfg)
         if target.kind is TargetKind.CPU:
-            work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
-            parallel = target.num_cores > 1 and work >= PARALLEL_MIN_WORK and p.n * p.c_out * p.oh > 1
+            parallel = _parallel(p, target)
             if p.is_global:
                 return Kernel(cpu_global(p, _pow2_floor(schedule["lanes"]), parallel))
             cores = target.num_cores if parallel else 1
@@ -294,6 +292,12 @@ def plane_block(p: WindowProblem, rows: int, cores: int) -> int:
     total = p.n * p.c_out
     return max(g for g in range(1, max(1, want) + 1)
                if total % g == 0 and (g == 1 or cores == 1 or total // g >= 4 * cores))
+
+
+def _parallel(p: WindowProblem, target: Target) -> bool:
+    """Whether a CPU kernel of ``p`` runs on all the cores (:data:`PARALLEL_MIN_WORK`)."""
+    work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
+    return target.num_cores > 1 and work >= PARALLEL_MIN_WORK and p.n * p.c_out * p.oh > 1
 
 
 def _pow2_floor(n: int) -> int:
