@@ -126,6 +126,16 @@ class Fused:
     inv: IndexMap | None = None          # epilogue: anchor output index -> definition index
 
 
+def _elements(shape: tuple[E.Expr, ...]) -> int | None:
+    """The element count of a tensor type's shape; None when a dimension is symbolic."""
+    n = 1
+    for d in shape:
+        if not isinstance(d, E.Const):
+            return None
+        n *= int(d.value)
+    return n
+
+
 def _dims_text(shape: Any) -> str:
     return "[" + ", ".join(repr(d) if not isinstance(d, int) else str(d) for d in shape) + "]"
 
@@ -400,7 +410,7 @@ class Splicer(IRRewriter):
     def visit_Evaluate(self, ev: S.Evaluate) -> S.Stmt:
         call = ev.expr
         if isinstance(call, PrimCall) and call.op is Prim.PREFETCH and id(call.args[0].tensor) in self.fused:
-            return S.seq()      # a hint for memory the fused kernel no longer reads
+            return self._prefetch(call)
         if isinstance(call, PrimCall) and call.op in (Prim.COPY16, Prim.CP_ASYNC):
             dst, src = call.args[0], call.args[1]
             if call.op is Prim.CP_ASYNC and id(src.tensor) in self.fused and id(dst.tensor) not in self.fused:
@@ -413,6 +423,28 @@ class Splicer(IRRewriter):
                     all(_row_major(r.tensor.type) for r in (dst, src)):
                 return self.visit(self._expand_transpose(call))
         return self.generic_visit(ev)
+
+    def _prefetch(self, call: PrimCall) -> S.Stmt:
+        """A prefetch of an epilogue's parameter becomes prefetches of what its store touches there:
+        the output element (through the inverse index map) and the elements of the definition's
+        inputs as large as the output (a residual; smaller ones — a bias, a scale — are re-read
+        across a tile and stay in cache).  A prefetch of a prologue's parameter is dropped (its
+        reads may be gathers whose index arithmetic would cost more than the hint saves)."""
+        f = self.fused[id(call.args[0].tensor)]
+        if not f.epilogue:
+            return S.seq()
+        idx = tuple(self.visit(i) for i in call.args[0].indices)
+        out_idx = f.inv(*idx)
+        env: dict[Any, Any] = dict(zip(f.axes, out_idx))
+        env.update(self._inputs_env(f))
+        out = self.var_of(f.node)
+        size = _elements(out.type.shape)
+        refs = [E.Load(out, tuple(out_idx))]
+        for ld in collect(substitute(f.value, env), E.Load):
+            n = _elements(ld.tensor.type.shape)
+            if ld not in refs and (n >= size if n and size else ld.tensor.type.shape == out.type.shape):
+                refs.append(ld)
+        return S.seq(*(S.Evaluate(PrimCall(Prim.PREFETCH, (r, call.args[1]), call.type)) for r in refs))
 
     @staticmethod
     def _expand_transpose(call: PrimCall) -> S.Stmt:

@@ -1,7 +1,8 @@
 """``prefetch(t[i], level=1)``: a cache hint.  It changes no result, may point past the end of
 its tensor (a prefetch never faults), and renders as the CPU's prefetch instructions (gcc's
 ``__builtin_prefetch``), CUDA's ``prefetch.L1`` / ``prefetch.L2`` and nothing on HIP; the DSL's
-argument errors; fusion dropping the hint on a tensor a prologue replaces."""
+argument errors; fusion dropping the hint on a tensor a prologue replaces and turning one on an epilogue's output into
+hints on what the epilogue touches there."""
 from __future__ import annotations
 
 import numpy as np
@@ -133,3 +134,32 @@ def test_fusion_drops_the_hint_on_a_fused_input():
     k(x, c)
     np.testing.assert_array_equal(c, x * 3.0)
     assert "__builtin_prefetch" not in k.build("cpu").source
+
+
+@taskmap.kernel
+def filler(a: lf32[8, 64], c: lf32[8, 64]):
+    """c = 2 a, each row's first line of c prefetched before the row is computed."""
+    for r in range(8):
+        prefetch(c[r, 0])
+        for s in range(64):
+            c[r, s] = a[r, s] * 2.0
+
+
+def test_fusion_prefetches_what_an_epilogue_touches():
+    """An epilogue on the prefetched output (a transpose into ``out``, plus a residual the size of
+    the output and a bias per row): the hint becomes one on ``out`` at the element the store
+    writes, one on the residual there, none on the small bias; results unchanged."""
+    rng = np.random.default_rng(6)
+    x, res, bias = (rng.standard_normal(s).astype(np.float32) for s in ((8, 64), (64, 8), (8,)))
+    c = tensor_input("c", "float32", [8, 64])
+    r_in, b_in = tensor_input("res", "float32", [64, 8]), tensor_input("bias", "float32", [8])
+    out = compute("out", [64, 8], lambda i, j: c[j, i] + r_in[i, j] + b_in[j])
+    k = fuse(filler, epilogues={"c": out})
+    source = k.build("cpu").source
+    body = source.split("tm_kernel_filler", 1)[-1] if "tm_kernel_filler" in source else source
+    hints = [line.strip() for line in body.splitlines() if "__builtin_prefetch" in line]
+    assert len(hints) == 2, hints
+    assert any("&out[" in h for h in hints) and any("&res[" in h for h in hints)
+    y = np.full((64, 8), np.nan, np.float32)
+    k(x, res, bias, y)
+    np.testing.assert_allclose(y, 2.0 * x.T + res + bias, rtol=1e-6)
