@@ -45,6 +45,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import itertools
+from dataclasses import replace
+
 import numpy as np
 
 from ..backends.base import Target, TargetKind, host_cpu_target
@@ -135,6 +138,15 @@ SHARED_BANDWIDTH = 10e9
 #: fused matmul kernel): made only where it saves at least this share of the column panels' work
 #: (196 columns in panels of 48: 13%; 784: 4%; 3136: 1%, which measured 0.96-1.01 in ResNet-50).
 NARROW_MIN_SAVING = 0.03
+#: The batch is folded into the columns (``CpuConfig.fold``) only where that saves this share of
+#: the columns the tiles compute: a batch of 7x7 images (49 columns each: 64 computed, folded 50),
+#: not 14x14 ones (196: 208, folded 196; ResNet-50's 1x1 layers at batch 8 measured 0.93-1.01x as
+#: one problem of 1568 columns, two cores) nor 17x17 ones (289: 320 or 304, folded 290).
+FOLD_MIN_SAVING = 0.1
+#: Cycles a folded tile that straddles two images spends per K block storing (or loading) its
+#: rows in runs, one per image, through a tile buffer (fitted: 512 x 2048 x 49 at batch 8, two
+#: cores, folded 0.80x the batched kernel's time, 1.07x the same problem with 392 columns).
+FOLD_EDGE_CYCLES = 600
 #: C is stored past the caches (streaming stores of whole tiles) when it is larger than this share of
 #: the last-level cache: its consumers would find little of it there, and plain stores read every
 #: line of C from memory before writing it.
@@ -172,6 +184,21 @@ def _panels(units: int, per_batch: int, cores: int, core: int, last: float) -> f
     u0, u1 = core * units // cores, (core + 1) * units // cores
     lasts = u1 // per_batch - u0 // per_batch      # the q in [u0, u1) with q % per_batch == per_batch - 1
     return (u1 - u0) - lasts * (1.0 - last)
+
+
+def padded_columns(n: int, nr: int, lanes: int) -> int:
+    """Columns the register tiles compute for ``n``: whole panels, the last one narrow where
+    :func:`edge_lanes` says so."""
+    return n // nr * nr + (edge_lanes(n, nr, lanes) or (nr if n % nr else 0))
+
+
+def folds(p: MatmulProblem, nr: int, lanes: int) -> bool:
+    """Whether the batch may be folded into the columns (``CpuConfig.fold``): B batched and
+    packed (its panels gather the images' columns), A shared, C stored plainly, no bias along
+    the columns — and folding saves at least :data:`FOLD_MIN_SAVING` of the padded columns."""
+    if p.batch == 1 or not p.b_batched or p.a_batched or p.trans_b or p.trans_c or p.bias or p.const_b:
+        return False
+    return padded_columns(p.batch * p.n, nr, lanes) <= (1 - FOLD_MIN_SAVING) * p.batch * padded_columns(p.n, nr, lanes)
 
 
 def streams_c(p: MatmulProblem, target: Target) -> bool:
@@ -243,8 +270,8 @@ class MatmulCpuTemplate(KernelFamily):
         out = []
         for mr, nv in tiles:
             nr = nv * V
-            np_ = -(-p.n // nr)
-            for kc in kcs:
+            for fold, kc in itertools.product((False, True) if folds(p, nr, V) else (False,), kcs):
+                np_ = -(-p.n * (p.batch if fold else 1) // nr)
                 if mr * kc * 4 > L1_BYTES:
                     continue
                 for ncb in NCBS:
@@ -255,12 +282,12 @@ class MatmulCpuTemplate(KernelFamily):
                     for split in ("m", "n"):
                         big = split == "n" and min(kc, p.k) * ncb * nr * 4 > l2 // 2      # its B block not in L2
                         for pack_a in (True,) if p.const_a else (True, False):
-                            for pack_b in pack_bs:
+                            for pack_b in (True,) if fold else pack_bs:
                                 if big and ((pack_b and not p.const_b) or not any_block):
                                     continue
                                 for c in cores:
                                     out.append(Schedule.of(mr=mr, nr=nr, kc=kc, ncb=ncb, split=split, pack_a=pack_a,
-                                                           pack_b=pack_b, cores=c))
+                                                           pack_b=pack_b, cores=c, **({"fold": True} if fold else {})))
         return out
 
     # ------------------------------------------------------------------ cost
@@ -276,6 +303,12 @@ class MatmulCpuTemplate(KernelFamily):
             return self._rows_cost(p, target, s)
         mr, nr, kc, ncb, split, pack_a, pack_b, cores = (s[x] for x in ("mr", "nr", "kc", "ncb", "split", "pack_a",
                                                                          "pack_b", "cores"))
+        if s.get("fold", False):      # one problem of batch x n columns, plus the tiles that straddle images
+            folded = replace(p, batch=1, n=p.batch * p.n)
+            straddle = sum((j * nr) // p.n != min(j * nr + nr - 1, folded.n - 1) // p.n
+                           for j in range(-(-folded.n // nr))) * -(-p.m // mr) * -(-p.k // kc)
+            return self.cost(folded, target, Schedule.of(**{x: v for x, v in s.items() if x != "fold"})) + \
+                straddle / cores * FOLD_EDGE_CYCLES / (target.clock_hz or 2.5e9)
         pack_b = pack_b or p.trans_b
         V = lanes_of(target)
         clock = target.clock_hz or 2.5e9
@@ -381,11 +414,12 @@ class MatmulCpuTemplate(KernelFamily):
         mcb = max(1, l2 // 2 // (s["mr"] * s["kc"] * 4))          # the A block: half of L2
         pack_b = s["pack_b"] or problem.trans_b
         V = lanes_of(target)
+        fold = s.get("fold", False)
         return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], pack_b,
                          mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
                          problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b,
-                         edge_lanes(problem.n, s["nr"], V), PREFETCH_BYTES // 4,
-                         streams_c(problem, target))
+                         edge_lanes(problem.n * (problem.batch if fold else 1), s["nr"], V), PREFETCH_BYTES // 4,
+                         streams_c(problem, target) and not fold, fold)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)

@@ -28,6 +28,7 @@ from taskmap.templates.matmul_cpu import (
     ROW_TILES,
     SMALL_TILES,
     TILES,
+    edge_lanes,
     lanes_of,
     rows_off_line,
 )
@@ -581,3 +582,64 @@ def test_gemv_model_prefers_packed_weight_panels():
     p = MatmulProblem(1, 1, 1000, 1280, trans_b=True, bias=True, const_b=True, b_batched=False)
     best = min(MATMUL_CPU.space(p, CPU), key=lambda s: MATMUL_CPU.cost(p, CPU, s))
     assert not best.as_dict().get("dot") and best["mr"] == 1 and best["pack_b"]
+
+
+# ----------------------------------------------------------------------------- the batch folded into the columns
+
+
+def folded(**kw):
+    return Schedule.of(**dict(sched(**kw).params), fold=True)
+
+
+@FEW
+@given(batch=st.integers(2, 9), m=st.integers(1, 40), n=st.integers(1, 70), k=st.integers(1, 300),
+       split=st.sampled_from(["m", "n"]), tile=st.sampled_from([(6, 64), (8, 48), (12, 32)]),
+       kc=st.sampled_from([48, 256]), const_a=st.booleans(), cores=st.sampled_from([1, CPU.num_cores]))
+def test_folded_batch_matches_numpy(batch, m, n, k, split, tile, kc, const_a, cores):
+    """``fold``: a shared A times the batch's B side by side as one problem of ``batch x n``
+    columns — panels that gather from two or more images (``n`` below, at and above a panel's
+    width), K in blocks (partial sums stored per image and read back), the narrow last tile,
+    prepacked A, either split, one core or all."""
+    p = MatmulProblem(batch, m, n, k, a_batched=False, const_a=const_a)
+    s = folded(mr=tile[0], nr=tile[1], kc=kc, split=split, cores=cores)
+    cfg = MATMUL_CPU.config(p, CPU, s)
+    assert cfg.fold and cfg.ne == edge_lanes(batch * n, tile[1], lanes_of(CPU))     # of the folded columns
+    check(p, s, seed=batch * 1000 + n)
+
+
+def test_folded_batch_fuses_a_residual_epilogue():
+    """A folded kernel's stores, per image's run of a tile's columns, carry a residual + ReLU
+    epilogue (ResNet-50's 7x7 expansion convolutions at batch 8), K in three blocks."""
+    p = MatmulProblem(5, 70, 49, 200, a_batched=False)
+    schedule = folded(mr=8, nr=48, kc=70, ncb=2, split="n", cores=2)
+    cs = p.c_shape
+    c_in, res = tensor_input("c", "float32", list(cs)), tensor_input("res", "float32", list(cs))
+    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + res[b, i, j], 0.0))
+    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
+    fused = fuse(MATMUL_CPU.instantiate(p, CPU, schedule), {}, {"c": y}, sizes)
+    a, b, _ = operands(p)
+    wa, wb = MATMUL_CPU.workspace_sizes(p, schedule, CPU)
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "res": RNG.standard_normal(cs).astype(np.float32),
+              "y": np.full(cs, np.nan, np.float32), "cw": np.full(cs, np.nan, np.float32),
+              "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
+    fused(*(arrays[q.name] for q in fused.func.params))
+    assert_close(arrays["y"], np.maximum(reference(p, a, b, None) + arrays["res"], 0.0), rtol=1e-5, atol=1e-4)
+
+
+def test_fold_is_offered_where_it_saves_padding_and_chosen_there():
+    """Folding is in the space for a shared A and a batched, packable B whose images' columns
+    leave a panel mostly padding (7x7: 49 columns of 64), not for 14x14 (196: 208 computed) nor
+    one image, A batched, B transposed or a bias along the columns; the model takes it for
+    ResNet-50's 7x7 1x1 layers at batch 8, where it measured 1.14-1.27x (Xeon, two cores)."""
+    def has_fold(p):
+        return any(s.get("fold") for s in MATMUL_CPU.space(p, CPU) if "fold" in dict(s.params))
+
+    seven = MatmulProblem(8, 512, 49, 2048, a_batched=False, const_a=True)
+    assert has_fold(seven)
+    for p in (MatmulProblem(8, 1024, 196, 256, a_batched=False, const_a=True), dataclasses.replace(seven, batch=1),
+              dataclasses.replace(seven, a_batched=True), dataclasses.replace(seven, trans_b=True),
+              dataclasses.replace(seven, bias=True)):
+        assert not has_fold(p), p
+    for m, k in ((512, 2048), (2048, 512)):
+        p = MatmulProblem(8, m, 49, k, a_batched=False, const_a=True)
+        assert choose(MATMUL_CPU, p, ZEN4).get("fold")
