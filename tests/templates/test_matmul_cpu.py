@@ -626,6 +626,26 @@ def test_folded_batch_fuses_a_residual_epilogue():
     assert_close(arrays["y"], np.maximum(reference(p, a, b, None) + arrays["res"], 0.0), rtol=1e-5, atol=1e-4)
 
 
+def test_folded_batch_gathers_through_a_prologue():
+    """A prologue on B (a stride-2 1x1 convolution's gather: B[b, k, j] = X[b, k, 2 (j // 7), 2 (j % 7)])
+    is spliced into the folded panels' gathers: each image's run read through it."""
+    p = MatmulProblem(6, 40, 49, 90, a_batched=False)
+    schedule = folded(mr=8, nr=48, kc=50, ncb=2, split="m", cores=2)
+    x_in = tensor_input("x", "float32", [6, 90, 14, 14])
+    bdef = compute("b", [6, 90, 49], lambda b, k, j: x_in[b, k, 2 * (j // 7), 2 * (j % 7)])
+    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
+    fused = fuse(MATMUL_CPU.instantiate(p, CPU, schedule), {"b": bdef}, {}, sizes)
+    a = RNG.standard_normal(p.a_shape).astype(np.float32)
+    x = RNG.standard_normal((6, 90, 14, 14)).astype(np.float32)
+    wa, wb = MATMUL_CPU.workspace_sizes(p, schedule, CPU)
+    arrays = {"a": a, "x": x, "bias": np.zeros(1, np.float32), "c": np.full(p.c_shape, np.nan, np.float32),
+              "cw": np.full(p.c_shape, np.nan, np.float32), "wa": np.zeros(wa, np.float32),
+              "wb": np.zeros(wb, np.float32)}
+    fused(*(arrays[q.name] for q in fused.func.params))
+    b = x[:, :, ::2, ::2].reshape(6, 90, 49)
+    assert_close(arrays["c"], reference(p, a, b, None), rtol=1e-5, atol=1e-4)
+
+
 def test_fold_is_offered_where_it_saves_padding_and_chosen_there():
     """Folding is in the space for a shared A and a batched, packable B whose images' columns
     leave a panel mostly padding (7x7: 49 columns of 64), not for 14x14 (196: 208 computed) nor
