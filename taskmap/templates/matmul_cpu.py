@@ -419,7 +419,8 @@ class MatmulCpuTemplate(KernelFamily):
                          mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
                          problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b,
                          edge_lanes(problem.n * (problem.batch if fold else 1), s["nr"], V), PREFETCH_BYTES // 4,
-                         streams_c(problem, target) and not fold, fold)
+                         streams_c(problem, target) and not fold, fold,
+                         4 * problem.batch * problem.m * problem.n > l2 and not problem.trans_c)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)

@@ -17,7 +17,7 @@ and ``NP = ceil(n / NR)`` column panels of B:
   from memory when a model runs) are prefetched ``pf`` elements ahead in the K loop (``prefetch``),
   where the hardware prefetchers would stop at each 4 KiB page; B read in place, the lines of its
   row :data:`B_ROWS_AHEAD` steps of K ahead; the final tile of C (and what a fused epilogue
-  reads with it) before its last K loop (:data:`C_PREFETCH`).
+  reads with it) before its last K loop, where C does not fit a core's L2 (``pf_c``).
 * **cores**: ``spatial(P).parallel()``; ``split="m"`` gives each core a contiguous range of the
   ``batch * MP`` row panels (B packed once, in parallel, before; each core packs its own A
   panels while it first uses them), ``split="n"`` a range of the ``batch * NP`` column panels
@@ -73,14 +73,15 @@ PACK_CHUNK = 256
 #: as a producer kernel would): MobileNetV2's 144 -> 24 1x1 conv at 56x56 244 -> 210 us (warm
 #: 130), its 32 -> 16 at 112x112 204 -> 175 us; the whole model 1.01-1.02x.
 B_ROWS_AHEAD = 8
-#: With ``pf`` set (and C stored plainly, not transposed) the last K block prefetches its tile of
-#: C into L1 before its K loop: the tile's ``MR`` rows are a row of C apart, each on another page,
-#: and a fused epilogue's prefetches cover what it reads there too (a residual: see
-#: :meth:`taskmap.fusion.splice.Splicer._prefetch`).  In a model's flow those lines are in L3 or
-#: the other core's caches.  Measured (Xeon, two cores, whole model A/B in one process):
-#: ResNet-50 at batch 8 (its 1x1 convs with a residual add write 3.2 MB an image) 1.04-1.08x,
-#: batch 1 1.01x; into L2 rather than L1 0.93x of that.
-C_PREFETCH = True
+#: With ``pf_c`` set (C larger than a core's L2, stored plainly: ``MatmulCpuTemplate.config``)
+#: the last K block prefetches its tile of C into L1 before its K loop: the tile's ``MR`` rows are
+#: a row of C apart, each on another page, and a fused epilogue's prefetches cover what it reads
+#: there too (a residual: see :meth:`taskmap.fusion.splice.Splicer._prefetch`).  In a model's flow
+#: those lines are in L3 or the other core's caches.  Measured (Xeon, two cores, whole model A/B in
+#: one process): ResNet-50 at batch 8 (its 1x1 convs with a residual add write 3.2 MB an image)
+#: 1.04-1.08x, batch 1 1.01x; into L2 rather than L1 0.93x of that.  Prefetching every product's
+#: C, GPT-2 and BERT at batch 1 ran 0.92-0.99x (their C, 0.4-1.5 MB, stays in L2): hence the size
+#: test.
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class CpuConfig:
     pf: int = 0             # elements ahead the micro-kernel prefetches the ``pre_a`` / ``pre_b`` panels (0: none)
     stream: bool = False    # whole tiles of C stored past the caches (C does not fit them: :data:`STREAM_C`)
     fold: bool = False      # the batch folded into the columns (B batched and packed, A shared: see the doc)
+    pf_c: bool = False      # the last K block prefetches its tile of C (see the comment above ``CpuConfig``)
 
     def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
         """Elements of the two workspace buffers (packed A, packed B) — for ``pre_a`` / ``pre_b``,
@@ -154,7 +156,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     PF_A, PF_B = PF and PRE_A, PF and PRE_B
     B_LINES = -(-NR // LINE)
     PF_ROWS = B_ROWS_AHEAD if PF and not PACK_B else 0
-    PF_C = C_PREFETCH and PF and not STREAM and not cfg.trans_c     # the final tile's lines of C (see C_PREFETCH)
+    PF_C = cfg.pf_c and not STREAM and not cfg.trans_c     # the final tile's lines of C (see pf_c)
     row = spatial(NR)                                # one k-row of a B panel: one vector loop of NR lanes
                                                      # (gcc vectorizes predicated / gathered prologue loads
                                                      # in it; split into repeat x spatial it does not)

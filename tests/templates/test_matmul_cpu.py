@@ -663,3 +663,31 @@ def test_fold_is_offered_where_it_saves_padding_and_chosen_there():
     for m, k in ((512, 2048), (2048, 512)):
         p = MatmulProblem(8, m, 49, k, a_batched=False, const_a=True)
         assert choose(MATMUL_CPU, p, ZEN4).get("fold")
+
+
+def test_tiles_of_a_large_c_are_prefetched_with_the_residual():
+    """Where C does not fit a core's L2 (``pf_c``) the last K block prefetches its tile of C, and
+    fused into a residual epilogue those hints cover the output and the residual at the same
+    elements (not the per-row bias); a C that fits stays without.  Results unchanged."""
+    small_l2 = dataclasses.replace(CPU, l2_bytes=CPU.num_cores * (256 << 10))
+    s = sched(mr=6, nr=64, kc=64, ncb=2, split="n", cores=2)
+    assert not MATMUL_CPU.config(MatmulProblem(1, 32, 1000, 64), small_l2, s).pf_c        # 128 KB
+    p = MatmulProblem(2, 40, 1000, 70, a_batched=False)                                   # 320 KB
+    assert MATMUL_CPU.config(p, small_l2, s).pf_c
+    cs = p.c_shape
+    c_in, res, eb = (tensor_input("c", "float32", list(cs)), tensor_input("res", "float32", list(cs)),
+                     tensor_input("eb", "float32", [cs[1]]))
+    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + eb[i] + res[b, i, j], 0.0))
+    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
+    fused = fuse(MATMUL_CPU.instantiate(p, small_l2, s), {}, {"c": y}, sizes)
+    source = fused.build("cpu").source
+    assert "__builtin_prefetch((&y[" in source and "__builtin_prefetch((&res[" in source
+    assert "__builtin_prefetch((&eb[" not in source
+    a, b, _ = operands(p)
+    wa, wb = MATMUL_CPU.workspace_sizes(p, s, small_l2)
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
+              "res": RNG.standard_normal(cs).astype(np.float32), "y": np.full(cs, np.nan, np.float32),
+              "cw": np.full(cs, np.nan, np.float32), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
+    fused(*(arrays[q.name] for q in fused.func.params))
+    expect = np.maximum(reference(p, a, b, None) + arrays["eb"][None, :, None] + arrays["res"], 0.0)
+    assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
