@@ -331,6 +331,16 @@ class Splicer(IRRewriter):
     def _inputs_env(self, f: Fused) -> dict[Any, Any]:
         return {n.var: self.var_of(n) for n in walk(f.node) if isinstance(n, TensorInput) and n in f.new_nodes}
 
+    def _epilogue_env(self, f: Fused, indices: tuple[E.Expr, ...]) -> tuple[tuple[E.Expr, ...], dict[Any, Any]]:
+        """For the anchor's element ``indices`` of an epilogue's parameter: the output's index
+        (through the inverse map) and the substitution of the definition's axes and inputs there
+        (the hole, the anchor's value, is the caller's)."""
+        assert f.inv is not None and f.hole is not None
+        out_idx = tuple(f.inv(*(self.visit(i) for i in indices)))
+        env: dict[Any, Any] = dict(zip(f.axes, out_idx))
+        env.update(self._inputs_env(f))
+        return out_idx, env
+
     # -- expressions
     def visit_Var(self, v: E.Var) -> E.Var:
         f = self.fused.get(id(v))
@@ -397,13 +407,8 @@ class Splicer(IRRewriter):
             return self.generic_visit(st)
         if not f.epilogue:
             raise FusionError(f"the anchor writes its input '{f.param}': cannot splice a prologue into it")
-        idx = tuple(self.visit(i) for i in st.indices)
-        v = self.visit(st.value)
-        assert f.inv is not None and f.hole is not None
-        out_idx = f.inv(*idx)
-        env: dict[Any, Any] = dict(zip(f.axes, out_idx))
-        env[f.hole] = v
-        env.update(self._inputs_env(f))
+        out_idx, env = self._epilogue_env(f, st.indices)
+        env[f.hole] = self.visit(st.value)
         value = E.cast(substitute(f.value, env), f.node.dtype)
         return S.Store(self.var_of(f.node), tuple(out_idx), value, st.stream)
 
@@ -433,10 +438,7 @@ class Splicer(IRRewriter):
         f = self.fused[id(call.args[0].tensor)]
         if not f.epilogue:
             return S.seq()
-        idx = tuple(self.visit(i) for i in call.args[0].indices)
-        out_idx = f.inv(*idx)
-        env: dict[Any, Any] = dict(zip(f.axes, out_idx))
-        env.update(self._inputs_env(f))
+        out_idx, env = self._epilogue_env(f, call.args[0].indices)
         out = self.var_of(f.node)
         size = _elements(out.type.shape)
         refs = [E.Load(out, tuple(out_idx))]

@@ -42,11 +42,10 @@ bounds it from below, which is what ranks small-M points.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -415,12 +414,13 @@ class MatmulCpuTemplate(KernelFamily):
         pack_b = s["pack_b"] or problem.trans_b
         V = lanes_of(target)
         fold = s.get("fold", False)
+        stream = streams_c(problem, target) and not fold
         return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], pack_b,
                          mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
                          problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b,
                          edge_lanes(problem.n * (problem.batch if fold else 1), s["nr"], V), PREFETCH_BYTES // 4,
-                         streams_c(problem, target) and not fold, fold,
-                         4 * problem.batch * problem.m * problem.n > l2 and not problem.trans_c)
+                         stream, fold, 4 * problem.batch * problem.m * problem.n > l2 and not problem.trans_c
+                         and not stream)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)

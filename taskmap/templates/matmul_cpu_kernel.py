@@ -73,7 +73,8 @@ PACK_CHUNK = 256
 #: as a producer kernel would): MobileNetV2's 144 -> 24 1x1 conv at 56x56 244 -> 210 us (warm
 #: 130), its 32 -> 16 at 112x112 204 -> 175 us; the whole model 1.01-1.02x.
 B_ROWS_AHEAD = 8
-#: With ``pf_c`` set (C larger than a core's L2, stored plainly: ``MatmulCpuTemplate.config``)
+#: With ``pf_c`` set (C larger than a core's L2, stored plainly, neither streamed nor transposed:
+#: ``MatmulCpuTemplate.config``)
 #: the last K block prefetches its tile of C into L1 before its K loop: the tile's ``MR`` rows are
 #: a row of C apart, each on another page, and a fused epilogue's prefetches cover what it reads
 #: there too (a residual: see :meth:`taskmap.fusion.splice.Splicer._prefetch`).  In a model's flow
@@ -156,7 +157,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     PF_A, PF_B = PF and PRE_A, PF and PRE_B
     B_LINES = -(-NR // LINE)
     PF_ROWS = B_ROWS_AHEAD if PF and not PACK_B else 0
-    PF_C = cfg.pf_c and not STREAM and not cfg.trans_c     # the final tile's lines of C (see pf_c)
+    PF_C = cfg.pf_c                                  # the final tile's lines of C (see the comment on pf_c)
     row = spatial(NR)                                # one k-row of a B panel: one vector loop of NR lanes
                                                      # (gcc vectorizes predicated / gathered prologue loads
                                                      # in it; split into repeat x spatial it does not)
