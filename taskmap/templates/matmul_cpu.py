@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Target, TargetKind, host_cpu_target
+from ..errors import UnsupportedError
 from ..runtime.kernel import Kernel
 from .base import KernelFamily, Schedule
 from .matmul_cpu_dot import DotConfig, build_dot_kernel
@@ -191,11 +192,21 @@ def padded_columns(n: int, nr: int, lanes: int) -> int:
     return n // nr * nr + (edge_lanes(n, nr, lanes) or (nr if n % nr else 0))
 
 
+def fold_refusal(p: MatmulProblem) -> str | None:
+    """Why the batch of ``p`` cannot be folded into the columns (``CpuConfig.fold``), or None
+    where it can: B batched and packable (its panels gather the images' columns), A shared,
+    C stored plainly, no bias along the columns."""
+    reasons = [why for bad, why in ((p.batch == 1, "the batch is 1"), (not p.b_batched, "B is shared"),
+                                    (p.a_batched, "A is batched"), (p.trans_b, "B is transposed"),
+                                    (p.trans_c, "C is transposed"), (p.bias, "the product has a bias"),
+                                    (p.const_b, "B is a constant packed beforehand")) if bad]
+    return ", ".join(reasons) or None
+
+
 def folds(p: MatmulProblem, nr: int, lanes: int) -> bool:
-    """Whether the batch may be folded into the columns (``CpuConfig.fold``): B batched and
-    packed (its panels gather the images' columns), A shared, C stored plainly, no bias along
-    the columns — and folding saves at least :data:`FOLD_MIN_SAVING` of the padded columns."""
-    if p.batch == 1 or not p.b_batched or p.a_batched or p.trans_b or p.trans_c or p.bias or p.const_b:
+    """Whether the search offers the folded batch: it is possible (:func:`fold_refusal`) and
+    saves at least :data:`FOLD_MIN_SAVING` of the padded columns."""
+    if fold_refusal(p) is not None:
         return False
     return padded_columns(p.batch * p.n, nr, lanes) <= (1 - FOLD_MIN_SAVING) * p.batch * padded_columns(p.n, nr, lanes)
 
@@ -414,6 +425,8 @@ class MatmulCpuTemplate(KernelFamily):
         pack_b = s["pack_b"] or problem.trans_b
         V = lanes_of(target)
         fold = s.get("fold", False)
+        if fold and (why := fold_refusal(problem)) is not None:
+            raise UnsupportedError(f"matmul_cpu: schedule fold=True cannot fold the batch of {problem}: {why}")
         stream = streams_c(problem, target) and not fold
         return CpuConfig(s["mr"], s["nr"], s["kc"], s["ncb"], s["split"], s["pack_a"], pack_b,
                          mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,

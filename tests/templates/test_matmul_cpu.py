@@ -17,6 +17,7 @@ from taskmap import ops
 from taskmap.backends.base import host_cpu_target
 from taskmap.backends.cpu.build import CFLAGS
 from taskmap.compute import compute, tensor_input
+from taskmap.errors import UnsupportedError
 from taskmap.fusion import fuse
 from taskmap.ir import expr as E
 from taskmap.schedule.tune import choose
@@ -29,6 +30,8 @@ from taskmap.templates.matmul_cpu import (
     SMALL_TILES,
     TILES,
     edge_lanes,
+    fold_refusal,
+    folds,
     lanes_of,
     rows_off_line,
 )
@@ -663,6 +666,23 @@ def test_fold_is_offered_where_it_saves_padding_and_chosen_there():
     for m, k in ((512, 2048), (2048, 512)):
         p = MatmulProblem(8, m, 49, k, a_batched=False, const_a=True)
         assert choose(MATMUL_CPU, p, ZEN4).get("fold")
+
+
+def test_a_fold_that_cannot_be_built_is_refused_by_name():
+    """A hand-written ``fold=True`` for a problem the folded kernel cannot run raises
+    UnsupportedError naming every reason (never an assert or a wrong answer); without the
+    padding it saves, folding stays possible by hand (a 14x14 batch runs and matches)."""
+    seven = MatmulProblem(8, 64, 49, 96, a_batched=False)
+    for p, reasons in ((dataclasses.replace(seven, batch=1), ["the batch is 1"]),
+                       (dataclasses.replace(seven, a_batched=True), ["A is batched"]),
+                       (dataclasses.replace(seven, trans_b=True, bias=True), ["B is transposed", "a bias"]),
+                       (dataclasses.replace(seven, b_batched=False, const_b=True), ["B is shared", "constant"])):
+        with pytest.raises(UnsupportedError, match="fold=True") as info:
+            MATMUL_CPU.instantiate(p, CPU, folded())
+        assert all(r in str(info.value) for r in reasons), info.value
+    fourteen = MatmulProblem(3, 24, 196, 40, a_batched=False)
+    assert fold_refusal(fourteen) is None and not folds(fourteen, 32, lanes_of(CPU))
+    check(fourteen, folded(), seed=14)
 
 
 def test_tiles_of_a_large_c_are_prefetched_with_the_residual():
