@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from common import machine_description  # noqa: E402
-from models import MODELS, _MainOutput, make_model  # noqa: E402
+from models import MODELS, export_onnx, make_model  # noqa: E402
 
 import taskmap  # noqa: E402
 
@@ -81,7 +81,7 @@ def onnxruntime_side(model: torch.nn.Module, args: tuple[torch.Tensor, ...], thr
     runs); ``groups()``: each node's median over the timed runs, grouped by layer."""
     import onnxruntime as ort
     folder = Path(tempfile.mkdtemp())
-    torch.onnx.export(_MainOutput(model).eval(), args, str(folder / "model.onnx"), dynamo=False, opset_version=17)
+    export_onnx(model, args, folder / "model.onnx")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.enable_profiling = True

@@ -114,17 +114,23 @@ class _MainOutput(torch.nn.Module):
         return first_tensor(self.model(*args))
 
 
-def onnx_runner(model: torch.nn.Module, args: tuple[torch.Tensor, ...], threads: int) -> Callable[[], Any]:
-    import onnxruntime as ort
-    path = Path(tempfile.mkdtemp()) / "model.onnx"
+def export_onnx(model: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path) -> None:
+    """``model``'s main output exported to ``path``: the legacy TorchScript exporter (opset 17),
+    torch.export's where that one lacks an op (GPT-2's aten::diff)."""
     wrapped = _MainOutput(model).train(model.training)   # the exporter restores the wrapper's mode, recursively
     try:
         torch.onnx.export(wrapped, args, str(path), dynamo=False, opset_version=17)
-    except torch.onnx.errors.UnsupportedOperatorError as exc:     # GPT-2's aten::diff: the newer exporter
+    except torch.onnx.errors.UnsupportedOperatorError as exc:
         print(f"  (legacy ONNX export failed: {str(exc).splitlines()[0]}; using torch.export's)", flush=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(wrapped, args, str(path), dynamo=True)
+
+
+def onnx_runner(model: torch.nn.Module, args: tuple[torch.Tensor, ...], threads: int) -> Callable[[], Any]:
+    import onnxruntime as ort
+    path = Path(tempfile.mkdtemp()) / "model.onnx"
+    export_onnx(model, args, path)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
