@@ -54,6 +54,24 @@ def test_shared_while_an_owner_lives_and_rederived_when_the_values_change():
     assert D.entries() == before
 
 
+def test_values_derived_from_derived_values_are_not_checksummed(monkeypatch):
+    """Only the model's own buffers are checksummed: a value derived from one :func:`derived`
+    made (folded weights, then packed), or from a view of it, is shared without reading it."""
+    a = np.random.default_rng(1).standard_normal(D.MIN_BYTES // 4 + 16).astype(np.float32)
+    summed = []
+    crc32 = D.zlib.crc32
+    monkeypatch.setattr(D.zlib, "crc32", lambda data, value=0: (summed.append(data.nbytes), crc32(data, value))[1])
+    owner, other = _Owner(), _Owner()
+    with D.shared_by(owner):
+        folded = D.derived((a,), "twice", lambda: a * 2)
+        packed = D.derived((folded[::-1],), "packed", lambda: folded[::-1] + 1)
+    assert summed == [a.nbytes]
+    with D.shared_by(other):
+        again = D.derived((D.derived((a,), "twice", lambda: a * 2)[::-1],), "packed", lambda: folded[::-1] + 1)
+    assert again is packed and summed == [a.nbytes] * 2
+    np.testing.assert_array_equal(packed, (a * 2)[::-1] + 1)
+
+
 def test_a_failed_compile_keeps_nothing():
     a = np.ones(D.MIN_BYTES // 4 + 16, np.float32)
     before = D.entries()
