@@ -19,7 +19,8 @@ Models: ResNet-50, MobileNetV2, Inception-V3 and a ViT-Base/16 encoder (the hand
 definitions of the model tests, ``tests/models/``: there is no torchvision here), BERT-base and
 GPT-2 (``transformers`` configurations with random weights; sequence 128), images 224x224 (299
 for Inception), f32.  Every compiled model's output is checked against eager first.  Latencies are
-medians of repeated runs after warm-up, the peers taking turns over ``--rounds`` rounds.  The
+medians of repeated runs after warm-up, the peers taking turns over ``--rounds`` rounds (in
+reverse order every other round); a ratio is the median of the rounds' ratios.  The
 compile times run in fresh processes: "cold" with an empty taskmap cache directory, "cached"
 with the cache the cold run filled (tracing, graph passes and loading the kernels remain); each
 with its CPU seconds (the process's and its compilers'), which other load on the machine
@@ -199,10 +200,13 @@ def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers
                 print(f"  ({name}: no onnxruntime time: {type(exc).__name__}: {str(exc).splitlines()[0]})",
                       flush=True)
         samples: dict[str, list[float]] = {k: [] for k in calls}
-        for _ in range(rounds):
-            for k, fn in calls.items():
+        for r in range(rounds):                    # the order reversed every other round
+            for k, fn in (list(calls.items()) if r % 2 == 0 else reversed(calls.items())):
                 samples[k].append(timed(fn, seconds))
     t = {k: statistics.median(v) for k, v in samples.items()}
+    # the ratios: medians of each round's ratio (both sides timed a second apart see the same
+    # machine: a slow spell of the shared host moves both, the ratio less than either time)
+    ratio = {k: statistics.median(x / y for x, y in zip(v, samples["taskmap"])) for k, v in samples.items()}
     cold = cached = (0.0, 0.0)
     if compile_times:
         with tempfile.TemporaryDirectory() as cache:
@@ -210,7 +214,7 @@ def bench(name: str, batch: int, device: str, rounds: int, seconds: float, peers
             cached = compile_seconds(name, batch, device, cache)
     cols = ["taskmap", *PEERS]
     row = [name, str(batch)] + [f"{t[c] * 1e3:.1f}" if c in t else "-" for c in cols]
-    row += [f"{t[c] / t['taskmap']:.2f}" if c in t else "-" for c in cols[1:]]
+    row += [f"{ratio[c]:.2f}" if c in t else "-" for c in cols[1:]]
     steps = [st for e in fast.entries.values() for st in e.compiled.steps]
     row += [f"{cold[0]:.1f} (cpu {cold[1]:.1f})" if compile_times else "-",
             f"{cached[0]:.2f} (cpu {cached[1]:.2f})" if compile_times else "-",
