@@ -277,6 +277,15 @@ def _cpu_injective(p: Plan, t: Target, b: Builder) -> None:
                     b.store(p.out, idx, q.at(idx))
 
 
+def _partials(k: int, lanes: int) -> int:
+    """Partial results an inner reduction of ``k`` keeps per output: a power of two (summed in
+    halves at the end), up to four vectors (they hide the combine's latency on long rows), at most
+    half of ``k`` (a global average pool of 7 x 7: one vector, 3 full steps and one lane).
+    Summing 49 partials one after the other, a global pool of 8 x 1280 planes ran 2.6x as long
+    as PyTorch's (Xeon, two cores)."""
+    return 1 << (max(1, min(4 * lanes, k // 2)).bit_length() - 1)
+
+
 def _cpu_reduce(p: Plan, t: Target, b: Builder) -> None:
     red = p.reduction
     assert red is not None
@@ -284,7 +293,7 @@ def _cpu_reduce(p: Plan, t: Target, b: Builder) -> None:
     lanes = _lanes(t, acc_t)
     par = math.prod(p.shape) * K >= PARALLEL_MIN_WORK and math.prod(p.shape) > 1 and t.num_cores > 1
     if _inner_reduction(red) or not p.shape:
-        width = min(4 * lanes, K)  # partial sums per output: a few vectors hide the add latency
+        width = _partials(K, lanes)
         workers = spatial(*(p.shape or (1,)))
         with b.mapping(workers.parallel() if par else workers.sequential(), "abcdefgh") as o:
             o = list(o) if p.shape else []
@@ -298,10 +307,12 @@ def _cpu_reduce(p: Plan, t: Target, b: Builder) -> None:
             if K % width:
                 with b.mapping(spatial(K % width).vectorize(), "l") as (l,):
                     b.store(acc, (l,), op.combine(E.Load(acc, (l,)), p.reduce_value(o, full * width + l)))
-            total = b.let("total", op.identity(acc_t))
-            with b.loop("l", 0, width) as l:
-                b.assign(total, op.combine(total, E.Load(acc, (l,))))
-            b.store(p.out, o, p.at(o, total))
+            half = width // 2                # the partial sums in halves: log2(width) vector steps
+            while half:
+                with b.mapping(spatial(half).vectorize(), "l") as (l,):
+                    b.store(acc, (l,), op.combine(E.Load(acc, (l,)), E.Load(acc, (l + half,))))
+                half //= 2
+            b.store(p.out, o, p.at(o, E.Load(acc, (E.const(0),))))
         return
     n_inner = p.shape[-1]
     width = min(4 * lanes, n_inner)
