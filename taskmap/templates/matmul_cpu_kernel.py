@@ -73,16 +73,15 @@ PACK_CHUNK = 256
 #: as a producer kernel would): MobileNetV2's 144 -> 24 1x1 conv at 56x56 244 -> 210 us (warm
 #: 130), its 32 -> 16 at 112x112 204 -> 175 us; the whole model 1.01-1.02x.
 B_ROWS_AHEAD = 8
-#: With ``pf_c`` set (C larger than a core's L2, stored plainly, neither streamed nor transposed:
-#: ``MatmulCpuTemplate.config``)
-#: the last K block prefetches its tile of C into L1 before its K loop: the tile's ``MR`` rows are
-#: a row of C apart, each on another page, and a fused epilogue's prefetches cover what it reads
-#: there too (a residual: see :meth:`taskmap.fusion.splice.Splicer._prefetch`).  In a model's flow
-#: those lines are in L3 or the other core's caches.  Measured (Xeon, two cores, whole model A/B in
-#: one process): ResNet-50 at batch 8 (its 1x1 convs with a residual add write 3.2 MB an image)
-#: 1.04-1.08x, batch 1 1.01x; into L2 rather than L1 0.93x of that.  Prefetching every product's
-#: C, GPT-2 and BERT at batch 1 ran 0.92-0.99x (their C, 0.4-1.5 MB, stays in L2): hence the size
-#: test.
+# With ``pf_c`` set (C larger than a core's L2, stored plainly, neither streamed nor transposed:
+# ``MatmulCpuTemplate.config``) the last K block prefetches its tile of C into L1 before its K
+# loop: the tile's ``MR`` rows are a row of C apart, each on another page, and a fused epilogue's
+# prefetches cover what it reads there too (a residual: see
+# :meth:`taskmap.fusion.splice.Splicer._prefetch`).  In a model's flow those lines are in L3 or
+# the other core's caches.  Measured (Xeon, two cores, whole model A/B in one process): ResNet-50
+# at batch 8 (its 1x1 convs with a residual add write 3.2 MB an image) 1.04-1.08x, batch 1 1.01x;
+# into L2 rather than L1 0.93x of that.  Prefetching every product's C, GPT-2 and BERT at batch 1
+# ran 0.92-0.99x (their C, 0.4-1.5 MB, stays in L2): hence the size test.
 
 
 @dataclass(frozen=True)
