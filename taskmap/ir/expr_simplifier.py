@@ -337,9 +337,10 @@ class ExprSimplifier(IRRewriter):
             if op in (BinOp.MIN, BinOp.MAX):
                 if a == b:
                     return a
-                first = self._decide(CmpOp.LE, a, b)
-                if first is not None:
-                    return a if first is (op is BinOp.MIN) else b
+                if self._decide(CmpOp.LE, a, b):          # a <= b: min is a, max is b
+                    return a if op is BinOp.MIN else b
+                if self._decide(CmpOp.GE, a, b):          # a >= b (equal allowed): max(j, 0) is j
+                    return b if op is BinOp.MIN else a
             return e
         return self._identities(e)
 
@@ -421,7 +422,10 @@ class ExprSimplifier(IRRewriter):
         return self._done(node, e if self._keep(e) else self._compare(e), e)
 
     def visit_Select(self, node: Select) -> Expr:
-        c, a, b = self.visit(node.cond), self.visit(node.a), self.visit(node.b)
+        return self._select(node, self.visit(node.cond), self.visit(node.a), self.visit(node.b))
+
+    def _select(self, node: Select, c: Expr, a: Expr, b: Expr) -> Expr:
+        """``node`` with its condition and branches simplified as ``c``, ``a`` and ``b``."""
         e = node if c is node.cond and a is node.a and b is node.b else Select(c, a, b)
         out: Expr = e
         if isinstance(c, Const):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import stmt as S
 from .arith import NEGATE, SWAP, UNKNOWN, Range, int_const, is_sint, r_meet
-from .expr import BinOp, Binary, CmpOp, Compare, Const, Expr, SizeVar, Special, SpecialReg, UnOp, Unary
+from .expr import BinOp, Binary, CmpOp, Compare, Const, Expr, Select, SizeVar, Special, SpecialReg, UnOp, Unary
 from .expr_simplifier import ExprSimplifier, is_pure, bound_of, simplify_expr
 from .func import Function, Module
 from .functor import collect, substitute
@@ -48,6 +48,23 @@ class Simplifier(ExprSimplifier):
         if any(r[0] is not None and r[1] is not None and r[0] > r[1] for r in out.values()):
             return {}  # the branch cannot run; keep what is known
         return out
+
+    def visit_Select(self, node: Select) -> Expr:
+        """A choice between two values (a fused concatenation's parts) has each branch simplified
+        under its condition, as an ``If``'s: ``select(j < 32, -x[min(max(j, 0), 31) + 32],
+        x[max(j - 32, 0)])`` loses its clamps, so that both loads are contiguous in ``j`` and a
+        vectorized loop over ``j`` needs no gather (only the branch taken is evaluated: C's
+        ``?:``).  A guard against a constant (``select(k < K, a[min(k, K - 1)], 0)``, zero
+        padding) keeps its clamps: a GPU copy with zero fill (``cp_async``) takes the load's
+        address whatever the guard, and it must stay in bounds."""
+        if isinstance(node.a, Const) or isinstance(node.b, Const):
+            return super().visit_Select(node)
+        cond = self.visit(node.cond)
+        with self._scope(self._refine(cond, True)):
+            a = self.visit(node.a)
+        with self._scope(self._refine(cond, False)):
+            b = self.visit(node.b)
+        return self._select(node, cond, a, b)
 
     def visit_function(self, func: Function) -> Function:
         saved_bounds, saved_fixed = self._bounds, self._fixed
@@ -106,7 +123,9 @@ class Simplifier(ExprSimplifier):
     def visit_MappingFor(self, s: S.MappingFor) -> S.Stmt:
         worker = self.visit(s.worker)
         self._fixed.update(s.vars)
-        body = self.visit(s.body)
+        tasks = {v: (0, d - 1) for v, d in zip(s.vars, s.mapping.task_shape) if is_sint(v.dtype)}
+        with self._scope(tasks):                 # every task lies in the mapping's task grid
+            body = self.visit(s.body)
         if worker is s.worker and body is s.body:
             return s
         return S.MappingFor(s.vars, s.mapping, worker, s.kind, body, s.ordinal)

@@ -60,7 +60,7 @@ class AttentionCpuTemplate(KernelFamily):
     """f32 scaled-dot-product attention on the CPU (masks, causal, broadcast batches, GQA)."""
 
     name = "attention_cpu"
-    version = 1
+    version = 2
 
 
     def applies(self, problem: Any, target: Target) -> bool:

@@ -22,7 +22,9 @@ above the diagonal are skipped under ``causal``.
 * :func:`build_cpu` — a worker (a core) per ``(batch, group of QG blocks of BM query rows)``,
   dealt out cyclically under ``causal`` (unequal work), else in contiguous ranges, all in one
   parallel region.  A core packs ``K^T`` of the head it works on into its part of the workspace
-  (key blocks ``[block][E][BN]``; again only when the head changes), so the score tile
+  (key blocks ``[block][E][BN]``; again only when the head changes), and stages the ``BM x E``
+  rows of Q of each of its row tiles once (a prologue fused into Q — a rotary embedding — runs
+  once per row, not in the score micro-kernel for every key block), so the score tile
   ``BM x BN`` is a register-blocked micro-kernel ``repeat(BM, BN // V) * spatial(1, V)`` with
   lanes along keys; ``P V`` accumulates into the ``BM x EV`` output tile with lanes along ``EV``
   (``repeat(BM, EVP // V) * spatial(1, V)``).  The QG row blocks of a group take each key block
@@ -181,14 +183,15 @@ def build_cpu(cfg: CpuAttnConfig) -> Kernel:
                     kt[off + (j * E + e) * BN + n] = k[kb, j * BN + n, e] if j * BN + n < S else 0.0
 
     @func
-    def scores(q: f32[bh, L, E], kt: f32[ws], s: f32[BM, BN], b: i32, r0: i32, koff: i32):
-        """s = Q[b, r0:r0+BM] K^T of one key block (packed at koff): the BM x BN register tile."""
+    def scores(qs: f32[QG * BM * E], kt: f32[ws], s: f32[BM, BN], qoff: i32, koff: i32):
+        """s = Q K^T of one row tile (staged at qoff) and one key block (packed at koff): the BM x BN
+        register tile."""
         t = register_tensor(f32, [BM, BN])
         for r, n in tile_s.vectorize():
             t[r, n] = 0.0
         for e in range(E):
             for r, n in tile_s.vectorize():
-                t[r, n] += q[b, min(r0 + r, L - 1), e] * kt[koff + e * BN + n]
+                t[r, n] += qs[qoff + r * E + e] * kt[koff + e * BN + n]
         for r, n in tile_s.vectorize():
             s[r, n] = t[r, n]
 
@@ -232,6 +235,7 @@ def build_cpu(cfg: CpuAttnConfig) -> Kernel:
                     packed = kb
                 mbi = b // md % mm
                 nkb = min(NKB, ((g0 + ng) * BM - 1) // BN + 1) if CAUSAL else NKB
+                qs = register_tensor(f32, [QG * BM * E])
                 acc = register_tensor(f32, [QG * BM * EVP])
                 lsum = register_tensor(f32, [QG * BM * V])
                 mrow = register_tensor(f32, [QG * BM])
@@ -240,6 +244,9 @@ def build_cpu(cfg: CpuAttnConfig) -> Kernel:
                 mnew = register_tensor(f32, [BM])
                 alpha = register_tensor(f32, [BM])
                 for g in range(ng):
+                    for r in range(BM):       # the row tile's Q, staged once (a fused prologue runs once)
+                        for e in spatial(E).vectorize():
+                            qs[(g * BM + r) * E + e] = q[b, min((g0 + g) * BM + r, L - 1), e]
                     for r, d in tile_o.vectorize():
                         acc[(g * BM + r) * EVP + d] = 0.0
                     for r, l in tile_r.vectorize():
@@ -252,7 +259,7 @@ def build_cpu(cfg: CpuAttnConfig) -> Kernel:
                     for g in range(ng):
                         r0 = (g0 + g) * BM
                         if not CAUSAL or n0 <= r0 + BM - 1:
-                            scores(q, kt, s, b, r0, koff)
+                            scores(qs, kt, s, g * BM * E, koff)
                             for r, n in tile_s.vectorize():
                                 x = s[r, n] * scale
                                 ok = n0 + n < S

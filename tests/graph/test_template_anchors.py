@@ -255,6 +255,32 @@ def test_attention_with_a_bool_mask_constant():
     np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-4)
 
 
+class _Rotary(torch.nn.Module):
+    """Llama's rotary embedding (``x * cos + rotate_half(x) * sin``: two slices, a negation and a
+    concatenation) on q and k, then causal attention."""
+
+    def forward(self, q, k, v, cos, sin):
+        def rope(x):
+            half = x.shape[-1] // 2
+            return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        return F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+
+
+@pytest.mark.parametrize("L,d", [(37, 32), (8, 20)])
+def test_rotary_embeddings_are_attentions_prologues(L, d):
+    """One kernel.  Each row tile's q is staged once, its prologue with it (before, the rotary ran
+    in the score micro-kernel for every key block: Llama's attention 4x slower), and the
+    concatenation's loads are contiguous in the staging loop (no clamps, ``Simplifier.visit_Select``)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, L, d), torch.randn(2, 3, L, d), torch.randn(2, 3, L, d)
+    cos, sin = torch.randn(1, 1, L, d), torch.randn(1, 1, L, d)
+    fast = taskmap.compile(_Rotary(), (q, k, v, cos, sin), progress=False)
+    cg = next(iter(fast.entries.values())).compiled
+    assert len(cg.steps) == 1 and "attention" in cg.steps[0].name, [s.name for s in cg.steps]
+    with torch.no_grad():
+        torch.testing.assert_close(fast(q, k, v, cos, sin), _Rotary()(q, k, v, cos, sin), rtol=1e-4, atol=1e-5)
+
+
 def test_attention_with_broadcast_key_keeps_its_runner():
     """Operands the kernel cannot read in place (a key broadcast against the value's batch) go
     through ``taskmap.ops`` (which expands them first)."""

@@ -19,6 +19,7 @@ from taskmap.ir.expr import (BinOp, Binary, CmpOp, Compare, Const, Expr, SizeVar
                              compare, const, logical_and, logical_not, logical_or, maximum, minimum, select,
                              threadIdx, var)
 from taskmap.ir.func import FuncKind, Function, LaunchConfig, Module
+from taskmap.ir.mapping import MappingLoopKind, spatial
 from taskmap.ir.simplify import Simplifier, bound_of, simplify_expr, simplify_function, simplify_module
 from taskmap.ir.types import tensor_type
 
@@ -165,6 +166,9 @@ def _s(e: Expr, bounds: dict[Expr, tuple[int, int]] | None = None) -> Expr:
     ((TX // 8 * 4 + IV) * 64 + TX % 8, TX // 8 * 256 + IV * 64 + TX % 8),
     (minimum(IV, J + 4), IV),
     (maximum(IV, 3), const(3)),
+    (maximum(J, 0), J),                       # decided with equality allowed: j >= 0
+    (minimum(IV, 0), const(0)),
+    (minimum(const(7), J), J),
     (minimum(const(3), const(5)), const(3)),
     (maximum(TX, TX), TX),
 ])
@@ -314,6 +318,41 @@ def test_if_conditions_refine_ranges() -> None:
     after = S.For(i, const(0), const(128), 1, S.seq(S.If(i < 64, then), S.Store(A, (i % 64,), const(3.0))))
     out2 = simplify_function(_kernel(after)).body
     assert out2.body.stmts[1].indices == (i % 64,)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=200, deadline=None)
+@given(exprs, exprs, st.sampled_from([IV, J, K, U, N]), st.sampled_from(list(CmpOp)), st.integers(-3, 10),
+       st.randoms(use_true_random=False))
+def test_select_branches_simplified_under_their_condition_keep_values(a: Expr, b: Expr, x: Expr, op: CmpOp, c: int,
+                                                                      rng: random.Random) -> None:
+    e = select(Compare(op, x, const(c)), a, b)
+    s = Simplifier(BOUNDS).visit(e)
+    for env in _envs(rng, 25):
+        try:
+            want = evaluate(e, env)
+        except ZeroDivisionError:
+            continue
+        assert evaluate(s, env) == want, f"{e!r} -> {s!r} at {env}"
+
+
+def test_a_concatenations_select_loses_its_clamps_in_a_vector_loop() -> None:
+    """rotate_half fused into a reader: ``cat(-x[32:], x[:32])[j]`` as a select whose loads clamp
+    their indices into each part (both are evaluated under vectorization's blends) — under the
+    select's condition and the vector loop's task range, each load is contiguous in ``j``."""
+    x = var("x", tensor_type(f32, (64,)))
+    j = var("j")
+    value = select(j < 32, E.Unary(E.UnOp.NEG, E.Load(x, (minimum(maximum(j, 0), 31) + 32,))),
+                   E.Load(x, (maximum(j - 32, 0),)))
+    loop = S.MappingFor((j,), spatial(64), None, MappingLoopKind.VECTORIZE, S.Store(A, (j,), value))
+    out = simplify_function(_kernel(loop, params=(A, x))).body
+    got = out.body.value  # type: ignore[attr-defined]
+    assert got.a.a.indices == (j + 32,) and got.b.indices == (j - 32,)
+    # a guard against a constant (zero padding) keeps its clamp: a GPU cp_async with zero fill
+    # takes the load's address whatever the guard
+    guarded = select(j < 32, E.Load(x, (minimum(j, 31),)), const(0.0))
+    loop = S.MappingFor((j,), spatial(64), None, MappingLoopKind.VECTORIZE, S.Store(A, (j,), guarded))
+    kept = simplify_function(_kernel(loop, params=(A, x))).body.body.value  # type: ignore[attr-defined]
+    assert kept.a.indices == (minimum(j, 31),)
 
 
 def test_constant_conditions_and_empty_sequences() -> None:
