@@ -16,9 +16,11 @@ is passed to ``taskmap.compile`` (``"3xtf32"``: the products PyTorch runs in IEE
 3xTF32 on tensor cores, about f32's accuracy; the peers keep PyTorch's settings).
 
 Models: ResNet-50, MobileNetV2, Inception-V3 and a ViT-Base/16 encoder (the hand-written
-definitions of the model tests, ``tests/models/``: there is no torchvision here), BERT-base and
-GPT-2 (``transformers`` configurations with random weights; sequence 128), images 224x224 (299
-for Inception), f32.  Every compiled model's output is checked against eager first.  Latencies are
+definitions of the model tests, ``tests/models/``: there is no torchvision here), EfficientNet-B0,
+U-Net, DenseNet-121 and ResNeXt-50 (``tests/models/more_defs.py``), BERT-base, GPT-2 and a
+Llama-style decoder at BERT-base's width (12 layers, 12 query and 4 key / value heads, rotary
+embeddings, SwiGLU; ``transformers`` configurations with random weights; sequence 128), images
+224x224 (299 for Inception), f32.  Every compiled model's output is checked against eager first.  Latencies are
 medians of repeated runs after warm-up, the peers taking turns over ``--rounds`` rounds (in
 reverse order every other round); a ratio is the median of the rounds' ratios.  The
 compile times run in fresh processes: "cold" with an empty taskmap cache directory, "cached"
@@ -63,7 +65,7 @@ CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 1e-
 #: (An H200, session 27: BERT, GPT-2 and ViT on the wgmma template 1.4-2.2e-3 from eager's TF32.)
 TF32_CHECK_TOLERANCE = 5e-3
 MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit", "efficientnet_b0", "unet",
-          "densenet121", "resnext50")
+          "densenet121", "resnext50", "llama")
 
 
 def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -86,6 +88,10 @@ def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tup
         import transformers as tf
         if name == "bert":
             model = tf.BertModel(tf.BertConfig(attn_implementation="sdpa"))
+        elif name == "llama":       # a Llama-style decoder at BERT-base's width: RMSNorm, rotary, GQA, SwiGLU
+            model = tf.LlamaModel(tf.LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                                                 num_attention_heads=12, num_key_value_heads=4, vocab_size=32000,
+                                                 use_cache=False, attn_implementation="sdpa"))
         else:
             model = tf.GPT2Model(tf.GPT2Config(use_cache=False))
         args = (torch.randint(0, 1000, (batch, 128)),)

@@ -133,7 +133,7 @@ def plan(output: TensorNode, inputs: Sequence[TensorInput] | None = None) -> Pla
         nodes = {id(ld.tensor) for ld in loads}
         if nodes:
             red_node = next(n for n in _dag_reductions(output) if id(n.var) in nodes)
-            if len(nodes) > 1 or any(tuple(ld.indices) != tuple(inl.axes) for ld in loads):
+            if len(nodes) > 1 or not all(_own_index(ld.indices, inl.axes, output.shape) for ld in loads):
                 raise UnsupportedError(
                     f"rule-based scheduling of {output.name}: a reduction may only be the output, or be read "
                     "by an injective epilogue at the output's own index; use a template (taskmap.templates."
@@ -142,6 +142,14 @@ def plan(output: TensorNode, inputs: Sequence[TensorInput] | None = None) -> Pla
             reduction = _reduction(red_node, inl.axes, acc)
             value = substitute(inl.value, {ld: acc for ld in loads})
     return Plan(output, ins, out, tuple(output.shape), inl.axes, value, reduction)  # type: ignore[arg-type]
+
+
+def _own_index(indices: Sequence[Expr], axes: Sequence[Var], shape: Sequence[Any]) -> bool:
+    """Whether a load at ``indices`` reads the output's own element: each index its axis, or 0
+    on an axis of extent 1 (where the axis is 0: a row-wise statistic of a single row)."""
+    return len(indices) == len(axes) and all(
+        i is a or i == a or (n == 1 and isinstance(i, E.Const) and i.value == 0)
+        for i, a, n in zip(indices, axes, shape))
 
 
 def _dag_reductions(node: TensorNode) -> list[ReduceNode]:

@@ -294,6 +294,24 @@ def test_reduction_anchor_with_prologue_and_epilogue_is_one_rule_based_kernel():
     np.testing.assert_allclose(ot, xa.mean(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_row_statistics_of_a_single_row_are_one_kernel(rows):
+    """RMSNorm's statistics at a decode step (one token: the output all ones but the reduced
+    axis): ``rsqrt(mean(x * x) + eps)`` is one kernel, as for several rows.  Before, the epilogue's
+    read of the reduction at index 0 (the axis of extent 1 folded to a constant) was refused and
+    the group split into three launches, the reduction run by its ``taskmap.ops`` runner."""
+    from taskmap.graph import ReduceAttrs, ReduceFn
+    b = GraphBuilder()
+    x = b.input((1, rows, 64), f32)
+    sq = b.op(OpKind.BINARY, [x, x], BinaryAttrs(BinaryFn.MUL))
+    v = b.op(OpKind.REDUCE, [sq], ReduceAttrs(ReduceFn.MEAN, (2,), keepdim=True))
+    r = b.op(OpKind.UNARY, [b.op(OpKind.BINARY, [v], BinaryAttrs(BinaryFn.ADD, 1e-6))], UnaryAttrs(UnaryFn.RSQRT))
+    cg = compiled(b.build([r]))
+    assert len(cg.steps) == 1 and cg.steps[0].kernel is not None, [st.name for st in cg.steps]
+    xa = rand(1, rows, 64)
+    np.testing.assert_allclose(cg(xa)[0], 1 / np.sqrt((xa * xa).mean(2, keepdims=True) + 1e-6), rtol=1e-5)
+
+
 @pytest.mark.parametrize("m", [1, 5])
 def test_reshape_only_prologue_reads_its_source(m):
     """A prologue of reshapes (flatten before a classifier) is no computation: the kernel reads
