@@ -229,6 +229,14 @@ def _placement_plan(p: E.Var, name: str, pl: Placement, env: dict[str, int]) -> 
     return Fused(name, pl.into, True, (pl.into,), (), hole, hole, inv)
 
 
+def node_key(n: TensorNode) -> Any:
+    """What makes two definition nodes one parameter: an input is its name, dtype and shape (a
+    lowering names each graph tensor once per kernel; a view memoised by its text, ``view_as``,
+    holds input nodes equal to, not the same objects as, those of the prologue beside it), any
+    other node is itself."""
+    return (n.name, n.dtype, tuple(n.shape)) if isinstance(n, TensorInput) else id(n)
+
+
 def _check_names(entry: Function, plans: list[Fused]) -> None:
     fused = {f.param for f in plans}
     taken = {p.name: None for p in entry.params if p.name not in fused}
@@ -236,7 +244,7 @@ def _check_names(entry: Function, plans: list[Fused]) -> None:
     for f in plans:
         for n in f.new_nodes:
             other = seen.setdefault(n.name, n)
-            if other is not n:
+            if node_key(other) != node_key(n):
                 raise FusionError(f"two different definition nodes are named '{n.name}': give the inputs and outputs "
                                   "of the fused definitions distinct names")
             if n.name in taken:
@@ -319,13 +327,13 @@ class Splicer(IRRewriter):
         self.fused = fused                    # id(parameter Var of this function) -> plan
         self.module = module
         self.sites = sites                    # callee -> fused positions at each call site
-        self.node_vars: dict[int, E.Var] = {}
+        self.node_vars: dict[Any, E.Var] = {}     # by node_key
 
     def var_of(self, node: TensorNode) -> E.Var:
-        v = self.node_vars.get(id(node))
+        v = self.node_vars.get(node_key(node))
         if v is None:
             t = node.var.type
-            v = self.node_vars[id(node)] = E.Var(node.name, TensorType(t.dtype, t.shape, MemScope.GLOBAL))
+            v = self.node_vars[node_key(node)] = E.Var(node.name, TensorType(t.dtype, t.shape, MemScope.GLOBAL))
         return v
 
     def _inputs_env(self, f: Fused) -> dict[Any, Any]:
@@ -388,15 +396,15 @@ class Splicer(IRRewriter):
         if len(call.args) != len(callee.params):
             raise FusionError(f"call of {call.name} passes symbolic sizes explicitly: cannot splice into it")
         args: list[E.Expr] = []
-        added: set[int] = set()
+        added: set[Any] = set()
         for a in call.args:
             f = self.fused.get(id(a)) if isinstance(a, E.Var) else None
             if f is None:
                 args.append(self.visit(a))
                 continue
             for n in f.new_nodes:
-                if id(n) not in added:
-                    added.add(id(n))
+                if node_key(n) not in added:
+                    added.add(node_key(n))
                     args.append(self.var_of(n))
         return E.CallFunc(call.name, tuple(args), call.ret)
 
@@ -540,15 +548,15 @@ def _rewrite_function(func: Function, fused_pos: dict[int, Fused], module: Modul
     by_var = {id(func.params[i]): f for i, f in fused_pos.items()}
     sp = Splicer(by_var, module, sites)
     params: list[E.Var] = []
-    added: set[int] = set()
+    added: set[Any] = set()
     for i, p in enumerate(func.params):
         f = fused_pos.get(i)
         if f is None:
             params.append(p)
             continue
         for n in f.new_nodes:
-            if id(n) not in added:
-                added.add(id(n))
+            if node_key(n) not in added:
+                added.add(node_key(n))
                 params.append(sp.var_of(n))
     body = sp.visit(func.body)
     return _with_sizes(replace(func, params=tuple(params), body=body)), sp

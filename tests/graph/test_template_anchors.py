@@ -257,13 +257,17 @@ def test_attention_with_a_bool_mask_constant():
 
 class _Rotary(torch.nn.Module):
     """Llama's rotary embedding (``x * cos + rotate_half(x) * sin``: two slices, a negation and a
-    concatenation) on q and k, then causal attention."""
+    concatenation) on q and (``keys``) k, then causal attention."""
+
+    def __init__(self, keys=True):
+        super().__init__()
+        self.keys = keys
 
     def forward(self, q, k, v, cos, sin):
         def rope(x):
             half = x.shape[-1] // 2
             return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-        return F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+        return F.scaled_dot_product_attention(rope(q), rope(k) if self.keys else k, v, is_causal=True)
 
 
 @pytest.mark.parametrize("L,d", [(37, 32), (8, 20)])
@@ -279,6 +283,22 @@ def test_rotary_embeddings_are_attentions_prologues(L, d):
     assert len(cg.steps) == 1 and "attention" in cg.steps[0].name, [s.name for s in cg.steps]
     with torch.no_grad():
         torch.testing.assert_close(fast(q, k, v, cos, sin), _Rotary()(q, k, v, cos, sin), rtol=1e-4, atol=1e-5)
+
+
+def test_prologues_sharing_inputs_fuse_when_one_view_is_memoised():
+    """q's rotary prologue, memoised by its text when a first graph (q alone roped) was lowered,
+    and k's, made fresh for the second graph, read the same cos / sin inputs as different node
+    objects of the same names: one kernel still (before: 'two different definition nodes are
+    named p1', and the group split — Falcon's layers in a process that had compiled others)."""
+    q, k, v = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    cos, sin = torch.randn(1, 1, 9, 16), torch.randn(1, 1, 9, 16)
+    args = (q, k, v, cos, sin)
+    taskmap.compile(_Rotary(keys=False), args, progress=False)(*args)
+    fast = taskmap.compile(_Rotary(), args, progress=False)
+    cg = next(iter(fast.entries.values())).compiled
+    assert len(cg.steps) == 1, [s.name for s in cg.steps]
+    with torch.no_grad():
+        torch.testing.assert_close(fast(*args), _Rotary()(*args), rtol=1e-4, atol=1e-5)
 
 
 def test_attention_with_broadcast_key_keeps_its_runner():
