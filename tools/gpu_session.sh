@@ -44,6 +44,12 @@
 # tests/models/test_gpu_models.py::test_model_bf16 too, and "models_bf16" times the four models at
 # batch 8 in bf16 against eager and torch.compile.
 #
+# Session 36 (no GPU) changed index code that GPU kernels share: the statement simplifier
+# simplifies each branch of a select between two values under its condition (a fused
+# concatenation's loads lose their clamps; guards against a constant keep them, for cp_async's
+# zero fill), and fused definitions' inputs are one parameter by name.  Checked in emulation and by
+# NVRTC only: run "cuda_tests" first.
+#
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
 # defaults fit one 15-minute lease with room for one more call.  Session 17 (H200): tests 58 s,
