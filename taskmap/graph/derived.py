@@ -15,8 +15,9 @@ buffer written in place between two compiles (an optimizer step, ``load_state_di
 anew.  A source that is itself a value :func:`derived` made (or a view of one: weights folded
 with a batch norm, then packed) is not checksummed: nothing writes into those, and they stay at
 their address while they live (half of the checksummed bytes of a ResNet-50 compile, ~0.05 s).
-Entries are shared only inside :func:`shared_by` (a compiled graph being built): each entry counts the graphs that use it and goes with the last of them.  Elsewhere, and for sources
-under :data:`MIN_BYTES` (cheaper to derive than to checksum), :func:`derived` just derives.
+Entries are shared only inside :func:`shared_by` (a compiled graph being built): each entry
+counts the graphs that use it and goes with the last of them.  Elsewhere, and for sources under
+:data:`MIN_BYTES` (cheaper to derive than to checksum), :func:`derived` just derives.
 """
 from __future__ import annotations
 

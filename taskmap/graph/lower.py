@@ -55,7 +55,7 @@ from .lower_anchor import (
     kernel_shape,
     plan_anchor,
 )
-from .lower_reduce import reduction_fusable, squeeze_output
+from .lower_reduce import reduction_fusable
 from .lower_pwdw import merged, pointwise_depthwise_pairs
 from .lower_template import Scalar, plan_problem, plan_template, template_fusable, template_prologue_inputs
 from .kinds import OpKind
@@ -119,17 +119,13 @@ class KernelGroup:
         return f"KernelGroup({self.group.kind.value} {self.name} -> {how}{' (fallback)' if self.fallback else ''})"
 
 
-def injective_kernel(ops: Sequence[Op], target: Target, squeeze: bool = False
-                     ) -> tuple[Kernel, list[Tensor], tuple[int, ...]]:
+def injective_kernel(ops: Sequence[Op], target: Target) -> tuple[Kernel, list[Tensor], tuple[int, ...]]:
     """The rule-based kernel of injective ops composed — around at most one reduction anchor
     (:mod:`.lower_reduce`) — (the last op's output is the result), the graph tensors it reads
-    in parameter order (then the output), and the shape its output parameter has
-    (``squeeze``: without dimensions of size 1)."""
+    in parameter order (then the output), and the shape its output parameter has."""
     leaves: dict[str, Tensor] = {}
     nodes = compose(ops, {}, leaves, "x")
     root = nodes[ops[-1].output]
-    if squeeze:
-        root = squeeze_output(root)
     used = graph_inputs(root)
     name = "_".join(dict.fromkeys(op.kind.name.lower() for op in ops))[:60]
     parts = ("rule_based", dag_str(root), repr(root.dtype), root._shape_str(), tuple(n.name for n in used), name,
@@ -138,11 +134,11 @@ def injective_kernel(ops: Sequence[Op], target: Target, squeeze: bool = False
     return kernel, [leaves[n.name] for n in used], tuple(root.shape)
 
 
-def _injective_group(group: FusionGroup, target: Target, fallback: str = "", squeeze: bool = False) -> KernelGroup:
+def _injective_group(group: FusionGroup, target: Target, fallback: str = "") -> KernelGroup:
     out = group.last.output
     if out.numel == 0:
         return KernelGroup(group, None, fallback=fallback)
-    kernel, reads, out_shape = injective_kernel(group.ops, target, squeeze)
+    kernel, reads, out_shape = injective_kernel(group.ops, target)
     shapes = (*(kernel_shape(t.shape) for t in reads), out_shape)
     return KernelGroup(group, kernel, (*reads, out), shapes, fallback)
 
@@ -181,7 +177,7 @@ def lower_group(group: FusionGroup, target: Target) -> list[KernelGroup]:
         return [KernelGroup(group, None)]
     if reduction_fusable(group.anchor):         # rule-based: the composed definitions, one kernel
         try:
-            return [_injective_group(group, target, squeeze=True)]
+            return [_injective_group(group, target)]
         except UnsupportedError as e:
             return _split(group, target, str(e))
     try:

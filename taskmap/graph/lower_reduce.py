@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..compute.nodes import TensorNode, compute, reduce
-from ..ir import expr as E
 from .attrs import ReduceFn
 from .ir import Op
 from .kinds import OpKind
@@ -63,37 +62,9 @@ def reduction_compute(op: Op, nodes: Sequence[TensorNode], out_shape: Sequence[i
                 full.append(next(kept_i))
         return x[tuple(full)]
 
-    # The reduction itself over the output's dimensions that are not 1 (the rule-based
-    # scheduler wants its epilogue to read it at the output's own index: see squeeze_output).
-    big = [d for d, s in enumerate(out_shape) if s != 1] or [0]
-    sq_shape = [out_shape[d] for d in big]
-
-    def sq_value(*idx: Any) -> Any:
-        full = [E.const(0)] * n_out
-        for d, i in zip(big, idx[:len(big)]):
-            full[d] = i
-        return value(*full, *idx[len(big):])
-
-    r = reduce(f"{op.kind.name.lower()}_acc", sq_shape, sq_value, red_shape, _OPS[fn])
+    r = reduce(f"{op.kind.name.lower()}_acc", out_shape, value, red_shape, _OPS[fn])
     count = float(math.prod(red_shape))
-    return compute(f"{op.kind.name.lower()}_out", out_shape,
-                   lambda *i: r[tuple(i[d] for d in big)] / count if fn is ReduceFn.MEAN else r[tuple(i[d] for d in big)])
+    return compute(f"{op.kind.name.lower()}_out", out_shape, lambda *i: r[i] / count if fn is ReduceFn.MEAN else r[i])
 
 
-def squeeze_output(node: TensorNode) -> TensorNode:
-    """``node`` without its dimensions of size 1 (same memory layout), so that a reduction the
-    epilogue reads at constant 0 in those dimensions is read at the output's own index."""
-    shape = tuple(node.shape)
-    big = [d for d, s in enumerate(shape) if s != 1] or [0]     # all ones: keep the first
-    if len(big) == len(shape):
-        return node
-
-    def fn(*j: Any) -> Any:
-        full = [E.const(0)] * len(shape)
-        for d, i in zip(big, j):
-            full[d] = i
-        return node[tuple(full)]
-    return compute("out", [shape[d] for d in big], fn)
-
-
-__all__ = ["reduction_compute", "reduction_fusable", "squeeze_output"]
+__all__ = ["reduction_compute", "reduction_fusable"]

@@ -146,9 +146,10 @@ def plan(output: TensorNode, inputs: Sequence[TensorInput] | None = None) -> Pla
 
 def _own_index(indices: Sequence[Expr], axes: Sequence[Var], shape: Sequence[Any]) -> bool:
     """Whether a load at ``indices`` reads the output's own element: each index its axis, or 0
-    on an axis of extent 1 (where the axis is 0: a row-wise statistic of a single row)."""
+    on an axis of extent 1 (the simplifier folds such an axis to 0: a reduction's kept
+    dimensions, a row-wise statistic of a single row)."""
     return len(indices) == len(axes) and all(
-        i is a or i == a or (n == 1 and isinstance(i, E.Const) and i.value == 0)
+        i == a or (n == 1 and isinstance(i, E.Const) and i.value == 0)
         for i, a, n in zip(indices, axes, shape))
 
 
