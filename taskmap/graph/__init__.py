@@ -7,7 +7,8 @@ See :mod:`.ir` for the data structures, :mod:`.kinds` for what an op definition 
 from . import defs_anchor, defs_injective  # noqa: F401 - register the op definitions
 from .attrs import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, BinaryAttrs, BinaryFn, CastAttrs, Conv2dAttrs,
                     InputRef, MatmulAttrs, NormAttrs, PadAttrs, PadMode, PermuteAttrs, Pool2dAttrs, ReduceAttrs,
-                    ReduceFn, ShapeAttrs, SliceAttrs, TopkAttrs, TorchAttrs, UnaryAttrs, UnaryFn, WhereAttrs)
+                    ReduceFn, ScatterAttrs, ShapeAttrs, SliceAttrs, TopkAttrs, TorchAttrs, UnaryAttrs, UnaryFn,
+                    WhereAttrs)
 from .builder import GraphBuilder, infer
 from .ir import Graph, Op, Tensor
 from .kinds import OpCategory, OpDef, OpKind, op_def
@@ -15,6 +16,6 @@ from .printer import graph_str
 
 __all__ = ["AdaptivePoolAttrs", "AttentionAttrs", "AxisAttrs", "BinaryAttrs", "BinaryFn", "CastAttrs", "Conv2dAttrs",
            "Graph", "GraphBuilder", "InputRef", "MatmulAttrs", "NormAttrs", "Op", "OpCategory", "OpDef", "OpKind",
-           "PadAttrs", "PadMode", "PermuteAttrs", "Pool2dAttrs", "ReduceAttrs", "ReduceFn", "ShapeAttrs",
+           "PadAttrs", "PadMode", "PermuteAttrs", "Pool2dAttrs", "ReduceAttrs", "ReduceFn", "ScatterAttrs", "ShapeAttrs",
            "SliceAttrs", "Tensor", "TopkAttrs", "TorchAttrs", "UnaryAttrs", "UnaryFn", "WhereAttrs", "graph_str",
            "infer", "op_def"]

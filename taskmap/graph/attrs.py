@@ -172,6 +172,16 @@ class TopkAttrs:
 
 
 @dataclass(frozen=True)
+class ScatterAttrs:
+    """SCATTER: ``x`` with ``src`` written (``reduce``: combined, ``"sum"`` / ``"prod"`` / ``"amax"`` /
+    ``"amin"`` / ``"mean"``) at the positions ``index`` gives along ``axis`` (:func:`taskmap.ops.scatter`)."""
+
+    axis: int
+    reduce: str | None = None
+    include_self: bool = True
+
+
+@dataclass(frozen=True)
 class AxisAttrs:
     """CONCAT, GATHER, SOFTMAX, LOG_SOFTMAX, CUMSUM, CUMPROD: the axis (non-negative)."""
 
@@ -283,5 +293,5 @@ class InputRef:
 
 __all__ = ["AdaptivePoolAttrs", "AttentionAttrs", "AxisAttrs", "BinaryAttrs", "BinaryFn", "CastAttrs",
            "Conv2dAttrs", "InputRef", "NormAttrs", "PadAttrs", "PadMode", "PermuteAttrs", "Pool2dAttrs",
-           "ReduceAttrs", "ReduceFn", "Scalar", "ShapeAttrs", "SliceAttrs", "TopkAttrs", "TorchAttrs", "UnaryAttrs",
+           "ReduceAttrs", "ReduceFn", "Scalar", "ScatterAttrs", "ShapeAttrs", "SliceAttrs", "TopkAttrs", "TorchAttrs", "UnaryAttrs",
            "UnaryFn", "WhereAttrs"]

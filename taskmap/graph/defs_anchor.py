@@ -10,7 +10,7 @@ from .. import ops
 from ..errors import ComplexTensorError, OpError
 from ..ir.dtypes import ScalarType, i64, scalar_type
 from .attrs import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, Conv2dAttrs, InputRef, MatmulAttrs, NormAttrs,
-                    Pool2dAttrs, ReduceAttrs, ReduceFn, TopkAttrs, TorchAttrs)
+                    Pool2dAttrs, ReduceAttrs, ReduceFn, ScatterAttrs, TopkAttrs, TorchAttrs)
 from .kinds import OpCategory, OpDef, OpKind, register_def
 
 Spec = list[tuple[tuple[int, ...], ScalarType]]
@@ -221,6 +221,21 @@ def _infer_topk(xs: Sequence[Any], a: TopkAttrs) -> Spec:
     return [(shape, x.dtype), (shape, i64)]
 
 
+def _infer_scatter(xs: Sequence[Any], a: ScatterAttrs) -> Spec:
+    """``x``'s shape and dtype; ``index`` (integers) of ``src``'s shape, and of ``x``'s outside the
+    axis (the frontend slices the general case down to that)."""
+    x, index, src = xs
+    shape = tuple(x.shape)
+    if index.dtype.name not in ("int32", "int64") or src.dtype != x.dtype:
+        raise OpError(f"scatter: index must be int32 / int64 and src of x's dtype {x.dtype.name}; got "
+                      f"{index.dtype.name} and {src.dtype.name}")
+    if not 0 <= a.axis < max(x.ndim, 1) or tuple(index.shape) != tuple(src.shape) or len(index.shape) != len(shape) \
+            or any(i != n for d, (i, n) in enumerate(zip(index.shape, shape)) if d != a.axis):
+        raise OpError(f"scatter: along axis {a.axis}, index {tuple(index.shape)} and src {tuple(src.shape)} must "
+                      f"have one shape, x's {shape} outside the axis")
+    return [(shape, x.dtype)]
+
+
 def _def(kind: OpKind, category: OpCategory, infer: Any, run: Any, attrs_type: type | None, run_name: str) -> None:
     register_def(OpDef(kind, category, infer, attrs_type, run=run, run_name=run_name))
 
@@ -250,6 +265,9 @@ _def(OpKind.CUMPROD, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumprod(x
      "taskmap.ops.cumprod")
 _def(OpKind.TOPK, OpCategory.OPAQUE, _infer_topk, lambda xs, a: ops.topk(xs[0], a.k, a.axis, a.largest), TopkAttrs,
      "taskmap.ops.topk")
+_def(OpKind.SCATTER, OpCategory.OPAQUE, _infer_scatter,
+     lambda xs, a: ops.scatter(xs[0], a.axis, xs[1], xs[2], a.reduce, a.include_self), ScatterAttrs,
+     "taskmap.ops.scatter")
 _def(OpKind.TORCH, OpCategory.OPAQUE, _infer_torch, _run_torch, TorchAttrs, "PyTorch (fallback)")
 
 __all__ = ["fill_refs"]

@@ -81,6 +81,7 @@ class OpKind(enum.Enum):
     CUMSUM = enum.auto()         # [AxisAttrs] running sums (prefix scan)
     CUMPROD = enum.auto()        # [AxisAttrs] running products
     TOPK = enum.auto()           # [TopkAttrs] values, indices (sort: k = the axis' size)
+    SCATTER = enum.auto()        # [ScatterAttrs] x, index, src (index: src's shape, x's outside the axis)
     TORCH = enum.auto()          # [TorchAttrs] PyTorch fallback (opaque)
 
     @property

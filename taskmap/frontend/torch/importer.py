@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 from ...errors import ComplexTensorError, IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
-               ops_tensor, ops_upsample)
+               ops_scatter, ops_tensor, ops_upsample)
 from . import aten, autocast, precision
 from .aliasing import Aliases
 from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch, torch_dtype

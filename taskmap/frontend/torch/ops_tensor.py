@@ -248,8 +248,7 @@ def getitem(cv: Converter, x: Any, idx: Any) -> Any:
     return cv.reshape(y, tuple(shape))
 
 
-@register(operator.setitem)
-def setitem(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
+def setitem_basic(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
     """``x[idx] = value`` for basic indices (ints, slices of step 1, ``...``): a new tensor —
     ``value`` broadcast to the region, padded out to ``x``'s shape, chosen where a constant mask
     marks the region — that later uses of ``x`` read (the importer rebinds it)."""
