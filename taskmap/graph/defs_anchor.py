@@ -172,6 +172,15 @@ def fill_refs(template: Any, arrays: Sequence[Any]) -> Any:
 
 
 def _run_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool = False) -> Any:
+    """The op's result: a tensor, or the tensors of a (nested) tuple or list in order."""
+    out = _call_torch(arrays, a, on_meta)
+    if isinstance(out, (tuple, list)) and any(isinstance(o, (tuple, list, dict)) for o in out):
+        torch = sys.modules["torch"]   # (nn.LSTM's (output, (h, c)))
+        return tuple(v for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor))
+    return out
+
+
+def _call_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool) -> Any:
     args = fill_refs(a.args, arrays)
     kwargs = {k: fill_refs(v, arrays) for k, v in a.kwargs}
     if on_meta:         # tensors held in the attributes, or by a module, join the meta inputs

@@ -272,36 +272,3 @@ def test_tracing_loggers_are_silent_while_capturing(monkeypatch):
     with pytest.raises(CaptureError, match="runs eagerly but raises when traced"):
         taskmap.compile(TracedOtherwise().eval(), (torch.randn(2, 4),), progress=False, capture="dynamo")
     assert enabled == [False] and logger.level == level and logger.isEnabledFor(logging.ERROR)
-
-
-class Recurrent(nn.Module):
-    """An RNN layer between converted ops: dynamo cannot capture it, torch.export can."""
-
-    def __init__(self, kind):
-        super().__init__()
-        self.proj = nn.Linear(12, 8)
-        self.rnn = kind(8, 16, batch_first=True)
-        self.head = nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.rnn(torch.tanh(self.proj(x)))[0]))
-
-
-@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
-def test_rnn_layers_name_their_op_and_fall_back(kind):
-    """No graph break can be compiled around an RNN by ``taskmap.compile``: the error names the
-    ATen op and the model's line; ``fallback=True`` runs it in PyTorch inside the compiled graph
-    (the linears and activations around it still compiled)."""
-    model = Recurrent(kind).eval()
-    x = torch.randn(2, 5, 12)
-    op = "aten.lstm" if kind is nn.LSTM else "aten.gru"
-    for capture in ("auto", "export"):
-        with pytest.raises(UnsupportedError, match=rf"{op}\.input at .*test_export_capture.py.*self\.rnn"):
-            taskmap.compile(model, progress=False, capture=capture)(x)
-    fast = taskmap.compile(model, progress=False, fallback=True)
-    with torch.no_grad():
-        want = model(x)
-    torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-5)
-    summary = fast.summary()
-    assert f"run by PyTorch: {op}.input" in summary and "captured by torch.export" in summary
-    assert "2 compiled kernels + 1 taskmap.ops / PyTorch calls" in summary

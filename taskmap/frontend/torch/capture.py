@@ -206,6 +206,12 @@ CAPTURES = ("auto", "export", "dynamo")
 _TRACING_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
 
 
+def _holds_tensors(value: Any) -> bool:
+    """Whether ``value`` is a container (tuple, list, dict, ...) with a tensor inside."""
+    return not isinstance(value, torch.Tensor) and any(isinstance(v, torch.Tensor)
+                                                       for v in torch.utils._pytree.tree_leaves(value))
+
+
 def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, arguments: dict[str, Any], *,
             fallback: bool, name: str, how: str = "auto") -> tuple[Imported, Capture]:
     """Import ``model`` for the call ``arguments`` (``traced``: its symbolic trace, if any).
@@ -216,10 +222,13 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
         names = tuple(str(n.target) for n in traced.graph.nodes if n.op == "placeholder")
         cap = Capture("fx", names, tracer="torch.fx")
         examples = cap.flat_inputs(arguments)
-        if debug_enabled("shapes"):
-            with torch.no_grad():
-                ShapeProp(traced).propagate(*examples)
-        return _stateless(import_fx(traced, examples, fallback=fallback, name=name), name), cap
+        # the fx importer keeps a placeholder that is no tensor as a Python value: tensors in a
+        # tuple, list or dict argument would be baked in (torch.export flattens them)
+        if not any(_holds_tensors(e) for e in examples):
+            if debug_enabled("shapes"):
+                with torch.no_grad():
+                    ShapeProp(traced).propagate(*examples)
+            return _stateless(import_fx(traced, examples, fallback=fallback, name=name), name), cap
     fs = forward_signature(model)
     args, kwargs = call_arguments(fs, arguments)
     _transformers_caches(model)
@@ -235,7 +244,10 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
         if debug_enabled("capture"):
             print(f"// {name}: torch.export's graph not used ({reason}); capturing with torch._dynamo.export",
                   file=sys.stderr)
-    with _quiet(), _no_recompile_limit(), _no_fastpaths(), _state_kept(model):
+    # dynamo leaves RNN modules out of its graphs unless told (their weights may be re-flattened
+    # between calls in training); taskmap's frontend unrolls them (ops_rnn)
+    with _quiet(), _no_recompile_limit(), _no_fastpaths(), _state_kept(model), \
+            torch._dynamo.config.patch(allow_rnn=True):
         try:
             exported = torch._dynamo.export(model)(*args, **kwargs)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not the model's own errors

@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 from ...errors import ComplexTensorError, IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
-               ops_scatter, ops_tensor, ops_upsample)
+               ops_rnn, ops_scatter, ops_tensor, ops_upsample)
 from . import aten, autocast, precision
 from .aliasing import Aliases
 from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch, torch_dtype
@@ -374,6 +374,8 @@ class Importer:
                                    f"cannot be known before it runs ({type(e).__name__}: {str(e).splitlines()[0]}); a "
                                    "compiled graph has static shapes (torch.compile(model, backend=\"taskmap\") "
                                    "runs such graphs in PyTorch)") from e
+        if isinstance(meta, (tuple, list)) and any(isinstance(m, (tuple, list)) for m in meta):
+            return _nested(meta, iter(outs))   # nn.LSTM's (output, (h, c)): the outputs in that structure
         if len(outs) > 1 or (leaves and not hasattr(meta, "shape")):
             return tuple(outs)
         return outs[0]
@@ -383,8 +385,8 @@ class Importer:
         if meta is None:
             return
         got_leaves = [got] if isinstance(got, Tensor) else [g for g in pytree.tree_leaves(got)]
-        for m, g in zip(_meta_leaves(meta), got_leaves):
-            if hasattr(m, "shape") and isinstance(g, Tensor) and tuple(m.shape) != g.shape:
+        for m, g in zip(_meta_leaves(meta, symbolic=True), got_leaves):
+            if isinstance(g, Tensor) and all(isinstance(d, int) for d in m.shape) and tuple(m.shape) != g.shape:
                 raise IRError(f"frontend bug: {target_name(node)} at {where(node)} gives shape {g.shape}, PyTorch "
                               f"{tuple(m.shape)}")
 
@@ -447,14 +449,24 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _meta_leaves(m: Any) -> list[Any]:
-    """The tensor metadata of a node's value (one per output tensor)."""
+def _nested(meta: Any, outs: Any) -> Any:
+    """The tensors ``outs`` in the (tuple / list) structure of ``meta``, the node's metadata."""
+    if hasattr(meta, "shape") and hasattr(meta, "dtype"):
+        return next(outs)
+    if isinstance(meta, (tuple, list)):
+        return tuple(_nested(m, outs) for m in meta)
+    return meta
+
+
+def _meta_leaves(m: Any, symbolic: bool = False) -> list[Any]:
+    """The tensor metadata of a node's value (one per output tensor) — of those with symbolic
+    sizes too with ``symbolic`` (in their place among the outputs), else not (unknown here)."""
     if m is None:
         return []
     if hasattr(m, "shape") and hasattr(m, "dtype"):
-        return [m] if all(isinstance(d, int) for d in m.shape) else []  # symbolic sizes: unknown here
+        return [m] if symbolic or all(isinstance(d, int) for d in m.shape) else []
     if isinstance(m, (tuple, list)):
-        return [x for v in m for x in _meta_leaves(v)]
+        return [x for v in m for x in _meta_leaves(v, symbolic)]
     return []
 
 

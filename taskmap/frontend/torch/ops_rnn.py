@@ -1,0 +1,140 @@
+"""Recurrent layers: ``nn.LSTM`` / ``nn.GRU`` (and ``torch.lstm`` / ``torch.gru``, ATen's
+``lstm.input`` / ``gru.input``), unrolled over the sequence.
+
+Per layer and direction, the input projection of every step is one linear (``T*B`` rows); each
+step then adds the recurrent linear of the previous state and applies the gates (PyTorch's
+equations, gate order i, f, g, o for the LSTM and r, z, n for the GRU) — ops that fuse into the
+recurrent linear's epilogue and the next step's prologue.  A bidirectional layer runs its second
+direction from the last step back; the layer's output joins both along the features.  Eval mode:
+dropout between layers (training only) and projections (``proj_size``) are not converted, nor are
+packed sequences.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ...graph import AxisAttrs, BinaryFn, OpKind, Tensor, UnaryFn
+from .ops_nn import linear
+from .registry import Converter, NotConvertible, register
+
+
+def _gates(cv: Converter, g: Tensor, n: int, hidden: int) -> list[Tensor]:
+    return [cv.slice(g, 1, k * hidden, (k + 1) * hidden) for k in range(n)]
+
+
+def _sig(cv: Converter, x: Tensor) -> Tensor:
+    return cv.unary(UnaryFn.SIGMOID, x)
+
+
+def _lstm_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor, b_hh: Any) -> tuple[Tensor, ...]:
+    h, c = state
+    i, f, g, o = _gates(cv, cv.binary(BinaryFn.ADD, gx, linear(cv, h, w_hh, b_hh)), 4, h.shape[1])
+    c = cv.binary(BinaryFn.ADD, cv.binary(BinaryFn.MUL, _sig(cv, f), c),
+                  cv.binary(BinaryFn.MUL, _sig(cv, i), cv.unary(UnaryFn.TANH, g)))
+    return cv.binary(BinaryFn.MUL, _sig(cv, o), cv.unary(UnaryFn.TANH, c)), c
+
+
+def _gru_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor, b_hh: Any) -> tuple[Tensor, ...]:
+    (h,) = state
+    hidden = h.shape[1]
+    xr, xz, xn = _gates(cv, gx, 3, hidden)
+    hr, hz, hn = _gates(cv, linear(cv, h, w_hh, b_hh), 3, hidden)
+    r, z = _sig(cv, cv.binary(BinaryFn.ADD, xr, hr)), _sig(cv, cv.binary(BinaryFn.ADD, xz, hz))
+    n = cv.unary(UnaryFn.TANH, cv.binary(BinaryFn.ADD, xn, cv.binary(BinaryFn.MUL, r, hn)))
+    # (1 - z) * n + z * h  ==  n + z * (h - n)
+    return (cv.binary(BinaryFn.ADD, n, cv.binary(BinaryFn.MUL, z, cv.binary(BinaryFn.SUB, h, n))),)
+
+
+def _stack(cv: Converter, xs: Sequence[Tensor]) -> Tensor:
+    parts = [cv.reshape(x, (1, *x.shape)) for x in xs]
+    return parts[0] if len(parts) == 1 else cv.op(OpKind.CONCAT, parts, AxisAttrs(0))
+
+
+def run_rnn(cv: Converter, mode: str, x: Tensor, hx: Sequence[Tensor], params: Sequence[Tensor], has_biases: bool,
+            num_layers: int, dropout: float, train: bool, bidirectional: bool, batch_first: bool) -> tuple[Tensor, ...]:
+    """``torch.lstm`` / ``torch.gru`` on a padded batch: the output and the final states."""
+    if not isinstance(x, Tensor) or x.ndim != 3:
+        raise NotConvertible(f"{mode} of packed sequences")
+    if train and dropout:
+        raise NotConvertible(f"{mode} with dropout in training mode (call model.eval())")
+    dirs, per = 2 if bidirectional else 1, 4 if has_biases else 2
+    if len(params) != num_layers * dirs * per:
+        raise NotConvertible(f"{mode} with projections (proj_size)")
+    step, n_states = (_lstm_step, 2) if mode == "lstm" else (_gru_step, 1)
+    if batch_first:
+        x = cv.permute(x, (1, 0, 2))
+    steps, batch = x.shape[0], x.shape[1]
+    final: list[list[Tensor]] = [[] for _ in range(n_states)]
+    for layer in range(num_layers):
+        outs = []
+        for d in range(dirs):
+            k = (layer * dirs + d) * per
+            w_ih, w_hh = params[k], params[k + 1]
+            b_ih, b_hh = (params[k + 2], params[k + 3]) if has_biases else (None, None)
+            hidden = w_hh.shape[1]
+            gx = cv.reshape(linear(cv, cv.reshape(x, (steps * batch, x.shape[2])), w_ih, b_ih),
+                            (steps, batch, w_ih.shape[0]))
+            state = tuple(cv.reshape(cv.slice(s, 0, layer * dirs + d, layer * dirs + d + 1), (batch, hidden))
+                          for s in hx)
+            out: list[Any] = [None] * steps
+            for t in (range(steps) if d == 0 else reversed(range(steps))):
+                state = step(cv, cv.reshape(cv.slice(gx, 0, t, t + 1), (batch, gx.shape[2])), state, w_hh, b_hh)
+                out[t] = state[0]
+            outs.append(_stack(cv, out))
+            for s, v in zip(final, state):
+                s.append(v)
+        x = outs[0] if dirs == 1 else cv.op(OpKind.CONCAT, outs, AxisAttrs(2))
+    return (cv.permute(x, (1, 0, 2)) if batch_first else x, *(_stack(cv, s) for s in final))
+
+
+def _zeros(cv: Converter, n: int, batch: int, hidden: int, like: Tensor) -> Tensor:
+    return cv.const(torch.zeros(n, batch, hidden, dtype=getattr(torch, like.dtype.name)))
+
+
+@register(torch.lstm)
+def lstm(cv: Converter, x: Any, hx: Any, params: Any, has_biases: Any, num_layers: Any, dropout: Any, train: Any,
+         bidirectional: Any, batch_first: Any = None) -> tuple[Tensor, ...]:
+    if isinstance(hx, Tensor):             # (data, batch_sizes, hx, params, ...): packed sequences
+        raise NotConvertible("lstm of packed sequences")
+    return run_rnn(cv, "lstm", x, list(hx), list(params), has_biases, num_layers, dropout, train, bidirectional,
+                   batch_first)
+
+
+@register(torch.gru)
+def gru(cv: Converter, x: Any, hx: Any, params: Any, has_biases: Any, num_layers: Any, dropout: Any, train: Any,
+        bidirectional: Any, batch_first: Any = None) -> tuple[Tensor, ...]:
+    if isinstance(params, Tensor):         # (data, batch_sizes, hx, params, ...): packed sequences
+        raise NotConvertible("gru of packed sequences")
+    return run_rnn(cv, "gru", x, [hx], list(params), has_biases, num_layers, dropout, train, bidirectional,
+                   batch_first)
+
+
+@register(nn.LSTM, nn.GRU)
+def rnn_module(cv: Converter, m: nn.LSTM | nn.GRU, x: Tensor, hx: Any = None) -> tuple[Any, Any]:
+    """The module (a leaf of ``torch.fx.symbolic_trace``): its weights as constants; unbatched
+    inputs get a batch of one, as the module does."""
+    mode = "lstm" if isinstance(m, nn.LSTM) else "gru"
+    if getattr(m, "proj_size", 0):
+        raise NotConvertible("LSTM with projections (proj_size)")
+    unbatched = x.ndim == 2
+    if unbatched:
+        x = cv.reshape(x, (x.shape[0], 1, x.shape[1]) if not m.batch_first else (1, *x.shape))
+    batch = x.shape[0 if m.batch_first else 1]
+    dirs = 2 if m.bidirectional else 1
+    if hx is None:
+        zero = _zeros(cv, m.num_layers * dirs, batch, m.hidden_size, x)
+        states = [zero, zero] if mode == "lstm" else [zero]
+    else:
+        states = list(hx) if mode == "lstm" else [hx]
+        if unbatched:
+            states = [cv.reshape(s, (s.shape[0], 1, s.shape[1])) for s in states]
+    params = [cv.param(w, name) for name, w in zip(m._flat_weights_names, m._flat_weights)]
+    out, *final = run_rnn(cv, mode, x, states, params, m.bias, m.num_layers, m.dropout, m.training,
+                          m.bidirectional, m.batch_first)
+    if unbatched:
+        out = cv.reshape(out, (out.shape[0] if not m.batch_first else out.shape[1], out.shape[2]))
+        final = [cv.reshape(s, (s.shape[0], s.shape[2])) for s in final]
+    return out, (tuple(final) if mode == "lstm" else final[0])

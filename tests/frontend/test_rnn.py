@@ -1,0 +1,115 @@
+"""``nn.LSTM`` / ``nn.GRU`` unrolled by the frontend (``ops_rnn``): every configuration that
+converts — layers, directions, batch-first, no bias, an initial state or none, unbatched input —
+against eager PyTorch through each capture (torch.fx's leaf module, torch.export's
+``aten.lstm.input``, dynamo's ``torch.lstm``), with no op left to PyTorch; the configurations that
+do not convert are named; and tensors passed in a tuple argument are inputs, not constants."""
+import pytest
+import torch
+from torch import nn
+
+import taskmap
+from taskmap.errors import UnsupportedOpsError
+
+CONFIGS = [dict(), dict(num_layers=2, batch_first=True), dict(num_layers=2, bidirectional=True),
+           dict(bias=False, batch_first=True, bidirectional=True)]
+
+
+class Recurrent(nn.Module):
+    """An RNN layer between converted ops."""
+
+    def __init__(self, kind, **kw):
+        super().__init__()
+        self.proj = nn.Linear(12, 8)
+        self.rnn = kind(8, 16, **kw)
+        self.head = nn.Linear(16 * (2 if kw.get("bidirectional") else 1), 4)
+
+    def forward(self, x):
+        y, state = self.rnn(torch.tanh(self.proj(x)))
+        return self.head(torch.relu(y)), state
+
+
+def _close(got, want):
+    got, want = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["plain", "2-layers-batch-first", "bidirectional", "no-bias"])
+@pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])
+def test_rnn_layers_match_eager(kind, config, capture):
+    torch.manual_seed(0)
+    model = Recurrent(kind, **config).eval()
+    x = torch.randn(3, 5, 12)
+    fast = taskmap.compile(model, progress=False, capture=capture)
+    with torch.no_grad():
+        _close(fast(x), model(x))
+        x2 = torch.randn(3, 5, 12)
+        _close(fast(x2), model(x2))
+    assert "run by PyTorch" not in fast.summary()
+
+
+class Stateful(nn.Module):
+    def __init__(self, kind, batch_first):
+        super().__init__()
+        self.rnn = kind(12, 16, num_layers=2, batch_first=batch_first)
+
+    def forward(self, x, state):
+        return self.rnn(x, state)
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("batched", [True, False])
+def test_initial_states_and_unbatched_inputs(kind, batch_first, batched):
+    """The state passed in (a tuple for the LSTM: two graph inputs, not constants) carries over."""
+    torch.manual_seed(1)
+    model = Stateful(kind, batch_first).eval()
+    x = torch.randn(*((2, 5) if batch_first else (5, 2)) if batched else (5,), 12)
+
+    def state():
+        s = torch.randn(2, *((2,) if batched else ()), 16)
+        return (s, torch.randn_like(s)) if kind is nn.LSTM else s
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        for _ in range(2):
+            s = state()
+            _close(fast(x, s), model(x, s))
+
+
+def test_rnn_configurations_that_do_not_convert_are_named():
+    """... and with ``fallback=True`` run by PyTorch, their nested results ``(output, (h, c))``
+    kept in their structure."""
+    model = Recurrent(nn.LSTM, proj_size=4).eval()
+    model.head = nn.Linear(4, 4)
+    x = torch.randn(2, 5, 12)
+    with pytest.raises(UnsupportedOpsError, match="proj_size"):
+        taskmap.compile(model, progress=False)(x)
+    fast = taskmap.compile(model, progress=False, fallback=True)
+    with torch.no_grad():
+        _close(fast(x), model(x))
+    assert "run by PyTorch: LSTM" in fast.summary()
+    train = Recurrent(nn.GRU, num_layers=2, dropout=0.5).train()
+    with pytest.raises(UnsupportedOpsError, match="dropout in training mode"):
+        taskmap.compile(train, progress=False)(torch.randn(2, 5, 12))
+
+
+def test_tensors_in_a_tuple_argument_are_inputs():
+    """A forward taking tensors in a tuple: each call's tensors are used (the torch.fx capture
+    would have kept them as Python values, so such models go through torch.export)."""
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, pair):
+            return self.lin(x) + pair[0] * pair[1]
+
+    model = Pair().eval()
+    fast = taskmap.compile(model, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            pair = (torch.randn(2, 4), torch.randn(2, 4))
+            torch.testing.assert_close(fast(x, pair), model(x, pair))
