@@ -197,12 +197,19 @@ def _call_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool) -> Any:
     return a.target(*args, **kwargs)
 
 
+def torch_meta(xs: Sequence[Any], a: TorchAttrs) -> Any:
+    """The op's result on meta tensors of the inputs' shapes, as it returns it (nested too)."""
+    torch = sys.modules["torch"]
+    metas = [torch.empty(x.shape, dtype=getattr(torch, x.dtype.name), device="meta") for x in xs]
+    return _call_torch(metas, a, on_meta=True)
+
+
 def _infer_torch(xs: Sequence[Any], a: TorchAttrs) -> Spec:
     """Shapes by running the op on meta tensors (the frontend usually knows them already)."""
     torch = sys.modules["torch"]
-    metas = [torch.empty(x.shape, dtype=getattr(torch, x.dtype.name), device="meta") for x in xs]
-    out = _run_torch(metas, a, on_meta=True)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
+    out = torch_meta(xs, a)
+    outs = [v for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor)] \
+        if isinstance(out, (tuple, list)) else (out,)
     from_torch = {getattr(torch, t.name): t for t in (x.dtype for x in xs)}
     return [(tuple(o.shape), from_torch.get(o.dtype) or _scalar_of(o.dtype)) for o in outs]
 
@@ -279,4 +286,4 @@ _def(OpKind.SCATTER, OpCategory.OPAQUE, _infer_scatter,
      "taskmap.ops.scatter")
 _def(OpKind.TORCH, OpCategory.OPAQUE, _infer_torch, _run_torch, TorchAttrs, "PyTorch (fallback)")
 
-__all__ = ["fill_refs"]
+__all__ = ["fill_refs", "torch_meta"]

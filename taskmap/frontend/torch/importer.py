@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from ...errors import ComplexTensorError, IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
+from ...graph.defs_anchor import torch_meta
 from . import (ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math, ops_nn,  # noqa: F401
                ops_rnn, ops_scatter, ops_tensor, ops_upsample)
 from . import aten, autocast, precision
@@ -358,9 +359,13 @@ class Importer:
         tkw = tuple((k, False if k == "inplace" else pytree.tree_map(ref, v)) for k, v in kwargs.items())
         attrs = TorchAttrs(target, _freeze(targs), tkw, node.op == "call_method", target_name(node))
         meta = _meta(node)
-        leaves = _meta_leaves(meta)
-        specs = [(tuple(m.shape), from_torch_dtype(m.dtype)) for m in leaves] if leaves else None
         try:
+            if meta is None:     # no recorded shapes: how PyTorch's result on meta tensors nests them
+                probe = torch_meta(inputs, attrs)
+                meta = probe if isinstance(probe, (tuple, list)) and any(isinstance(m, (tuple, list))
+                                                                          for m in probe) else None
+            leaves = _meta_leaves(meta)
+            specs = [(tuple(m.shape), from_torch_dtype(m.dtype)) for m in leaves] if leaves else None
             outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=specs)
         except ComplexTensorError:
             self.unsupported.pop()                   # named once, as complex
