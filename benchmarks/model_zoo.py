@@ -1,5 +1,5 @@
 """More model families than ``models.py``: ``taskmap.compile`` against eager PyTorch on
-``transformers`` models at working sizes (random weights, batch 1, f32, CPU).
+``transformers`` models and recurrent nets at working sizes (random weights, batch 1, f32, CPU).
 
     python benchmarks/model_zoo.py                  # every family
     python benchmarks/model_zoo.py llama t5 --rounds 7
@@ -8,7 +8,9 @@ Each model is compiled, its main output checked against eager (relative error of
 value), then both are timed in alternating rounds (reverse order every other round); the ratio is
 the median of the rounds' ratios (eager / taskmap).  The table also gives the compiled graph's
 steps and its slowest step.  Sizes: 6 layers of width 768 with 12 heads (sequence 128) for the
-text models, 224 x 224 images for ConvNeXt-T / Swin-T, 1500 frames for Whisper's encoder.
+text models, 224 x 224 images for ConvNeXt-T / Swin-T, 1500 frames for Whisper's encoder; the
+recurrent nets (``nn.LSTM``, a bidirectional ``nn.GRU``) two layers of 512 over 64 steps of 256
+features, unrolled by taskmap's frontend.
 """
 from __future__ import annotations
 
@@ -31,6 +33,18 @@ from models import first_tensor  # noqa: E402
 import taskmap  # noqa: E402
 
 TEXT = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=6, num_attention_heads=12, vocab_size=1000)
+
+
+class Recurrent(torch.nn.Module):
+    """Two recurrent layers of 512 and a linear head."""
+
+    def __init__(self, kind: type, **kw: Any) -> None:
+        super().__init__()
+        self.rnn = kind(256, 512, num_layers=2, batch_first=True, **kw)
+        self.head = torch.nn.Linear(512 * (2 if kw.get("bidirectional") else 1), 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0])
 
 
 def _families() -> dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]]:
@@ -60,6 +74,8 @@ def _families() -> dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Ten
             decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80,
             max_source_positions=750, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             decoder_start_token_id=1)).encoder, (torch.randn(1, 80, 1500),)),
+        "lstm": lambda: (Recurrent(torch.nn.LSTM), (torch.randn(1, 64, 256),)),
+        "gru_bidirectional": lambda: (Recurrent(torch.nn.GRU, bidirectional=True), (torch.randn(1, 64, 256),)),
     }
 
 

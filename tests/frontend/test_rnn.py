@@ -41,7 +41,7 @@ def _close(got, want):
 def test_rnn_layers_match_eager(kind, config, capture):
     torch.manual_seed(0)
     model = Recurrent(kind, **config).eval()
-    x = torch.randn(3, 5, 12)
+    x = torch.randn(3, 5, 12)   # (5, 3) steps / batch, or (3, 5) batch-first
     fast = taskmap.compile(model, progress=False, capture=capture)
     with torch.no_grad():
         _close(fast(x), model(x))
@@ -90,6 +90,9 @@ def test_rnn_configurations_that_do_not_convert_are_named():
     with torch.no_grad():
         _close(fast(x), model(x))
     assert "run by PyTorch: LSTM" in fast.summary()
+    long = Recurrent(nn.GRU).eval()
+    with pytest.raises(UnsupportedOpsError, match="gru over 129 steps"):
+        taskmap.compile(long, progress=False)(torch.randn(129, 1, 12))
     train = Recurrent(nn.GRU, num_layers=2, dropout=0.5).train()
     with pytest.raises(UnsupportedOpsError, match="dropout in training mode"):
         taskmap.compile(train, progress=False)(torch.randn(2, 5, 12))
@@ -113,3 +116,14 @@ def test_tensors_in_a_tuple_argument_are_inputs():
         for _ in range(3):
             pair = (torch.randn(2, 4), torch.randn(2, 4))
             torch.testing.assert_close(fast(x, pair), model(x, pair))
+
+
+def test_long_sequences_stack_in_two_levels():
+    """40 steps: the outputs stacked as 6 concatenations of 7 steps and one of those (one of 40
+    would be a chain of 40 selects)."""
+    torch.manual_seed(2)
+    model = Recurrent(nn.LSTM).eval()
+    x = torch.randn(40, 2, 12)
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        _close(fast(x), model(x))

@@ -7,10 +7,11 @@ equations, gate order i, f, g, o for the LSTM and r, z, n for the GRU) — ops t
 recurrent linear's epilogue and the next step's prologue.  A bidirectional layer runs its second
 direction from the last step back; the layer's output joins both along the features.  Eval mode:
 dropout between layers (training only) and projections (``proj_size``) are not converted, nor are
-packed sequences.
+packed sequences or sequences longer than :data:`MAX_STEPS`.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -19,6 +20,13 @@ from torch import nn
 from ...graph import AxisAttrs, BinaryFn, OpKind, Tensor, UnaryFn
 from .ops_nn import linear
 from .registry import Converter, NotConvertible, register
+
+#: The most steps stacked by one concatenation (:func:`_stack`).
+FLAT_STACK = 32
+#: The longest sequence unrolled: every step's kernels read their own offsets of the input
+#: projection and are compiled apart (an LSTM of 2 x 512 on this machine: 64 steps 5-8 s cold,
+#: 256 steps 208 s); longer ones are left to PyTorch (``fallback=True``).
+MAX_STEPS = 128
 
 
 def _gates(cv: Converter, g: Tensor, n: int, hidden: int) -> list[Tensor]:
@@ -49,7 +57,15 @@ def _gru_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor
 
 
 def _stack(cv: Converter, xs: Sequence[Tensor]) -> Tensor:
+    """``torch.stack(xs)``: one concatenation of up to :data:`FLAT_STACK` steps; beyond, one of
+    about ``sqrt(n)`` concatenations of ``sqrt(n)`` steps each.  (A concatenation is a chain of
+    selects in the kernel that reads it: hundreds deep, the lowering's recursion would not reach
+    its end; nested by halves, every level would repeat the index arithmetic of the one above.)"""
     parts = [cv.reshape(x, (1, *x.shape)) for x in xs]
+    if len(parts) > FLAT_STACK:
+        size = math.isqrt(len(parts) - 1) + 1
+        parts = [cv.op(OpKind.CONCAT, parts[k:k + size], AxisAttrs(0)) if len(parts[k:k + size]) > 1 else parts[k]
+                 for k in range(0, len(parts), size)]
     return parts[0] if len(parts) == 1 else cv.op(OpKind.CONCAT, parts, AxisAttrs(0))
 
 
@@ -67,6 +83,9 @@ def run_rnn(cv: Converter, mode: str, x: Tensor, hx: Sequence[Tensor], params: S
     if batch_first:
         x = cv.permute(x, (1, 0, 2))
     steps, batch = x.shape[0], x.shape[1]
+    if steps > MAX_STEPS:
+        raise NotConvertible(f"{mode} over {steps} steps (taskmap unrolls at most {MAX_STEPS}: every step's kernels "
+                             "are compiled apart)")
     final: list[list[Tensor]] = [[] for _ in range(n_states)]
     for layer in range(num_layers):
         outs = []
