@@ -16,6 +16,6 @@ from .printer import graph_str
 
 __all__ = ["AdaptivePoolAttrs", "AttentionAttrs", "AxisAttrs", "BinaryAttrs", "BinaryFn", "CastAttrs", "Conv2dAttrs",
            "Graph", "GraphBuilder", "InputRef", "MatmulAttrs", "NormAttrs", "Op", "OpCategory", "OpDef", "OpKind",
-           "PadAttrs", "PadMode", "PermuteAttrs", "Pool2dAttrs", "ReduceAttrs", "ReduceFn", "ScatterAttrs", "ShapeAttrs",
-           "SliceAttrs", "Tensor", "TopkAttrs", "TorchAttrs", "UnaryAttrs", "UnaryFn", "WhereAttrs", "graph_str",
-           "infer", "op_def"]
+           "PadAttrs", "PadMode", "PermuteAttrs", "Pool2dAttrs", "ReduceAttrs", "ReduceFn", "ScatterAttrs",
+           "ShapeAttrs", "SliceAttrs", "Tensor", "TopkAttrs", "TorchAttrs", "UnaryAttrs", "UnaryFn", "WhereAttrs",
+           "graph_str", "infer", "op_def"]

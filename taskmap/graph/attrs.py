@@ -293,5 +293,5 @@ class InputRef:
 
 __all__ = ["AdaptivePoolAttrs", "AttentionAttrs", "AxisAttrs", "BinaryAttrs", "BinaryFn", "CastAttrs",
            "Conv2dAttrs", "InputRef", "NormAttrs", "PadAttrs", "PadMode", "PermuteAttrs", "Pool2dAttrs",
-           "ReduceAttrs", "ReduceFn", "Scalar", "ScatterAttrs", "ShapeAttrs", "SliceAttrs", "TopkAttrs", "TorchAttrs", "UnaryAttrs",
-           "UnaryFn", "WhereAttrs"]
+           "ReduceAttrs", "ReduceFn", "Scalar", "ScatterAttrs", "ShapeAttrs", "SliceAttrs", "TopkAttrs", "TorchAttrs",
+           "UnaryAttrs", "UnaryFn", "WhereAttrs"]

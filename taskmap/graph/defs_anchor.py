@@ -238,17 +238,18 @@ def _infer_topk(xs: Sequence[Any], a: TopkAttrs) -> Spec:
 
 
 def _infer_scatter(xs: Sequence[Any], a: ScatterAttrs) -> Spec:
-    """``x``'s shape and dtype; ``index`` (integers) of ``src``'s shape, and of ``x``'s outside the
-    axis (the frontend slices the general case down to that)."""
+    """``x``'s shape and dtype; ``index`` (integers, ``x``'s rank) no larger than ``src`` (of
+    ``x``'s dtype), nor than ``x`` outside the axis: torch's rules."""
     x, index, src = xs
     shape = tuple(x.shape)
     if index.dtype.name not in ("int32", "int64") or src.dtype != x.dtype:
         raise OpError(f"scatter: index must be int32 / int64 and src of x's dtype {x.dtype.name}; got "
                       f"{index.dtype.name} and {src.dtype.name}")
-    if not 0 <= a.axis < max(x.ndim, 1) or tuple(index.shape) != tuple(src.shape) or len(index.shape) != len(shape) \
-            or any(i != n for d, (i, n) in enumerate(zip(index.shape, shape)) if d != a.axis):
-        raise OpError(f"scatter: along axis {a.axis}, index {tuple(index.shape)} and src {tuple(src.shape)} must "
-                      f"have one shape, x's {shape} outside the axis")
+    if not 0 <= a.axis < max(x.ndim, 1) or not len(index.shape) == len(src.shape) == len(shape) \
+            or any(i > n for i, n in zip(index.shape, src.shape)) \
+            or any(i > n for d, (i, n) in enumerate(zip(index.shape, shape)) if d != a.axis):
+        raise OpError(f"scatter: along axis {a.axis}, index {tuple(index.shape)} must be no larger than src "
+                      f"{tuple(src.shape)}, nor than x {shape} outside the axis")
     return [(shape, x.dtype)]
 
 

@@ -81,7 +81,7 @@ class OpKind(enum.Enum):
     CUMSUM = enum.auto()         # [AxisAttrs] running sums (prefix scan)
     CUMPROD = enum.auto()        # [AxisAttrs] running products
     TOPK = enum.auto()           # [TopkAttrs] values, indices (sort: k = the axis' size)
-    SCATTER = enum.auto()        # [ScatterAttrs] x, index, src (index: src's shape, x's outside the axis)
+    SCATTER = enum.auto()        # [ScatterAttrs] x, index, src (torch.scatter's shape rules)
     TORCH = enum.auto()          # [TorchAttrs] PyTorch fallback (opaque)
 
     @property

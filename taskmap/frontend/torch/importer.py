@@ -362,8 +362,7 @@ class Importer:
         try:
             if meta is None:     # no recorded shapes: how PyTorch's result on meta tensors nests them
                 probe = torch_meta(inputs, attrs)
-                meta = probe if isinstance(probe, (tuple, list)) and any(isinstance(m, (tuple, list))
-                                                                          for m in probe) else None
+                meta = probe if _nests(probe) else None
             leaves = _meta_leaves(meta)
             specs = [(tuple(m.shape), from_torch_dtype(m.dtype)) for m in leaves] if leaves else None
             outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=specs)
@@ -379,7 +378,7 @@ class Importer:
                                    f"cannot be known before it runs ({type(e).__name__}: {str(e).splitlines()[0]}); a "
                                    "compiled graph has static shapes (torch.compile(model, backend=\"taskmap\") "
                                    "runs such graphs in PyTorch)") from e
-        if isinstance(meta, (tuple, list)) and any(isinstance(m, (tuple, list)) for m in meta):
+        if _nests(meta):
             return _nested(meta, iter(outs))   # nn.LSTM's (output, (h, c)): the outputs in that structure
         if len(outs) > 1 or (leaves and not hasattr(meta, "shape")):
             return tuple(outs)
@@ -452,6 +451,11 @@ def _plain(v: Any) -> Any:
     if type(v) is list:
         return [_plain(x) for x in v]
     return v
+
+
+def _nests(meta: Any) -> bool:
+    """Whether a node's metadata is a tuple / list holding tuples / lists."""
+    return isinstance(meta, (tuple, list)) and any(isinstance(m, (tuple, list)) for m in meta)
 
 
 def _nested(meta: Any, outs: Any) -> Any:

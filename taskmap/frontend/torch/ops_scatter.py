@@ -2,11 +2,11 @@
 ``index_add``, ``index_put`` and item assignment through index tensors (``x[idx] = v``,
 ``x[mask] = v``), in place or not.
 
-All become the SCATTER op (:func:`taskmap.ops.scatter`, CPU only), whose ``index`` has ``src``'s
-shape and ``x``'s outside the axis: a smaller ``index`` scatters into that corner of ``x``, set
-back into ``x`` as ``x[:a, :b] = part`` is; ``index_copy`` / ``index_add`` expand their 1-d
-index over the slices; integer index tensors on adjacent dimensions (``x[i, j] = v``, broadcast
-together, negative entries counted from the end) become one flat index into those dimensions; a
+All become the SCATTER op (:func:`taskmap.ops.scatter`, CPU only, torch's shape rules: an
+``index`` smaller than ``x`` outside the axis writes into that corner); ``index_copy`` /
+``index_add`` expand their 1-d index over the slices; integer index tensors on adjacent
+dimensions (``x[i, j] = v``, broadcast together, negative entries counted from the end) become
+one flat index into those dimensions; a
 boolean mask with values that do not depend on how many elements it selects (a number, or one
 value per element of the trailing dimensions) becomes a ``where``.
 """
@@ -45,27 +45,16 @@ def scatter_op(cv: Converter, x: Tensor, dim: int, index: Tensor, src: Any, redu
         raise NotConvertible(f"scatter: index has {index.ndim} dimensions, x {x.ndim}")
     axis = norm_axis(dim, ndim)
     xshape, ishape = x.shape or (1,), index.shape or (1,)
-    x1, index = cv.reshape(x, xshape), cv.reshape(index, ishape)
     if isinstance(src, Tensor):
         src = cv.reshape(cv.cast(src, x.dtype), src.shape or (1,))
-        for d, n in enumerate(ishape):
-            src = cv.slice(src, d, 0, n)
     else:
         src = cv.expand(cv.const(np.full((1,) * ndim, src, dtype=x.dtype.numpy_dtype)), ishape)
-    if tuple(src.shape) != tuple(ishape):
-        raise NotConvertible(f"scatter: src {list(src.shape)} is smaller than index {list(ishape)}")
-    box = tuple(n if d == axis else i for d, (i, n) in enumerate(zip(ishape, xshape)))
-    if any(b > n for b, n in zip(box, xshape)):
-        raise NotConvertible(f"scatter: index {list(ishape)} is larger than x {list(xshape)} outside dim {axis}")
-    attrs = ScatterAttrs(axis, reduce, bool(include_self))
-    if box == tuple(xshape):
-        y = cv.op(OpKind.SCATTER, [x1, index, src], attrs)
-    else:                       # index covers a corner of x: scatter into it, set it back
-        part = x1
-        for d, b in enumerate(box):
-            part = cv.slice(part, d, 0, b)
-        y = setitem_basic(cv, x1, tuple(builtins.slice(0, b) for b in box),
-                          cv.op(OpKind.SCATTER, [part, index, src], attrs))
+    if len(src.shape or (1,)) != ndim or builtins.any(i > n for i, n in zip(ishape, src.shape)) or \
+            builtins.any(i > n for d, (i, n) in enumerate(zip(ishape, xshape)) if d != axis):
+        raise NotConvertible(f"scatter: index {list(ishape)} larger than src {list(src.shape)}, or than x "
+                             f"{list(xshape)} outside dim {axis}")
+    y = cv.op(OpKind.SCATTER, [cv.reshape(x, xshape), cv.reshape(index, ishape), src],
+              ScatterAttrs(axis, reduce, bool(include_self)))
     return cv.reshape(y, x.shape)
 
 
