@@ -18,6 +18,8 @@
 * a 1x1-convolution group whose result only a depthwise convolution reads, and that depthwise
   group, become ONE kernel together (:mod:`.lower_pwdw`, CPU): :func:`lowered` gives the pair's
   launch at the depthwise group and none at the other;
+* a group that only slices and reshapes one contiguous range of a tensor is a **view** of that
+  tensor's buffer (:mod:`.views`: ``view`` is the tensor and the byte offset; no kernel);
 * a **single** op that is not injective and has no template lowering (PyTorch fallback,
   shapes / dtypes / targets the lowerings do not take) is run by its ``taskmap.ops`` runner
   (``kernel is None``).
@@ -60,6 +62,7 @@ from .lower_pwdw import merged, pointwise_depthwise_pairs
 from .lower_template import Scalar, plan_problem, plan_template, template_fusable, template_prologue_inputs
 from .kinds import OpKind
 from .passes import debug_enabled
+from .views import View, view_groups
 from .partition import (
     FusionGroup,
     GroupKind,
@@ -80,6 +83,7 @@ class KernelGroup:
     fallback: str = ""
     then: tuple[AnchorPlan, ...] = ()     # more launches of this step (split-K's reduction)
     into: Tensor | None = None            # writes its result inside this concat's output (.concat_place)
+    view: View | None = None              # no kernel: a view of this tensor at this byte offset (.views)
 
     @classmethod
     def of(cls, group: FusionGroup, plan: AnchorPlan, fallback: str = "") -> "KernelGroup":
@@ -115,7 +119,8 @@ class KernelGroup:
         return self.kernel is not None and len(self.group.ops) > 1
 
     def __repr__(self) -> str:
-        how = "runner" if self.kernel is None else "+".join(k.__name__ for k, _, _ in self.launches)
+        how = "view" if self.view is not None else "runner" if self.kernel is None else \
+            "+".join(k.__name__ for k, _, _ in self.launches)
         return f"KernelGroup({self.group.kind.value} {self.name} -> {how}{' (fallback)' if self.fallback else ''})"
 
 
@@ -290,15 +295,18 @@ def graph_groups(graph: Graph, target: Target) -> list[FusionGroup]:
 def lowered(graph: Graph, groups: Sequence[FusionGroup], target: Target) -> Iterator[list[KernelGroup]]:
     """Per fusion group of ``graph`` (in order), its kernel group(s) — none for a pointwise
     convolution fused into the depthwise one after it (:mod:`.lower_pwdw`), whose group lowers
-    the pair."""
+    the pair; a view (:mod:`.views`) for a group of slices of one contiguous range."""
     pairs = pointwise_depthwise_pairs(graph, groups, target)
     producers = {j for j, _ in pairs.values()}
+    views = view_groups(graph, groups)
     if pairs and debug_enabled("groups"):
         print(f"// fused 1x1 + depthwise pairs of {graph.name}: "
               + ", ".join(f"{groups[j].name} -> {groups[i].name}" for i, (j, _) in pairs.items()), file=sys.stderr)
     for i, g in enumerate(groups):
         if i in producers:
             yield []
+        elif i in views:
+            yield [KernelGroup(g, None, view=views[i])]
         elif i in pairs:
             j, tp = pairs[i]
             try:

@@ -48,6 +48,12 @@ EPILOGUE_KINDS = frozenset({OpKind.UNARY, OpKind.BINARY, OpKind.WHERE, OpKind.CA
 DIAMOND_KINDS = frozenset({OpKind.UNARY, OpKind.BINARY, OpKind.WHERE, OpKind.CAST})
 MAX_DIAMOND = 16
 
+#: The most inputs of a concatenation in an anchor's prologue.  Every element the anchor reads
+#: through one picks its input by a chain of selects; a wider one (the stacked steps of a
+#: recurrent layer, read by the next layer's projection) is its own group, which the runtime
+#: drops where its inputs are written in place (:mod:`taskmap.runtime.concat_inplace`).
+MAX_PROLOGUE_CONCAT = 4
+
 
 class GroupKind(enum.Enum):
     ANCHORED = "anchored"
@@ -126,16 +132,18 @@ class _Partitioner:
         self.private = {t for t in graph.tensors() if t not in outs and len(graph.consumers(t)) == 1}
         self.claimed: set[Op] = set()
 
-    def absorb(self, t: Tensor) -> list[Op]:
-        """The injective ops computing ``t`` that only this group reads (claimed)."""
+    def absorb(self, t: Tensor, prologue: bool = False) -> list[Op]:
+        """The injective ops computing ``t`` that only this group reads (claimed); in an anchor's
+        ``prologue`` no concatenation of more than :data:`MAX_PROLOGUE_CONCAT` inputs."""
         p = self.g.producer(t)
         if p is None or p in self.claimed or t not in self.private or len(p.outputs) != 1 \
-                or not p.definition.category.is_injective:
+                or not p.definition.category.is_injective \
+                or (prologue and p.kind is OpKind.CONCAT and len(p.inputs) > MAX_PROLOGUE_CONCAT):
             return []
         self.claimed.add(p)
         found = [p]
         for x in dict.fromkeys(p.inputs):
-            found += self.absorb(x)
+            found += self.absorb(x, prologue)
         return found
 
     def anchored(self, anchor: Op) -> FusionGroup:
@@ -158,7 +166,7 @@ class _Partitioner:
         pro = []
         for k in self.prologue_inputs(anchor):
             if anchor.inputs.count(anchor.inputs[k]) == 1:
-                ops = self.absorb(anchor.inputs[k])
+                ops = self.absorb(anchor.inputs[k], prologue=True)
                 if ops:
                     pro.append((k, tuple(sorted(ops, key=self.pos.__getitem__))))
         ops = sorted([anchor, *chain, *(op for _, p in pro for op in p)], key=self.pos.__getitem__)

@@ -1,11 +1,13 @@
 """Concatenations without a copy: the producers write their results into the concatenated buffer.
 
 A ``concat`` along an axis whose leading dimensions are all 1 (channels of a batch-1 NCHW
-tensor, Inception's blocks) places each input in one contiguous range of its output.  When every
-input is the single output of a kernel step of the memory plan, read by nothing but the concat
-and starting 64-byte aligned in the output, those kernels can write their results straight into
-their ranges of the output: the concat's copy kernel — a read and a write of the whole tensor —
-disappears from the steps.
+tensor, Inception's blocks, a ``stack`` of a recurrent layer's steps) places each input in one
+contiguous range of its output.  When every input (seen through the reshapes the copy kernel
+makes: a stack's unsqueezes) is the single output of a kernel step of the memory plan, not
+placed in another concat, and starts 64-byte aligned in the output, those kernels can write
+their results straight into their ranges of the output: the concat's copy kernel — a read and a
+write of the whole tensor — disappears from the steps.  Other steps may read an input too (the
+next step of a recurrent layer): they read it there.
 
 :func:`elide_concats` finds such concats and returns the steps without their copies, and for
 each input slot the output slot it lives in and its byte offset there.  The memory plan
@@ -34,7 +36,7 @@ def elide_concats(graph: Graph, slots: dict[Any, int], steps: Sequence[Any], con
     """``steps`` without the copy of each concat whose inputs can be written in place, and the
     aliases of those inputs (see the module docstring)."""
     keep = {slots[t] for t in (*graph.outputs, *graph.inputs)} | constants
-    concat_of = {op.output: op for op in graph.ops if op.kind is OpKind.CONCAT}
+    made_by = {op.output: op for op in graph.ops if op.kind in (OpKind.CONCAT, OpKind.RESHAPE)}
     tensor = {k: t for t, k in slots.items()}
     producer: dict[int, int] = {}
     readers: dict[int, list[int]] = {}
@@ -49,7 +51,7 @@ def elide_concats(graph: Graph, slots: dict[Any, int], steps: Sequence[Any], con
         if st.kind is not OpKind.CONCAT or st.kernel is None or not st.planned or len(st.outputs) != 1:
             continue
         out = st.outputs[0]
-        parts = _parts(tensor[out], concat_of, producer, slots)
+        parts = _parts(tensor[out], made_by, producer, slots)
         if parts is None or out in keep:
             continue
         ins = [slots[t] for t, _ in parts]
@@ -67,25 +69,28 @@ def elide_concats(graph: Graph, slots: dict[Any, int], steps: Sequence[Any], con
     return [st for i, st in enumerate(steps) if i not in dropped], aliases
 
 
-def _parts(t: Any, concat_of: dict[Any, Any], producer: dict[int, int], slots: dict[Any, int]
+def _parts(t: Any, made_by: dict[Any, Any], producer: dict[int, int], slots: dict[Any, int]
            ) -> list[tuple[Any, int]] | None:
-    """The tensors the concat of ``t`` (with the concats fused into its step: Inception's nested
-    ones) copies, each with its byte offset in ``t``; None when a range is not contiguous (a
-    leading dimension above 1) or a dtype changes."""
-    op = concat_of.get(t)
-    if op is None or math.prod(op.output.shape[:op.attrs.axis]) != 1 or \
+    """The tensors the concat of ``t`` (with the concats and reshapes fused into its step:
+    Inception's nested concats, a stack's unsqueezed parts) copies, each with its byte offset in
+    ``t``; None when a range is not contiguous (a leading dimension above 1) or a dtype changes."""
+    op = made_by.get(t)
+    if op is None or op.kind is not OpKind.CONCAT or math.prod(op.output.shape[:op.attrs.axis]) != 1 or \
             any(u.dtype != op.output.dtype for u in op.inputs):
         return None
     parts: list[tuple[Any, int]] = []
     offset = 0
     for u in op.inputs:
-        if u in concat_of and slots[u] not in producer:    # computed inside the same copy kernel
-            inner = _parts(u, concat_of, producer, slots)
+        v = u
+        while v in made_by and made_by[v].kind is OpKind.RESHAPE and slots[v] not in producer:
+            v = made_by[v].inputs[0]         # a reshape computed inside the copy kernel: the same bytes
+        if v in made_by and made_by[v].kind is OpKind.CONCAT and slots[v] not in producer:
+            inner = _parts(v, made_by, producer, slots)
             if inner is None:
                 return None
-            parts += [(v, offset + o) for v, o in inner]
+            parts += [(w, offset + o) for w, o in inner]
         else:
-            parts.append((u, offset))
+            parts.append((v, offset))
         offset += u.nbytes
     return parts
 
@@ -93,10 +98,11 @@ def _parts(t: Any, concat_of: dict[Any, Any], producer: dict[int, int], slots: d
 def _writable(k: int, concat: int, steps: Sequence[Any], producer: dict[int, int], readers: dict[int, list[int]],
               keep: set[int], dropped: set[int], aliases: Aliases) -> bool:
     """Whether the tensor of slot ``k`` can live inside the concat's output: read by the concat
-    alone, the only output of a planned kernel step or the output of a concat elided before
-    (Inception's nested concats)."""
+    (and maybe by other steps: the plan keeps the output's buffer as long as its parts are read),
+    the only output of a planned kernel step or the output of a concat elided before (Inception's
+    nested concats)."""
     i = producer.get(k)
-    if i is None or k in keep or k in aliases or readers.get(k) != [concat]:
+    if i is None or k in keep or k in aliases or concat not in readers.get(k, ()):
         return False
     if i in dropped:
         return True

@@ -71,6 +71,7 @@ from .args import aligned, in_place, reinterpret, torch_view
 from .args import data_ptr as _ptr
 from .args import view
 from .concat_inplace import elide_concats
+from .views import elide_views
 from .kernel import CompiledKernel, HostLaunch, Kernel, status_error
 
 #: One kernel argument of a step: (a slot of the graph's values or -1, the fixed array or scalar
@@ -109,6 +110,7 @@ class Step:
     planned: bool = False  # writes into the memory plan
     more: tuple[Any, ...] = field(default=(), repr=False)     # kernels launched after ``kernel`` (split-K)
     host: HostWork | None = field(default=None, repr=False)    # a CPU kernel step: what a chain runs
+    view: tuple[int, int] | None = None    # a view of the array of this slot at this byte offset (.views)
 
     @property
     def kernels(self) -> tuple[Any, ...]:
@@ -188,6 +190,8 @@ class CompiledGraph:
             self.constants: dict[int, Any] = {k: lazy.get(k) for k in lazy.raw if k in read}
             self.steps, self.aliases = elide_concats(graph, self.slots, steps, set(lazy.raw)) if fuse \
                 else (steps, {})
+            keep = {self.slots[t] for t in (*graph.inputs, *graph.outputs)} | set(lazy.raw)
+            self.steps, self.aliases = elide_views(self.steps, self.aliases, keep)
             self._plan()
         self._by_slot = {k: t for t, k in self.slots.items()}
         self._template: list[Any] | None = None    # per slot: its constant or its view of a planned buffer
@@ -210,6 +214,9 @@ class CompiledGraph:
         for i, step in enumerate(self.steps):
             for k in step.inputs:
                 last[k] = i
+        for k, (owner, _) in self.aliases.items():     # a buffer lives as long as its views are read
+            if k in last:
+                last[owner] = max(last[k], last.get(owner, -1))
         keep = {self.slots[t] for t in self.graph.outputs}
         self.free_after: list[list[int]] = [[] for _ in self.steps]
         for k, i in last.items():
@@ -286,6 +293,11 @@ class CompiledGraph:
                 if out != k and values[out] is None:          # the concat's output, before its first part
                     t = self._by_slot[out]
                     values[out] = _carve(buffers[b], t.shape, t.dtype.name)
+                t = self._by_slot[k]
+                values[k] = _carve(buffers[b][offset:], t.shape, t.dtype.name)
+        for k, (out, offset) in self.aliases.items():       # the views of the slices no step makes
+            b = self.assign.get(out)
+            if values[k] is None and b is not None:
                 t = self._by_slot[k]
                 values[k] = _carve(buffers[b][offset:], t.shape, t.dtype.name)
         return values
@@ -502,7 +514,7 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
     outputs = set(graph.outputs)
     stable = {slots[t] for t in graph.constants()}
     for kg in groups:
-        if kg.kernel is not None:
+        if kg.kernel is not None or (kg.view is not None and slots[kg.view[0]] in stable):
             stable.update(slots[t] for t in kg.outputs if t not in outputs)
     steps = []
     for kg in groups:
@@ -510,6 +522,8 @@ def _group_steps(graph: Graph, slots: dict[Tensor, int], target: Any, kind: Arra
         outs = tuple(slots[t] for t in kg.outputs)
         if kg.kernel is not None:
             steps.append(_group_step(kg, slots, kind, ws, zeros, stable, constants))
+        elif kg.view is not None:
+            steps.append(_view_step(kg, slots))
         elif len(kg.ops) == 1 and not kg.ops[0].definition.category.is_injective:
             # the op's own inputs: a group lists a tensor read twice (f(w, w)) once
             steps.append(_runner_step(kg.ops[0], tuple(slots[t] for t in kg.ops[0].inputs), outs))
@@ -647,6 +661,21 @@ def _group_step(kg: KernelGroup, slots: dict[Tensor, int], kind: ArrayKind, ws: 
     ins = tuple(slots[t] for t in kg.inputs)
     return Step(kg.name, kg.ops[-1].kind, ins, tuple(slots[t] for t in kg.outputs), run, kg.kernel, True,
                 tuple(k for k, _, _ in kg.launches[1:]), _host_work(o, out, launches))
+
+
+def _view_step(kg: KernelGroup, slots: dict[Tensor, int]) -> Step:
+    """A group that is a view of a contiguous range of its source (:mod:`taskmap.graph.views`):
+    made per run where the memory plan does not carve it (:mod:`.views`)."""
+    assert kg.view is not None
+    src, offset = kg.view
+    s, out = slots[src], kg.outputs[0]
+    o = slots[out]
+
+    def run(values: list[Any]) -> None:
+        a = values[s]
+        flat = a.reshape(-1).view(np.uint8 if isinstance(a, np.ndarray) else sys.modules["torch"].uint8)
+        values[o] = _carve(flat[offset:], out.shape, out.dtype.name)
+    return Step(kg.name, kg.ops[-1].kind, (s,), (o,), run, view=(s, offset))
 
 
 def _kernel_step(op: Op, ins: tuple[int, ...], outs: tuple[int, ...], target: Any, kind: ArrayKind,

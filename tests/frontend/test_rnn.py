@@ -94,8 +94,8 @@ def test_rnn_configurations_that_do_not_convert_are_named():
         _close(fast(x), model(x))
     assert "run by PyTorch: LSTM" in fast.summary()
     long = Recurrent(nn.GRU).eval()
-    with pytest.raises(UnsupportedOpsError, match="gru over 129 steps"):
-        taskmap.compile(long, progress=False)(torch.randn(129, 1, 12))
+    with pytest.raises(UnsupportedOpsError, match="gru over 513 steps"):
+        taskmap.compile(long, progress=False)(torch.randn(513, 1, 12))
     train = Recurrent(nn.GRU, num_layers=2, dropout=0.5).train()
     with pytest.raises(UnsupportedOpsError, match="dropout in training mode"):
         taskmap.compile(train, progress=False)(torch.randn(2, 5, 12))
@@ -130,3 +130,24 @@ def test_long_sequences_stack_in_two_levels():
     fast = taskmap.compile(model, progress=False)
     with torch.no_grad():
         _close(fast(x), model(x))
+
+
+def test_hundreds_of_steps_compile_each_kernel_once():
+    """300 steps of two layers (past the old limit of 128): each step reads its slice of the input
+    projection as a view, writes its output inside the stacked sequence (which the next layer's
+    projection reads as one array, with no copy), so every step of a layer runs the same few
+    kernels, compiled once."""
+    torch.manual_seed(3)
+    model = Recurrent(nn.LSTM, num_layers=2).eval()
+    x = torch.randn(300, 1, 12)
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        _close(fast(x), model(x))
+    (entry,) = fast.entries.values()
+    cg = entry.compiled
+    kernels = {id(k) for st in cg.steps for k in st.kernels}
+    assert len(cg.steps) > 4 * 300 and len(kernels) <= 16, len(kernels)
+    assert not [st for st in cg.steps if st.view is not None]
+    outputs = {cg.slots[t] for t in cg.graph.outputs}
+    concats = [st for st in cg.steps if st.kind.name == "CONCAT"]
+    assert len(concats) == 2 and all(st.outputs[0] in outputs for st in concats)   # only the final (h, c)

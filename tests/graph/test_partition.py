@@ -149,6 +149,24 @@ def test_transpose_prologue_is_absorbed_into_matmul():
     assert k == 0 and [op.kind for op in ops] == [OpKind.PERMUTE, OpKind.BINARY]
 
 
+def test_only_narrow_concats_join_a_prologue():
+    """A concat of two inputs is read through the matmul's prologue; one of five (wider than
+    MAX_PROLOGUE_CONCAT: a chain of selects per element read) is its own group."""
+    from taskmap.graph.partition import MAX_PROLOGUE_CONCAT
+
+    for n in (2, MAX_PROLOGUE_CONCAT + 1):
+        b = GraphBuilder()
+        xs = [b.op(OpKind.UNARY, [b.input((1, 8), f32)], UnaryAttrs(UnaryFn.EXP)) for _ in range(n)]
+        y = b.op(OpKind.MATMUL, [b.op(OpKind.CONCAT, xs, AxisAttrs(0)), b.constant(rand(8, 3))])
+        g = b.build([y])
+        groups = partition(g)
+        check_cover(g, groups)
+        anchored = [grp for grp in groups if grp.kind is GroupKind.ANCHORED]
+        assert len(anchored) == 1
+        kinds = [op.kind for _, ops in anchored[0].prologues for op in ops]
+        assert (OpKind.CONCAT in kinds) == (n <= MAX_PROLOGUE_CONCAT), (n, groups_str(groups))
+
+
 def test_shared_prologue_is_not_absorbed():
     b = GraphBuilder()
     x = b.input((8, 4), f32)

@@ -1,8 +1,8 @@
 """Concatenations written in place: at batch 1 the kernels of a channel concat's inputs write into
 their ranges of its output (taskmap.runtime.concat_inplace), at batch > 1 their kernels are
 rewritten to write with the output's image stride (taskmap.graph.concat_place), and the copy
-step disappears; where that cannot be done (an input read elsewhere, a misaligned range at batch
-1, a graph output) the copy stays — and the numbers match PyTorch either way."""
+step disappears; where that cannot be done (an input read elsewhere at batch > 1, a misaligned
+range at batch 1, a graph output) the copy stays — and the numbers match PyTorch either way."""
 import pytest
 import torch
 
@@ -77,7 +77,31 @@ def test_placed_kernels_come_back_from_the_disk_cache():
     assert _concat_steps(cg) == [] and len(_placed(cg)) == 4
 
 
-@pytest.mark.parametrize("why", ["reuse", "reuse at batch 2", "misaligned"])
+class ReadAgain(torch.nn.Module):
+    """Branch ``a`` is read by the concat and again by the last kernel, after the concat's last
+    reader (``head``): ``tail``'s result would fit in the concat's buffer, over ``a``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(4, 16, 1), torch.nn.Conv2d(4, 16, 1)
+        self.head, self.tail = torch.nn.Conv2d(32, 32, 1), torch.nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        a = torch.relu(self.a(x))
+        y = self.head(torch.cat([a, torch.relu(self.b(x))], 1))
+        return torch.softmax(self.tail(torch.relu(y)), 1) * a
+
+
+@pytest.mark.parametrize("model", [Branches(reuse=True), ReadAgain()], ids=["branches", "read-again"])
+def test_a_part_read_again_after_the_concat_is_read_in_place(model):
+    """A part read by other steps as well lives in the concat's output too; the memory plan keeps
+    that buffer until the last of them (the second run too)."""
+    torch.manual_seed(1)
+    cg = _compiled(model.eval(), torch.randn(1, 4, 8, 8))
+    assert _concat_steps(cg) == [] and cg.aliases
+
+
+@pytest.mark.parametrize("why", ["reuse at batch 2", "misaligned"])
 def test_concats_that_cannot_be_in_place_still_copy(why):
     torch.manual_seed(1)
     model = Branches(c=1 if why == "misaligned" else 16, reuse=why.startswith("reuse")).eval()

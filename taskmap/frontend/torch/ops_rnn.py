@@ -26,7 +26,7 @@ FLAT_STACK = 32
 #: The longest sequence unrolled: every step's kernels read their own offsets of the input
 #: projection and are compiled apart (an LSTM of 2 x 512 on this machine: 64 steps 5-8 s cold,
 #: 256 steps 208 s); longer ones are left to PyTorch (``fallback=True``).
-MAX_STEPS = 128
+MAX_STEPS = 512
 
 
 def _gates(cv: Converter, g: Tensor, n: int, hidden: int) -> list[Tensor]:
