@@ -20,7 +20,9 @@ one of a few byte buffers, chosen by lifetime (a buffer is free again after the 
 reads its tensor; best fit, growing the largest free one).  The buffers are allocated (and the
 tensors' views of them made) once, on the first run, and reused by every later run — so a
 compiled graph runs one call at a time.  A batch-1 concat's inputs are written in place, in
-their ranges of its buffer, and its copy step is dropped (:mod:`.concat_inplace`).
+their ranges of its buffer, and its copy step is dropped (:mod:`.concat_inplace`); a slice of a
+contiguous range is a view carved out of its source's buffer, with no step (:mod:`.views`).  A
+buffer lives until the last step that reads it or any view of it.
 Values of other steps are dropped after their last use.  Graph outputs are always fresh arrays.
 
 On the CPU, from the second call on, each run of consecutive kernel steps is one call into C

@@ -4,10 +4,12 @@
 Per layer and direction, the input projection of every step is one linear (``T*B`` rows); each
 step then adds the recurrent linear of the previous state and applies the gates (PyTorch's
 equations, gate order i, f, g, o for the LSTM and r, z, n for the GRU) — ops that fuse into the
-recurrent linear's epilogue and the next step's prologue.  A bidirectional layer runs its second
-direction from the last step back; the layer's output joins both along the features.  Eval mode:
-dropout between layers (training only) and projections (``proj_size``) are not converted, nor are
-packed sequences or sequences longer than :data:`MAX_STEPS`.
+recurrent linear's epilogue and the next step's prologue.  A step's slice of the projection is a
+view of it (no copy, no kernel of its own), so every step of a layer runs the same kernels.  A
+bidirectional layer runs its second direction from the last step back; the layer's output joins
+both along the features.  Eval mode: dropout between layers (training only) and projections
+(``proj_size``) are not converted, nor are packed sequences or sequences longer than
+:data:`MAX_STEPS`.
 """
 from __future__ import annotations
 
@@ -23,9 +25,12 @@ from .registry import Converter, NotConvertible, register
 
 #: The most steps stacked by one concatenation (:func:`_stack`).
 FLAT_STACK = 32
-#: The longest sequence unrolled: every step's kernels read their own offsets of the input
-#: projection and are compiled apart (an LSTM of 2 x 512 on this machine: 64 steps 5-8 s cold,
-#: 256 steps 208 s); longer ones are left to PyTorch (``fallback=True``).
+#: The longest sequence unrolled; longer ones are left to PyTorch (``fallback=True``).  Each step
+#: reads its slice of the input projection as a view and writes inside the stacked output
+#: (:mod:`taskmap.graph.views`, :mod:`taskmap.runtime.concat_inplace`), so the steps share their
+#: kernels, but the graph still grows with the sequence: a 2 x 512 LSTM compiles in 4 s cold at 128
+#: steps, 6 s at 256; a stack's copy kernel (built before the plan drops it) takes a parameter per
+#: step, and ctypes calls take at most 1024.
 MAX_STEPS = 512
 
 
