@@ -48,10 +48,12 @@ EPILOGUE_KINDS = frozenset({OpKind.UNARY, OpKind.BINARY, OpKind.WHERE, OpKind.CA
 DIAMOND_KINDS = frozenset({OpKind.UNARY, OpKind.BINARY, OpKind.WHERE, OpKind.CAST})
 MAX_DIAMOND = 16
 
-#: The most inputs of a concatenation in an anchor's prologue.  Every element the anchor reads
-#: through one picks its input by a chain of selects; a wider one (the stacked steps of a
-#: recurrent layer, read by the next layer's projection) is its own group, which the runtime
-#: drops where its inputs are written in place (:mod:`taskmap.runtime.concat_inplace`).
+#: The most inputs of a concatenation in an anchor's prologue or inside another concatenation's
+#: group.  Every element read through one picks its input by a chain of selects; a wider one (the
+#: stacked steps of a recurrent layer, read by the next layer's projection; the chunks of a long
+#: stack) is its own group, which the runtime drops where its inputs are written in place
+#: (:mod:`taskmap.runtime.concat_inplace`, nested too), and whose copy kernel, when one is
+#: built, takes a few parameters rather than one per step.
 MAX_PROLOGUE_CONCAT = 4
 
 
@@ -132,18 +134,19 @@ class _Partitioner:
         self.private = {t for t in graph.tensors() if t not in outs and len(graph.consumers(t)) == 1}
         self.claimed: set[Op] = set()
 
-    def absorb(self, t: Tensor, prologue: bool = False) -> list[Op]:
-        """The injective ops computing ``t`` that only this group reads (claimed); in an anchor's
-        ``prologue`` no concatenation of more than :data:`MAX_PROLOGUE_CONCAT` inputs."""
+    def absorb(self, t: Tensor, prologue: bool = False, into_concat: bool = False) -> list[Op]:
+        """The injective ops computing ``t`` that only this group reads (claimed); no concatenation
+        of more than :data:`MAX_PROLOGUE_CONCAT` inputs in an anchor's ``prologue`` or read by a
+        concatenation (``into_concat``)."""
         p = self.g.producer(t)
         if p is None or p in self.claimed or t not in self.private or len(p.outputs) != 1 \
                 or not p.definition.category.is_injective \
-                or (prologue and p.kind is OpKind.CONCAT and len(p.inputs) > MAX_PROLOGUE_CONCAT):
+                or ((prologue or into_concat) and p.kind is OpKind.CONCAT and len(p.inputs) > MAX_PROLOGUE_CONCAT):
             return []
         self.claimed.add(p)
         found = [p]
         for x in dict.fromkeys(p.inputs):
-            found += self.absorb(x, prologue)
+            found += self.absorb(x, prologue, p.kind is OpKind.CONCAT)
         return found
 
     def anchored(self, anchor: Op) -> FusionGroup:
@@ -207,7 +210,8 @@ class _Partitioner:
                 continue
             if op.definition.category.is_injective and len(op.outputs) == 1:
                 self.claimed.add(op)
-                ops = [op] + [x for t in dict.fromkeys(op.inputs) for x in self.absorb(t)]
+                ops = [op] + [x for t in dict.fromkeys(op.inputs)
+                              for x in self.absorb(t, into_concat=op.kind is OpKind.CONCAT)]
                 groups.append(FusionGroup(GroupKind.INJECTIVE, tuple(sorted(ops, key=self.pos.__getitem__))))
             else:
                 self.claimed.add(op)

@@ -167,6 +167,23 @@ def test_only_narrow_concats_join_a_prologue():
         assert (OpKind.CONCAT in kinds) == (n <= MAX_PROLOGUE_CONCAT), (n, groups_str(groups))
 
 
+def test_wide_concats_inside_a_concat_are_groups_of_their_own():
+    """A stack of chunks: the chunks of five inputs are groups of their own (the copy kernel of
+    the outer concat takes the chunks, not every part); chunks of two join the outer group."""
+    from taskmap.graph.partition import MAX_PROLOGUE_CONCAT
+
+    for n in (2, MAX_PROLOGUE_CONCAT + 1):
+        b = GraphBuilder()
+        chunks = [b.op(OpKind.CONCAT, [b.op(OpKind.UNARY, [b.input((1, 8), f32)], UnaryAttrs(UnaryFn.EXP))
+                                       for _ in range(n)], AxisAttrs(0)) for _ in range(3)]
+        g = b.build([b.op(OpKind.CONCAT, chunks, AxisAttrs(0))])
+        groups = partition(g)
+        check_cover(g, groups)
+        sizes = sorted(sum(op.kind is OpKind.CONCAT for op in grp.ops) for grp in groups
+                       if any(op.kind is OpKind.CONCAT for op in grp.ops))
+        assert sizes == ([4] if n == 2 else [1, 1, 1, 1]), (n, groups_str(groups))
+
+
 def test_shared_prologue_is_not_absorbed():
     b = GraphBuilder()
     x = b.input((8, 4), f32)

@@ -29,9 +29,8 @@ FLAT_STACK = 32
 #: reads its slice of the input projection as a view and writes inside the stacked output
 #: (:mod:`taskmap.graph.views`, :mod:`taskmap.runtime.concat_inplace`), so the steps share their
 #: kernels, but the graph still grows with the sequence: a 2 x 512 LSTM compiles in 4 s cold at 128
-#: steps, 6 s at 256; a stack's copy kernel (built before the plan drops it) takes a parameter per
-#: step, and ctypes calls take at most 1024.
-MAX_STEPS = 512
+#: steps, 7 s at 256 and 20 s at 1024 (half of it PyTorch's trace).
+MAX_STEPS = 1024
 
 
 def _gates(cv: Converter, g: Tensor, n: int, hidden: int) -> list[Tensor]:
@@ -65,7 +64,9 @@ def _stack(cv: Converter, xs: Sequence[Tensor]) -> Tensor:
     """``torch.stack(xs)``: one concatenation of up to :data:`FLAT_STACK` steps; beyond, one of
     about ``sqrt(n)`` concatenations of ``sqrt(n)`` steps each.  (A concatenation is a chain of
     selects in the kernel that reads it: hundreds deep, the lowering's recursion would not reach
-    its end; nested by halves, every level would repeat the index arithmetic of the one above.)"""
+    its end; nested by halves, every level would repeat the index arithmetic of the one above.
+    Each is a group of its own (:data:`taskmap.graph.partition.MAX_PROLOGUE_CONCAT`), its copy
+    kernel dropped where the steps write in place.)"""
     parts = [cv.reshape(x, (1, *x.shape)) for x in xs]
     if len(parts) > FLAT_STACK:
         size = math.isqrt(len(parts) - 1) + 1
