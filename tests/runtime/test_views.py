@@ -56,6 +56,16 @@ def test_aligned_slices_of_a_kernel_result_are_carved_by_the_plan(feat):
     assert len({id(st.kernel) for st in cg.steps[2:] if st.name.startswith("linear")}) == 1
 
 
+def test_views_on_gpu_kernels():
+    """The GPU lowering (in GPU emulation: alignment rules checked) reads the views as well."""
+    from taskmap.ops import emulate_gpu
+
+    torch.manual_seed(2)
+    with emulate_gpu("sm_90"):
+        cg = _compiled(Steps(32).eval(), torch.randn(T, 1, 8))
+    assert not [st for st in cg.steps if st.view is not None] and len(cg.aliases) == T - 1
+
+
 def test_slices_of_a_runner_result_are_views_made_per_run():
     torch.manual_seed(1)
     cg = _compiled(Steps(32, source="runner").eval(), torch.randn(T, 1, 8))
