@@ -188,7 +188,12 @@ def _call_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool) -> Any:
         args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
         if isinstance(a.target, torch.nn.Module):
             state = {k: v.to("meta") for k, v in [*a.target.named_parameters(), *a.target.named_buffers()]}
-            return torch.func.functional_call(a.target, state, tuple(args), kwargs)
+            try:
+                return torch.func.functional_call(a.target, state, tuple(args), kwargs)
+            finally:    # the parameters come back past nn.RNNBase's __setattr__: its list of them would stay meta
+                for m in a.target.modules():
+                    if isinstance(m, torch.nn.RNNBase):
+                        m._init_flat_weights()
     if a.method:
         self = args[0]
         if a.target.endswith("_") and not a.target.startswith("_") and hasattr(self, "clone"):

@@ -1,8 +1,9 @@
 """``nn.LSTM`` / ``nn.GRU`` unrolled by the frontend (``ops_rnn``): every configuration that
-converts — layers, directions, batch-first, no bias, an initial state or none, unbatched input —
-against eager PyTorch through each capture (torch.fx's leaf module, torch.export's
-``aten.lstm.input``, dynamo's ``torch.lstm``), with no op left to PyTorch; the configurations that
-do not convert are named; and tensors passed in a tuple argument are inputs, not constants."""
+converts — layers, directions, batch-first, no bias, an initial state or none, unbatched input,
+an LSTM's projections — against eager PyTorch through each capture (torch.fx's leaf module,
+torch.export's ``aten.lstm.input``, dynamo's ``torch.lstm``), with no op left to PyTorch; the
+configurations that do not convert are named; and tensors passed in a tuple argument are inputs,
+not constants."""
 import pytest
 import torch
 from torch import nn
@@ -81,21 +82,40 @@ def test_initial_states_and_unbatched_inputs(kind, batch_first, batched, capture
             _close(fast(x, s), model(x, s))
 
 
+@pytest.mark.parametrize("config", [dict(proj_size=8), dict(proj_size=4, num_layers=2, bidirectional=True),
+                                    dict(proj_size=4, bias=False, batch_first=True, num_layers=2)],
+                         ids=["plain", "2-layers-bidirectional", "no-bias-batch-first"])
+@pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])
+def test_lstm_projections_match_eager(config, capture):
+    """``proj_size``: each step's state projected by ``W_hr`` (the states of ``proj_size`` and
+    ``hidden_size`` features: the initial ones given or zeros)."""
+    torch.manual_seed(4)
+    model = Recurrent(nn.LSTM, **config).eval()
+    model.head = nn.Linear(config["proj_size"] * (2 if config.get("bidirectional") else 1), 4)
+    x = torch.randn(3, 5, 12)
+    fast = taskmap.compile(model, progress=False, capture=capture)
+    with torch.no_grad():
+        _close(fast(x), model(x))
+    assert "run by PyTorch" not in fast.summary()
+    stateful = nn.LSTM(12, 16, proj_size=8, num_layers=2).eval()
+    state = (torch.randn(2, 5, 8), torch.randn(2, 5, 16))     # x: 3 steps of a batch of 5
+    fast = taskmap.compile(stateful, progress=False, capture=capture)
+    with torch.no_grad():
+        _close(fast(x, state), stateful(x, state))
+
+
 def test_rnn_configurations_that_do_not_convert_are_named():
     """... and with ``fallback=True`` run by PyTorch, their nested results ``(output, (h, c))``
     kept in their structure."""
-    model = Recurrent(nn.LSTM, proj_size=4).eval()
-    model.head = nn.Linear(4, 4)
-    x = torch.randn(2, 5, 12)
-    with pytest.raises(UnsupportedOpsError, match="proj_size"):
+    model = Recurrent(nn.LSTM).eval()
+    x = torch.randn(1025, 1, 12)
+    with pytest.raises(UnsupportedOpsError, match="lstm over 1025 steps"):
         taskmap.compile(model, progress=False)(x)
+    assert all(w.device.type == "cpu" for w in model.rnn._flat_weights)   # the module still runs eagerly
     fast = taskmap.compile(model, progress=False, fallback=True)
     with torch.no_grad():
         _close(fast(x), model(x))
     assert "run by PyTorch: LSTM" in fast.summary()
-    long = Recurrent(nn.GRU).eval()
-    with pytest.raises(UnsupportedOpsError, match="gru over 1025 steps"):
-        taskmap.compile(long, progress=False)(torch.randn(1025, 1, 12))
     train = Recurrent(nn.GRU, num_layers=2, dropout=0.5).train()
     with pytest.raises(UnsupportedOpsError, match="dropout in training mode"):
         taskmap.compile(train, progress=False)(torch.randn(2, 5, 12))

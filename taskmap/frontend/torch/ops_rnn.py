@@ -7,9 +7,9 @@ equations, gate order i, f, g, o for the LSTM and r, z, n for the GRU) — ops t
 recurrent linear's epilogue and the next step's prologue.  A step's slice of the projection is a
 view of it (no copy, no kernel of its own), so every step of a layer runs the same kernels.  A
 bidirectional layer runs its second direction from the last step back; the layer's output joins
-both along the features.  Eval mode: dropout between layers (training only) and projections
-(``proj_size``) are not converted, nor are packed sequences or sequences longer than
-:data:`MAX_STEPS`.
+both along the features.  An LSTM with projections (``proj_size``) projects each step's state by
+one more linear (``h = W_hr (o * tanh(c))``).  Eval mode: dropout between layers (training only)
+is not converted, nor are packed sequences or sequences longer than :data:`MAX_STEPS`.
 """
 from __future__ import annotations
 
@@ -41,15 +41,18 @@ def _sig(cv: Converter, x: Tensor) -> Tensor:
     return cv.unary(UnaryFn.SIGMOID, x)
 
 
-def _lstm_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor, b_hh: Any) -> tuple[Tensor, ...]:
+def _lstm_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor, b_hh: Any,
+               w_hr: Tensor | None = None) -> tuple[Tensor, ...]:
     h, c = state
-    i, f, g, o = _gates(cv, cv.binary(BinaryFn.ADD, gx, linear(cv, h, w_hh, b_hh)), 4, h.shape[1])
+    i, f, g, o = _gates(cv, cv.binary(BinaryFn.ADD, gx, linear(cv, h, w_hh, b_hh)), 4, c.shape[1])
     c = cv.binary(BinaryFn.ADD, cv.binary(BinaryFn.MUL, _sig(cv, f), c),
                   cv.binary(BinaryFn.MUL, _sig(cv, i), cv.unary(UnaryFn.TANH, g)))
-    return cv.binary(BinaryFn.MUL, _sig(cv, o), cv.unary(UnaryFn.TANH, c)), c
+    h = cv.binary(BinaryFn.MUL, _sig(cv, o), cv.unary(UnaryFn.TANH, c))
+    return (h if w_hr is None else linear(cv, h, w_hr, None)), c
 
 
-def _gru_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor, b_hh: Any) -> tuple[Tensor, ...]:
+def _gru_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor, b_hh: Any,
+              w_hr: None = None) -> tuple[Tensor, ...]:
     (h,) = state
     hidden = h.shape[1]
     xr, xz, xn = _gates(cv, gx, 3, hidden)
@@ -83,8 +86,9 @@ def run_rnn(cv: Converter, mode: str, x: Tensor, hx: Sequence[Tensor], params: S
     if train and dropout:
         raise NotConvertible(f"{mode} with dropout in training mode (call model.eval())")
     dirs, per = 2 if bidirectional else 1, 4 if has_biases else 2
-    if len(params) != num_layers * dirs * per:
-        raise NotConvertible(f"{mode} with projections (proj_size)")
+    proj = mode == "lstm" and len(params) == num_layers * dirs * (per + 1)     # each layer's w_hr last
+    if len(params) != num_layers * dirs * (per + proj):
+        raise NotConvertible(f"{mode} with {len(params)} weights for {num_layers} layers")
     step, n_states = (_lstm_step, 2) if mode == "lstm" else (_gru_step, 1)
     if batch_first:
         x = cv.permute(x, (1, 0, 2))
@@ -96,17 +100,18 @@ def run_rnn(cv: Converter, mode: str, x: Tensor, hx: Sequence[Tensor], params: S
     for layer in range(num_layers):
         outs = []
         for d in range(dirs):
-            k = (layer * dirs + d) * per
+            k = (layer * dirs + d) * (per + proj)
             w_ih, w_hh = params[k], params[k + 1]
             b_ih, b_hh = (params[k + 2], params[k + 3]) if has_biases else (None, None)
-            hidden = w_hh.shape[1]
+            w_hr = params[k + per] if proj else None
             gx = cv.reshape(linear(cv, cv.reshape(x, (steps * batch, x.shape[2])), w_ih, b_ih),
                             (steps, batch, w_ih.shape[0]))
-            state = tuple(cv.reshape(cv.slice(s, 0, layer * dirs + d, layer * dirs + d + 1), (batch, hidden))
+            state = tuple(cv.reshape(cv.slice(s, 0, layer * dirs + d, layer * dirs + d + 1), (batch, s.shape[2]))
                           for s in hx)
             out: list[Any] = [None] * steps
             for t in (range(steps) if d == 0 else reversed(range(steps))):
-                state = step(cv, cv.reshape(cv.slice(gx, 0, t, t + 1), (batch, gx.shape[2])), state, w_hh, b_hh)
+                state = step(cv, cv.reshape(cv.slice(gx, 0, t, t + 1), (batch, gx.shape[2])), state, w_hh, b_hh,
+                             w_hr)
                 out[t] = state[0]
             outs.append(_stack(cv, out))
             for s, v in zip(final, state):
@@ -142,8 +147,6 @@ def rnn_module(cv: Converter, m: nn.LSTM | nn.GRU, x: Tensor, hx: Any = None) ->
     """The module (a leaf of ``torch.fx.symbolic_trace``): its weights as constants; unbatched
     inputs get a batch of one, as the module does."""
     mode = "lstm" if isinstance(m, nn.LSTM) else "gru"
-    if getattr(m, "proj_size", 0):
-        raise NotConvertible("LSTM with projections (proj_size)")
     unbatched = x.ndim == 2
     if unbatched:
         x = cv.reshape(x, (x.shape[0], 1, x.shape[1]) if not m.batch_first else (1, *x.shape))
@@ -151,7 +154,8 @@ def rnn_module(cv: Converter, m: nn.LSTM | nn.GRU, x: Tensor, hx: Any = None) ->
     dirs = 2 if m.bidirectional else 1
     if hx is None:
         zero = _zeros(cv, m.num_layers * dirs, batch, m.hidden_size, x)
-        states = [zero, zero] if mode == "lstm" else [zero]
+        h0 = _zeros(cv, m.num_layers * dirs, batch, m.proj_size, x) if getattr(m, "proj_size", 0) else zero
+        states = [h0, zero] if mode == "lstm" else [zero]
     else:
         states = list(hx) if mode == "lstm" else [hx]
         if unbatched:
