@@ -1,9 +1,9 @@
-"""``nn.LSTM`` / ``nn.GRU`` unrolled by the frontend (``ops_rnn``): every configuration that
-converts — layers, directions, batch-first, no bias, an initial state or none, unbatched input,
-an LSTM's projections — against eager PyTorch through each capture (torch.fx's leaf module,
-torch.export's ``aten.lstm.input``, dynamo's ``torch.lstm``), with no op left to PyTorch; the
-configurations that do not convert are named; and tensors passed in a tuple argument are inputs,
-not constants."""
+"""``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` unrolled by the frontend (``ops_rnn``), and their cells:
+every configuration that converts — layers, directions, batch-first, no bias, an initial state or
+none, unbatched input, an LSTM's projections — against eager PyTorch through each capture
+(torch.fx's leaf module, torch.export's ``aten.lstm.input``, dynamo's ``torch.lstm``), with no op
+left to PyTorch; the configurations that do not convert are named; and tensors passed in a tuple
+argument are inputs, not constants."""
 import pytest
 import torch
 from torch import nn
@@ -36,7 +36,11 @@ def _close(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
+def relu_rnn(*args, **kw):
+    return nn.RNN(*args, nonlinearity="relu", **kw)
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN, relu_rnn], ids=["lstm", "gru", "rnn", "rnn-relu"])
 @pytest.mark.parametrize("config", CONFIGS, ids=["plain", "2-layers-batch-first", "bidirectional", "no-bias"])
 @pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])
 def test_rnn_layers_match_eager(kind, config, capture):
@@ -60,7 +64,7 @@ class Stateful(nn.Module):
         return self.rnn(x, state)
 
 
-@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN], ids=["lstm", "gru", "rnn"])
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("capture", ["auto", "dynamo"])
@@ -102,6 +106,42 @@ def test_lstm_projections_match_eager(config, capture):
     fast = taskmap.compile(stateful, progress=False, capture=capture)
     with torch.no_grad():
         _close(fast(x, state), stateful(x, state))
+
+
+class Cells(nn.Module):
+    """A decoder-style loop of cells: an LSTM cell, a GRU cell on its state, a plain RNN cell on
+    that (its first call without a state)."""
+
+    def __init__(self, bias=True, nonlinearity="tanh"):
+        super().__init__()
+        self.lstm, self.gru = nn.LSTMCell(12, 16, bias=bias), nn.GRUCell(16, 16, bias=bias)
+        self.rnn = nn.RNNCell(16, 8, bias=bias, nonlinearity=nonlinearity)
+
+    def forward(self, x):
+        h = c = g = torch.zeros(x.shape[1], 16)
+        r, outs = None, []
+        for t in range(x.shape[0]):
+            h, c = self.lstm(x[t], (h, c))
+            g = self.gru(h, g)
+            r = self.rnn(g) if r is None else self.rnn(g, r)
+            outs.append(r)
+        return torch.stack(outs), c
+
+
+@pytest.mark.parametrize("config", [dict(), dict(bias=False, nonlinearity="relu")], ids=["plain", "no-bias-relu"])
+@pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])
+def test_cells_match_eager(config, capture):
+    torch.manual_seed(5)
+    model = Cells(**config).eval()
+    x = torch.randn(6, 3, 12)
+    fast = taskmap.compile(model, progress=False, capture=capture)
+    with torch.no_grad():
+        _close(fast(x), model(x))
+    assert "run by PyTorch" not in fast.summary()
+    cell = nn.LSTMCell(12, 16).eval()        # unbatched, no state
+    fast = taskmap.compile(cell, progress=False, capture=capture)
+    with torch.no_grad():
+        _close(fast(x[0, 0]), cell(x[0, 0]))
 
 
 def test_rnn_configurations_that_do_not_convert_are_named():

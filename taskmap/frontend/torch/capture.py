@@ -321,8 +321,9 @@ class _Refused:
         return _stateless(import_fx(self.gm, self.examples, fallback=True, name=name), name), self.cap
 
 
-#: ATen ops no capture converts (dynamo cannot trace the modules that call them either): a graph
-#: refusing only these is resolved from torch.export's capture, without trying dynamo's.
+#: ATen ops whose refusal (a recurrent layer over packed sequences, too many steps, dropout in
+#: training) no other capture lifts (dynamo cannot trace the modules that call them either): a
+#: graph refusing only these is resolved from torch.export's capture, without trying dynamo's.
 _NO_RETRY = ("aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu")
 
 

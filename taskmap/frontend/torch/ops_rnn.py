@@ -1,9 +1,12 @@
-"""Recurrent layers: ``nn.LSTM`` / ``nn.GRU`` (and ``torch.lstm`` / ``torch.gru``, ATen's
-``lstm.input`` / ``gru.input``), unrolled over the sequence.
+"""Recurrent layers: ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (and ``torch.lstm`` / ``torch.gru`` /
+``torch.rnn_tanh`` / ``torch.rnn_relu``, ATen's ``lstm.input`` / ...), unrolled over the sequence;
+their cells (``nn.LSTMCell`` / ``nn.GRUCell`` / ``nn.RNNCell``, ``torch.lstm_cell`` / ...), one
+step each.
 
 Per layer and direction, the input projection of every step is one linear (``T*B`` rows); each
 step then adds the recurrent linear of the previous state and applies the gates (PyTorch's
-equations, gate order i, f, g, o for the LSTM and r, z, n for the GRU) — ops that fuse into the
+equations, gate order i, f, g, o for the LSTM and r, z, n for the GRU; ``tanh`` or ``relu`` of
+the sum for the plain RNN) — ops that fuse into the
 recurrent linear's epilogue and the next step's prologue.  A step's slice of the projection is a
 view of it (no copy, no kernel of its own), so every step of a layer runs the same kernels.  A
 bidirectional layer runs its second direction from the last step back; the layer's output joins
@@ -63,6 +66,19 @@ def _gru_step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor
     return (cv.binary(BinaryFn.ADD, n, cv.binary(BinaryFn.MUL, z, cv.binary(BinaryFn.SUB, h, n))),)
 
 
+def _elman_step(fn: UnaryFn) -> Any:
+    """``nn.RNN``'s step: ``h = fn(x W_ih^T + b_ih + h W_hh^T + b_hh)``."""
+    def step(cv: Converter, gx: Tensor, state: tuple[Tensor, ...], w_hh: Tensor, b_hh: Any,
+             w_hr: None = None) -> tuple[Tensor, ...]:
+        return (cv.unary(fn, cv.binary(BinaryFn.ADD, gx, linear(cv, state[0], w_hh, b_hh))),)
+    return step
+
+
+#: Per mode: the step and the number of states it carries.
+STEPS = {"lstm": (_lstm_step, 2), "gru": (_gru_step, 1), "rnn_tanh": (_elman_step(UnaryFn.TANH), 1),
+         "rnn_relu": (_elman_step(UnaryFn.RELU), 1)}
+
+
 def _stack(cv: Converter, xs: Sequence[Tensor]) -> Tensor:
     """``torch.stack(xs)``: one concatenation of up to :data:`FLAT_STACK` steps; beyond, one of
     about ``sqrt(n)`` concatenations of ``sqrt(n)`` steps each.  (A concatenation is a chain of
@@ -80,7 +96,8 @@ def _stack(cv: Converter, xs: Sequence[Tensor]) -> Tensor:
 
 def run_rnn(cv: Converter, mode: str, x: Tensor, hx: Sequence[Tensor], params: Sequence[Tensor], has_biases: bool,
             num_layers: int, dropout: float, train: bool, bidirectional: bool, batch_first: bool) -> tuple[Tensor, ...]:
-    """``torch.lstm`` / ``torch.gru`` on a padded batch: the output and the final states."""
+    """``torch.lstm`` / ``torch.gru`` / ``torch.rnn_tanh`` / ``torch.rnn_relu`` on a padded batch: the
+    output and the final states."""
     if not isinstance(x, Tensor) or x.ndim != 3:
         raise NotConvertible(f"{mode} of packed sequences")
     if train and dropout:
@@ -89,13 +106,12 @@ def run_rnn(cv: Converter, mode: str, x: Tensor, hx: Sequence[Tensor], params: S
     proj = mode == "lstm" and len(params) == num_layers * dirs * (per + 1)     # each layer's w_hr last
     if len(params) != num_layers * dirs * (per + proj):
         raise NotConvertible(f"{mode} with {len(params)} weights for {num_layers} layers")
-    step, n_states = (_lstm_step, 2) if mode == "lstm" else (_gru_step, 1)
+    step, n_states = STEPS[mode]
     if batch_first:
         x = cv.permute(x, (1, 0, 2))
     steps, batch = x.shape[0], x.shape[1]
     if steps > MAX_STEPS:
-        raise NotConvertible(f"{mode} over {steps} steps (taskmap unrolls at most {MAX_STEPS}: every step's kernels "
-                             "are compiled apart)")
+        raise NotConvertible(f"{mode} over {steps} steps (taskmap unrolls at most {MAX_STEPS})")
     final: list[list[Tensor]] = [[] for _ in range(n_states)]
     for layer in range(num_layers):
         outs = []
@@ -133,20 +149,34 @@ def lstm(cv: Converter, x: Any, hx: Any, params: Any, has_biases: Any, num_layer
                    batch_first)
 
 
-@register(torch.gru)
-def gru(cv: Converter, x: Any, hx: Any, params: Any, has_biases: Any, num_layers: Any, dropout: Any, train: Any,
-        bidirectional: Any, batch_first: Any = None) -> tuple[Tensor, ...]:
-    if isinstance(params, Tensor):         # (data, batch_sizes, hx, params, ...): packed sequences
-        raise NotConvertible("gru of packed sequences")
-    return run_rnn(cv, "gru", x, [hx], list(params), has_biases, num_layers, dropout, train, bidirectional,
-                   batch_first)
+def _one_state(mode: str) -> Any:
+    def convert(cv: Converter, x: Any, hx: Any, params: Any, has_biases: Any, num_layers: Any, dropout: Any,
+                train: Any, bidirectional: Any, batch_first: Any = None) -> tuple[Tensor, ...]:
+        if isinstance(params, Tensor):     # (data, batch_sizes, hx, params, ...): packed sequences
+            raise NotConvertible(f"{mode} of packed sequences")
+        return run_rnn(cv, mode, x, [hx], list(params), has_biases, num_layers, dropout, train, bidirectional,
+                       batch_first)
+    return convert
 
 
-@register(nn.LSTM, nn.GRU)
-def rnn_module(cv: Converter, m: nn.LSTM | nn.GRU, x: Tensor, hx: Any = None) -> tuple[Any, Any]:
+register(torch.gru)(_one_state("gru"))
+register(torch.rnn_tanh)(_one_state("rnn_tanh"))
+register(torch.rnn_relu)(_one_state("rnn_relu"))
+
+
+def _mode(m: nn.Module) -> str:
+    if isinstance(m, (nn.LSTM, nn.LSTMCell)):
+        return "lstm"
+    if isinstance(m, (nn.GRU, nn.GRUCell)):
+        return "gru"
+    return f"rnn_{m.nonlinearity}"
+
+
+@register(nn.LSTM, nn.GRU, nn.RNN)
+def rnn_module(cv: Converter, m: nn.RNNBase, x: Tensor, hx: Any = None) -> tuple[Any, Any]:
     """The module (a leaf of ``torch.fx.symbolic_trace``): its weights as constants; unbatched
     inputs get a batch of one, as the module does."""
-    mode = "lstm" if isinstance(m, nn.LSTM) else "gru"
+    mode = _mode(m)
     unbatched = x.ndim == 2
     if unbatched:
         x = cv.reshape(x, (x.shape[0], 1, x.shape[1]) if not m.batch_first else (1, *x.shape))
@@ -167,3 +197,52 @@ def rnn_module(cv: Converter, m: nn.LSTM | nn.GRU, x: Tensor, hx: Any = None) ->
         out = cv.reshape(out, (out.shape[0] if not m.batch_first else out.shape[1], out.shape[2]))
         final = [cv.reshape(s, (s.shape[0], s.shape[2])) for s in final]
     return out, (tuple(final) if mode == "lstm" else final[0])
+
+
+def run_cell(cv: Converter, mode: str, x: Tensor, hx: Sequence[Tensor], w_ih: Tensor, w_hh: Tensor, b_ih: Any = None,
+             b_hh: Any = None) -> tuple[Tensor, ...]:
+    """One step of ``nn.LSTMCell`` / ``nn.GRUCell`` / ``nn.RNNCell`` on a batch: the new states."""
+    if not isinstance(x, Tensor) or x.ndim != 2:
+        raise NotConvertible(f"{mode} cell of a {getattr(x, 'ndim', '?')}-d input")
+    step, _ = STEPS[mode]
+    return step(cv, linear(cv, x, w_ih, b_ih), tuple(hx), w_hh, b_hh)
+
+
+@register(torch.lstm_cell)
+def lstm_cell(cv: Converter, x: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any = None,
+              b_hh: Any = None) -> tuple[Any, ...]:
+    return run_cell(cv, "lstm", x, list(hx), w_ih, w_hh, b_ih, b_hh)
+
+
+def _cell(mode: str) -> Any:
+    def convert(cv: Converter, x: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None) -> Tensor:
+        return run_cell(cv, mode, x, [hx], w_ih, w_hh, b_ih, b_hh)[0]
+    return convert
+
+
+register(torch.gru_cell)(_cell("gru"))
+register(torch.rnn_tanh_cell)(_cell("rnn_tanh"))
+register(torch.rnn_relu_cell)(_cell("rnn_relu"))
+
+
+@register(nn.LSTMCell, nn.GRUCell, nn.RNNCell)
+def cell_module(cv: Converter, m: nn.RNNCellBase, x: Tensor, hx: Any = None) -> Any:
+    """The cell module (a leaf of ``torch.fx.symbolic_trace``): states of zeros when none are given;
+    an unbatched input (and state) gets a batch of one, as the module does."""
+    mode = _mode(m)
+    unbatched = x.ndim == 1
+    if unbatched:
+        x = cv.reshape(x, (1, x.shape[0]))
+    if hx is None:
+        zero = cv.const(torch.zeros(x.shape[0], m.hidden_size, dtype=getattr(torch, x.dtype.name)))
+        states = [zero, zero] if mode == "lstm" else [zero]
+    else:
+        states = list(hx) if mode == "lstm" else [hx]
+        if unbatched:
+            states = [cv.reshape(s, (1, s.shape[0])) for s in states]
+    biases = (cv.param(m.bias_ih, "bias_ih"), cv.param(m.bias_hh, "bias_hh")) if m.bias else (None, None)
+    out = run_cell(cv, mode, x, states, cv.param(m.weight_ih, "weight_ih"), cv.param(m.weight_hh, "weight_hh"),
+                   *biases)
+    if unbatched:
+        out = tuple(cv.reshape(s, (s.shape[1],)) for s in out)
+    return out if mode == "lstm" else out[0]
