@@ -212,3 +212,19 @@ def test_hundreds_of_steps_compile_each_kernel_once():
     outputs = {cg.slots[t] for t in cg.graph.outputs}
     concats = [st for st in cg.steps if st.kind.name == "CONCAT"]
     assert len(concats) == 2 and all(st.outputs[0] in outputs for st in concats)   # only the final (h, c)
+
+
+def test_torch_compile_with_dynamo_allowed_to_trace_rnns():
+    """``torch.compile(backend="taskmap")`` gets the recurrent layer's graph once dynamo's
+    ``allow_rnn`` is on (without it dynamo runs the layer in PyTorch, as the README says); with
+    ``fallback`` off, taskmap converted all of it."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(6)
+    model = Recurrent(nn.GRU, num_layers=2).eval()
+    x = torch.randn(5, 3, 12)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(allow_rnn=True), torch.no_grad():
+        _close(torch.compile(model, backend="taskmap", options={"fallback": False})(x), model(x))
+    assert counters["stats"]["unique_graphs"] == 1
