@@ -410,6 +410,25 @@ def test_pytorch_transformer_modules_as_the_model(which):
     assert not any(u for e in fast.entries.values() for u in e.imported.unsupported)
 
 
+class CausalTransformer(nn.Module):
+    """``nn.Transformer`` with the causal target mask made in the forward, as its docs show: the
+    layers compare it against a causal mask to pick a kernel (a branch on data, which the capture
+    skips: the mask is applied as given)."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = nn.Transformer(16, 4, 1, 1, 32, batch_first=True)
+
+    def forward(self, src, tgt):
+        return self.t(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(tgt.shape[1]))
+
+
+def test_transformer_with_a_causal_mask_made_in_the_forward():
+    torch.manual_seed(1)
+    fast = check(CausalTransformer().eval(), torch.randn(2, 6, 16), torch.randn(2, 7, 16))
+    assert not any(u for e in fast.entries.values() for u in e.imported.unsupported)
+
+
 def test_training_mode_is_reported():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.ReLU()).train()
     with pytest.raises(UnsupportedOpsError, match=r"(?s)2 unsupported.*BatchNorm2d.*training mode \(call "

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 from torch.fx.passes.shape_prop import ShapeProp
+from torch.nn.modules import transformer
 
 from ...errors import CaptureError, UnsupportedError, UnsupportedOpsError
 from ...graph.passes import debug_enabled
@@ -179,14 +180,25 @@ def _no_fastpaths() -> Any:
     """PyTorch's transformer layers in eval mode call fused kernels of their own
     (``torch._transformer_encoder_layer_fwd``, ``torch._native_multi_head_attention``) unless its
     fast path is off: captured with it off, they are the linears, attention and norms taskmap
-    compiles and fuses."""
+    compiles and fuses.  And they compare a mask given without an ``is_causal`` hint against a
+    causal one (``nn.Transformer``'s ``tgt_mask``) to choose a kernel: a branch on data, which no
+    capture can trace; captured without that test, the mask is applied as given — the same
+    numbers."""
     mha = torch.backends.mha
     was = mha.get_fastpath_enabled()
     mha.set_fastpath_enabled(False)
+    detect = transformer._detect_is_causal_mask
+    transformer._detect_is_causal_mask = _hinted_causal
     try:
         yield
     finally:
         mha.set_fastpath_enabled(was)
+        transformer._detect_is_causal_mask = detect
+
+
+def _hinted_causal(mask: Any, is_causal: bool | None = None, size: int | None = None) -> bool:
+    """``_detect_is_causal_mask`` without looking at the mask: causal when the caller says so."""
+    return is_causal is True
 
 
 def _dynamo_reason(exc: Exception) -> str:
