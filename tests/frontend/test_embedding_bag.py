@@ -79,3 +79,45 @@ def test_forms_not_converted_are_named():
     model = nn.EmbeddingBag(10, 4, max_norm=1.0).eval()
     with pytest.raises(UnsupportedOpsError, match="embedding_bag with max_norm"):
         taskmap.compile(model, progress=False)(torch.randint(0, 10, (2, 3)))
+
+
+class Recommender(nn.Module):
+    """DLRM's shape: bags of sparse features (a list of index tensors: captured by torch.export,
+    whose ATen ``embedding_bag`` returns more than the bags), a dense MLP, pairwise interactions."""
+
+    def __init__(self):
+        super().__init__()
+        self.bags = nn.ModuleList([nn.EmbeddingBag(100, 8, mode=m) for m in ("sum", "mean", "max")])
+        self.bottom, self.top = nn.Linear(5, 8), nn.Linear(8 + 6, 1)
+
+    def forward(self, dense, ids, offsets):
+        x = torch.relu(self.bottom(dense))
+        t = torch.stack([x] + [b(i, o) for b, i, o in zip(self.bags, ids, offsets)], 1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        li, lj = torch.triu_indices(4, 4, 1)
+        return torch.sigmoid(self.top(torch.cat([x, z[:, li, lj]], 1)))
+
+
+def test_recommender_through_torch_export():
+    torch.manual_seed(9)
+    model = Recommender().eval()
+    ids = [torch.randint(0, 100, (24,)) for _ in range(3)]
+    offsets = [torch.tensor([0, 2, 2, 9, 15, 20]) for _ in range(3)]
+    args = (torch.randn(6, 5), ids, offsets)
+    fast = taskmap.compile(model, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(*args), model(*args), rtol=1e-5, atol=1e-6)
+    assert "captured by torch.export" in fast.summary() and "run by PyTorch" not in fast.summary()
+
+
+def test_reading_the_bags_positions_is_named():
+    """ATen's other results of ``embedding_bag`` are not computed: a model that reads one (each
+    index's bag) is refused, naming it."""
+    class Positions(nn.Module):
+        def forward(self, table, ids, offsets):
+            out, bag_of, _, _ = torch.embedding_bag(table, ids, offsets, False, 1)
+            return out, bag_of
+
+    args = (torch.randn(10, 4), torch.randint(0, 10, (7,)), torch.tensor([0, 3]))
+    with pytest.raises(UnsupportedOpsError, match="bag of each index"):
+        taskmap.compile(Positions(), progress=False, capture="export")(*args)

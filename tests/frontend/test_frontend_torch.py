@@ -834,6 +834,25 @@ def test_advanced_indexing_and_logical_ops():
     check(M(), torch.randn(2, 5, 3), torch.rand(2, 6) > 0.5)
 
 
+class AfterSlices(nn.Module):
+    """Index tensors on adjacent dimensions after full slices (DLRM's interaction ``z[:, li, lj]``;
+    ``...`` too): the broadcast index dimensions take their place."""
+
+    def forward(self, z, i, j):
+        li, lj = torch.triu_indices(4, 4, 1)
+        return z[:, li, lj], z[:, i], z[..., i, i], z[:, 1, j], z[:, i.view(2, 1), j.view(1, 3)]
+
+
+@pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])
+def test_index_tensors_after_full_slices(capture):
+    torch.manual_seed(7)
+    fast = taskmap.compile(AfterSlices(), progress=False, capture=capture)
+    args = (torch.randn(5, 4, 4), torch.tensor([0, -1]), torch.tensor([1, 2, 3]))
+    for got, want in zip(fast(*args), AfterSlices()(*args)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert "run by PyTorch" not in fast.summary()
+
+
 def test_transformers_padding_mask():
     transformers = pytest.importorskip("transformers")
     model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=1, attn_implementation="sdpa")).eval()

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import Tensor
-from .registry import Converter, Handler, NotConvertible, lookup
+from .registry import Converter, Handler, NotConvertible, Unavailable, lookup
 
 _ADAPTERS: dict[str, Handler] = {}      # by packet name, or "name.overload" for one overload
 _IGNORED = ("layout", "pin_memory", "memory_format", "non_blocking")
@@ -281,6 +281,21 @@ def _generic(name: str) -> Handler | None:
 
 def _no_op(cv: Converter, x: Any = None, *args: Any, **kwargs: Any) -> Any:
     return x
+
+
+@_adapt("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only")
+def _embedding_bag(cv: Converter, weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False,
+                   mode: int = 0, sparse: bool = False, per_sample_weights: Any = None,
+                   include_last_offset: bool = False, padding_idx: Any = -1) -> tuple[Any, ...]:
+    """The bags' values (``F.embedding_bag`` flattened a 2-d input and made its offsets before);
+    ATen's other results — each index's bag, the bags' sizes, the positions of the maxima — are
+    not computed."""
+    from .ops_bag import MODES, embedding_bag_op
+    out = embedding_bag_op(cv, indices, weight, offsets, None, MODES[mode], per_sample_weights, include_last_offset,
+                           None if padding_idx is None or padding_idx < 0 else padding_idx)
+    rest = Unavailable("embedding_bag's bag of each index, bag sizes and positions of the maxima (taskmap computes "
+                       "the bags' values only)")
+    return out, rest, rest, rest
 
 
 @_adapt("lift_fresh_copy", "alias", "_to_copy", "_to_dim_order_copy")

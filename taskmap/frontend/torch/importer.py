@@ -35,7 +35,7 @@ from . import (ops_bag, ops_composite, ops_einsum, ops_elementwise, ops_layers, 
                ops_nn, ops_rnn, ops_sample, ops_scatter, ops_tensor, ops_upsample)
 from . import aten, autocast, precision
 from .aliasing import Aliases
-from .registry import Converter, NotConvertible, from_torch_dtype, lookup, to_torch, torch_dtype
+from .registry import Converter, NotConvertible, Unavailable, from_torch_dtype, lookup, to_torch, torch_dtype
 
 
 @dataclass
@@ -195,6 +195,8 @@ class Importer:
                 out_node = node
             else:
                 self.env[node] = self._call(node)
+                if isinstance(self.env[node], Unavailable) and node.users:
+                    raise UnsupportedOpsError([(target_name(node), where(node), self.env[node].reason)])
                 self._check_meta(node)
         if self.complex_ops:
             raise UnsupportedOpsError(self.complex_ops + [u for u in self.unsupported if not self.fallback],

@@ -216,6 +216,9 @@ def getitem(cv: Converter, x: Any, idx: Any) -> Any:
                 i = cv.const(torch.tensor(i, dtype=torch.int64))
             if i.dtype.name in ("int32", "int64"):
                 return index_select(cv, y, axis, _wrapped(cv, i, y.shape[axis]))
+        if builtins.sum(i is Ellipsis for i in items) == 1 and None not in items:     # ... as full slices
+            k = items.index(Ellipsis)
+            items = items[:k] + (builtins.slice(None),) * (x.ndim - len(items) + 1) + items[k + 1:]
         return _advanced(cv, x, items)
     n_real = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
     if n_real > x.ndim:
@@ -310,10 +313,24 @@ def _wrapped(cv: Converter, i: Tensor, n: int) -> Tensor:
     return cv.op(OpKind.WHERE, [cv.binary(BinaryFn.LT, i, 0), cv.binary(BinaryFn.ADD, i, n), i], WhereAttrs())
 
 
+def _full(i: Any) -> bool:
+    return isinstance(i, builtins.slice) and i == builtins.slice(None)
+
+
 def _advanced(cv: Converter, x: Tensor, items: tuple[Any, ...]) -> Tensor:
     """``x[i0, .., ik]`` with integer index tensors (broadcast together) on the leading
     dimensions, then full slices: rows of ``x`` seen as a ``(d0*..*dk, rest)`` table, picked by
-    the flat index ``sum(i_d * stride_d)`` (an EMBEDDING op)."""
+    the flat index ``sum(i_d * stride_d)`` (an EMBEDDING op).  After full slices (``z[:, i, j]``:
+    adjacent index tensors, whose broadcast dimensions take their place, as in torch) the indexed
+    dimensions are moved to the front first, and the result's back after."""
+    p = next((n for n, i in enumerate(items) if not _full(i)), len(items))
+    if 0 < p < x.ndim and builtins.any(isinstance(i, Tensor) for i in items[p:]):
+        k = next((n for n, i in enumerate(items[p:]) if _full(i)), len(items) - p)
+        if builtins.all(_full(i) for i in items[p + k:]) and k <= x.ndim - p:
+            front = (*range(p, p + k), *range(p), *range(p + k, x.ndim))
+            y = _advanced(cv, cv.permute(x, front), items[p:p + k])
+            m = y.ndim - (x.ndim - k)                       # the broadcast index dimensions
+            return cv.permute(y, (*range(m, m + p), *range(m), *range(m + p, y.ndim)))
     shapes = [() if isinstance(i, int) else i.shape for i in items if isinstance(i, (int, Tensor))]
     bshape = tuple(torch.broadcast_shapes(*shapes))
     items = tuple(cv.const(torch.tensor([i])) if isinstance(i, int) and not isinstance(i, bool) else i

@@ -39,6 +39,15 @@ class NotConvertible(UnsupportedError):
     """A registered op called in a way the frontend does not handle (the message says why)."""
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """A result of an op that the handler does not compute (ATen's ``embedding_bag`` returns the bags'
+    positions and sizes beside their values): the import stops, naming ``reason``, if anything reads
+    it."""
+
+    reason: str
+
+
 def register(*targets: Any) -> Callable[[Handler], Handler]:
     """Register a handler for torch functions, method names (str) and nn.Module classes."""
     def deco(fn: Handler) -> Handler:
