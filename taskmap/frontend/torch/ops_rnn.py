@@ -6,11 +6,10 @@ step each.
 Per layer and direction, the input projection of every step is one linear (``T*B`` rows); each
 step then adds the recurrent linear of the previous state and applies the gates (PyTorch's
 equations, gate order i, f, g, o for the LSTM and r, z, n for the GRU; ``tanh`` or ``relu`` of
-the sum for the plain RNN) — ops that fuse into the
-recurrent linear's epilogue and the next step's prologue.  A step's slice of the projection is a
-view of it (no copy, no kernel of its own), so every step of a layer runs the same kernels.  A
-bidirectional layer runs its second direction from the last step back; the layer's output joins
-both along the features.  An LSTM with projections (``proj_size``) projects each step's state by
+the sum for the plain RNN) — ops that fuse into the recurrent linear's epilogue and the next step's
+prologue.  A step's slice of the projection is a view of it (no copy, no kernel of its own), so
+every step of a layer runs the same kernels.  A bidirectional layer runs its second direction
+from the last step back; the layer's output joins both along the features.  An LSTM with projections (``proj_size``) projects each step's state by
 one more linear (``h = W_hr (o * tanh(c))``).  Eval mode: dropout between layers (training only)
 is not converted, nor are packed sequences or sequences longer than :data:`MAX_STEPS`.
 """
