@@ -836,11 +836,14 @@ def test_advanced_indexing_and_logical_ops():
 
 class AfterSlices(nn.Module):
     """Index tensors on adjacent dimensions after full slices (DLRM's interaction ``z[:, li, lj]``;
-    ``...`` too): the broadcast index dimensions take their place."""
+    ``...`` too): the broadcast index dimensions take their place; index tensors apart: those come
+    first; integers apart select first (torch's rules)."""
 
     def forward(self, z, i, j):
         li, lj = torch.triu_indices(4, 4, 1)
-        return z[:, li, lj], z[:, i], z[..., i, i], z[:, 1, j], z[:, i.view(2, 1), j.view(1, 3)]
+        w = z.unsqueeze(-1).expand(5, 4, 4, 4)
+        return (z[:, li, lj], z[:, i], z[..., i, i], z[:, 1, j], z[:, i.view(2, 1), j.view(1, 3)],
+                w[i, ..., 1], w[i, :, j[:2]], w[1, :, j], w[:, i, :, i], w[:, 0, :, j])
 
 
 @pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])

@@ -331,6 +331,18 @@ def _advanced(cv: Converter, x: Tensor, items: tuple[Any, ...]) -> Tensor:
             y = _advanced(cv, cv.permute(x, front), items[p:p + k])
             m = y.ndim - (x.ndim - k)                       # the broadcast index dimensions
             return cv.permute(y, (*range(m, m + p), *range(m), *range(m + p, y.ndim)))
+    picked = [d for d, i in enumerate(items) if not _full(i)]
+    if len(items) <= x.ndim and picked and picked != list(range(len(picked))) and \
+            builtins.all(isinstance(items[d], (int, Tensor)) for d in picked):
+        ints = [d for d in picked if isinstance(items[d], int)]
+        if ints:                   # torch selects at integers first (x[1, :, j] is x[1][:, j])
+            for d in reversed(ints):
+                x = select(cv, x, d, items[d])
+            return _advanced(cv, x, tuple(i for d, i in enumerate(items) if d not in ints))
+        # index tensors apart (x[i, :, j]): the broadcast dimensions come first, then the others in
+        # order (torch's rule): the indexed dimensions moved to the front
+        rest = [d for d in range(x.ndim) if d not in picked]
+        return _advanced(cv, cv.permute(x, (*picked, *rest)), tuple(items[d] for d in picked))
     shapes = [() if isinstance(i, int) else i.shape for i in items if isinstance(i, (int, Tensor))]
     bshape = tuple(torch.broadcast_shapes(*shapes))
     items = tuple(cv.const(torch.tensor([i])) if isinstance(i, int) and not isinstance(i, bool) else i
