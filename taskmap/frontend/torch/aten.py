@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import Tensor
+from .ops_bag import MODES, embedding_bag_op
 from .registry import Converter, Handler, NotConvertible, Unavailable, lookup
 
 _ADAPTERS: dict[str, Handler] = {}      # by packet name, or "name.overload" for one overload
@@ -290,7 +291,6 @@ def _embedding_bag(cv: Converter, weight: Any, indices: Any, offsets: Any, scale
     """The bags' values (``F.embedding_bag`` flattened a 2-d input and made its offsets before);
     ATen's other results — each index's bag, the bags' sizes, the positions of the maxima — are
     not computed."""
-    from .ops_bag import MODES, embedding_bag_op
     out = embedding_bag_op(cv, indices, weight, offsets, None, MODES[mode], per_sample_weights, include_last_offset,
                            None if padding_idx is None or padding_idx < 0 else padding_idx)
     rest = Unavailable("embedding_bag's bag of each index, bag sizes and positions of the maxima (taskmap computes "

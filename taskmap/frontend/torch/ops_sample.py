@@ -87,14 +87,15 @@ def _clamped_index(cv: Converter, i: Tensor, size: int) -> Tensor:
     return cv.cast(cv.binary(BinaryFn.MINIMUM, cv.binary(BinaryFn.MAXIMUM, i, 0.0), float(size - 1)), i64)
 
 
-def _corner(cv: Converter, flat: Tensor, ix: Tensor, iy: Tensor, h: int, w: int, weight: Tensor) -> Tensor:
+def _corner(cv: Converter, flat: Tensor, ix: Tensor, iy: Tensor, h: int, w: int, weight: Tensor | None) -> Tensor:
     """``flat`` (N, C, H*W) at the pixels (``iy``, ``ix``) (N, P; whole numbers as floats) times
-    ``weight`` (N, P), zero where outside the input."""
+    ``weight`` (N, P; None: 1), zero where outside the input."""
     n, c, p = flat.shape[0], flat.shape[1], ix.shape[1]
     where = cv.binary(BinaryFn.ADD, cv.binary(BinaryFn.MUL, _clamped_index(cv, iy, h), w), _clamped_index(cv, ix, w))
     got = cv.op(OpKind.GATHER, [flat, cv.expand(cv.reshape(where, (n, 1, p)), (n, c, p))], AxisAttrs(2))
-    ok = cv.cast(cv.binary(BinaryFn.BITWISE_AND, _inside(cv, ix, w), _inside(cv, iy, h)), weight.dtype)
-    return cv.binary(BinaryFn.MUL, got, cv.reshape(cv.binary(BinaryFn.MUL, weight, ok), (n, 1, p)))
+    ok = cv.cast(cv.binary(BinaryFn.BITWISE_AND, _inside(cv, ix, w), _inside(cv, iy, h)), ix.dtype)
+    return cv.binary(BinaryFn.MUL, got, cv.reshape(ok if weight is None else cv.binary(BinaryFn.MUL, weight, ok),
+                                                   (n, 1, p)))
 
 
 @register(F.grid_sample)
@@ -112,8 +113,7 @@ def grid_sample(cv: Converter, x: Tensor, grid: Tensor, mode: str = "bilinear", 
     iy = _source(cv, _last(cv, g, 1), h, padding_mode, bool(align_corners))
     flat = cv.reshape(x, (n, c, h * w))
     if mode == "nearest":
-        one = cv.binary(BinaryFn.ADD, cv.binary(BinaryFn.MUL, ix, 0.0), 1.0)
-        out = _corner(cv, flat, cv.unary(UnaryFn.ROUND, ix), cv.unary(UnaryFn.ROUND, iy), h, w, one)
+        out = _corner(cv, flat, cv.unary(UnaryFn.ROUND, ix), cv.unary(UnaryFn.ROUND, iy), h, w, None)
     else:
         x0, y0 = cv.unary(UnaryFn.FLOOR, ix), cv.unary(UnaryFn.FLOOR, iy)
         x1, y1 = cv.binary(BinaryFn.ADD, x0, 1.0), cv.binary(BinaryFn.ADD, y0, 1.0)
