@@ -31,6 +31,9 @@ from .reduce_kernels import lanes_of
 from .window_chan import ChanConfig, fits
 from .window_chan import build_kernel as build_chan
 from .window_kernels import cpu_global, cpu_window, gpu_window, staging
+from .window_plane import PlaneConfig
+from .window_plane import build_kernel as build_plane
+from .window_plane import fits as plane_fits
 
 OPS = ("max", "avg", "conv")
 #: Below this many taps of work a CPU kernel runs on one core.  Measured (3x3, 7x7 planes): on idle
@@ -54,7 +57,22 @@ STAGE_AHEAD_BYTES = 4 * 1024
 #: 1152 channels 5x5 at 7x7 54-56 vs 97-105 us, 960 3x3 at 7x7 44-57 vs 48-67, 672 5x5 stride 2
 #: 14x14 -> 7x7 56 vs 87; at 14x14 outputs the row kernel's 14 of 16 lanes won (672 5x5: 106 vs
 #: 129, 384 3x3: 33 vs 51), so the channel lanes are offered for rows of at most half the lanes.
-CHAN_CYCLES = {"block": 48.0, "lane": 1.0, "frame": 1.0, "store": 1.0}
+#: A block costs more where 512-bit operations issue as two halves (``Target.vector_fma_rate``
+#: below 2): ``block_split``, fitted on Zen 4 (two cores, isolated): 960 channels 3x3 at 7x7 22 us
+#: and 1152 5x5 at 7x7 41 us, both ~1.65x the Xeon's constants.
+CHAN_CYCLES = {"block": 48.0, "block_split": 100.0, "lane": 1.0, "frame": 1.0, "store": 1.0}
+#: The row kernel's work on rows shorter than its lanes, against its model: measured on Zen 4 (two
+#: cores, isolated) 1.5-1.9x at 7x7 outputs (3x3 and 5x5, strides 1 and 2) with 8 lanes, 1.3-1.5x
+#: at 14x14 with 16; 1.0-1.15x for rows of whole vectors.  Applied where 512-bit operations issue
+#: as two halves (Zen 4's kind), the one kind of core it was measured on.
+SHORT_ROWS = 1.5
+#: Cycles of the plane kernel (:mod:`.window_plane`) besides its FMAs: the share of a line-crossing
+#: memory operand's second access that shows, per vector staged in each copy (a load, an AND, a
+#: store), per vector stored, per plane (the loop, the bias, a tail).  Fitted on Zen 4 (two cores,
+#: the tuner's isolated measurements): 960 channels 3x3 at 7x7 11-13 us with 8 or 16 lanes (the
+#: channel-lane kernel 22, the row kernel 19), 1152 5x5 at 7x7 31-33 us (41, 61); at 14x14, 384
+#: channels 3x3, 19 us with 8 lanes, as the row kernel's best (18-22), 25 with 16.
+PLANE_CYCLES = {"crossing": 0.5, "copy": 0.5, "store": 1.0, "plane": 8.0}
 
 
 @dataclass(frozen=True)
@@ -135,7 +153,7 @@ class WindowTemplate:
     """Pooling and depthwise convolution (see the module docstring)."""
 
     name = "window"
-    version = 4  # 4: the channel-lane depthwise kernel (3: short rows through a flat buffer)
+    version = 5  # 5: the plane kernel; 4: the channel-lane depthwise kernel (3: short rows through a flat buffer)
 
     def __repr__(self) -> str:
         return "<WindowTemplate>"
@@ -155,7 +173,9 @@ class WindowTemplate:
             widths = [lanes] + ([lanes // 2] if lanes >= 8 and problem.op != "max" else [])
             rows = [Schedule.of(lanes=v, rows=r) for v in widths for r in (1, 2) if r <= max(1, problem.oh)]
             chan = self._chan_config(problem, target, lanes)
-            return rows + ([Schedule.of(lanes=lanes, rows=0, chan=True)] if chan is not None else [])
+            planes = [Schedule.of(lanes=v, rows=0, plane=True) for v in widths
+                      if self._plane_config(problem, target, v) is not None]
+            return rows + ([Schedule.of(lanes=lanes, rows=0, chan=True)] if chan is not None else []) + planes
         return [Schedule.of(block=bs) for bs in (128, 256) if bs <= target.max_threads_per_block]
 
     def cost(self, problem: WindowProblem, target: Target, schedule: Schedule) -> float:
@@ -172,6 +192,8 @@ class WindowTemplate:
                 return traffic / bw + outputs * 20 / (clock * cores)
             if schedule.get("chan", False):
                 return self._chan_cost(p, target, schedule, traffic / bw)
+            if schedule.get("plane", False):
+                return self._plane_cost(p, target, schedule, traffic / bw)
             lanes, group = schedule["lanes"], schedule["rows"]
             vbytes = lanes * p.compute_type.nbytes
             # vector operations per cycle: two of up to 256 bits; 512-bit ones at the host's
@@ -191,6 +213,8 @@ class WindowTemplate:
             ir, wb = staging(p, chunk)
             stage = ir * (4 + wb * p.compute_type.nbytes / 32) / chunk
             work = p.n * p.c_out * p.oh * (vectors * cycles + stage) / (clock * cores)
+            if p.ow < lanes and target.vector_fma_rate < 1.5:     # (SHORT_ROWS: measured on Zen 4)
+                work *= SHORT_ROWS
             return max(traffic / bw, work) + 0.25 * min(traffic / bw, work) + 2e-6
         block = schedule["block"]
         sms = max(1, target.num_cores)
@@ -226,12 +250,46 @@ class WindowTemplate:
         lanes = V * (hw % V + p.taps % V)
         moves = hp * wp + hw
         stores = V * -(-p.oh * p.ow // V)
-        cycles = taps + c["block"] * blocks + c["lane"] * lanes + c["frame"] * moves + c["store"] * stores
+        block = c["block"] if target.vector_fma_rate >= 1.5 else c["block_split"]
+        cycles = taps + block * blocks + c["lane"] * lanes + c["frame"] * moves + c["store"] * stores
         work = -(-cfg.units // cfg.cores) * cycles / (target.clock_hz or 2.5e9)
+        return max(memory, work) + 0.25 * min(memory, work) + 2e-6
+
+    @staticmethod
+    def _plane_config(p: WindowProblem, target: Target, lanes: int) -> PlaneConfig | None:
+        """The plane kernel's configuration for ``p``, where it is offered: an f32 depthwise
+        convolution (one output channel per input channel) at stride 1 keeping the image's size,
+        whose plane fits the vector registers (:func:`.window_plane.fits`)."""
+        if (p.op != "conv" or p.mult != 1 or p.dtype != "float32" or p.adaptive or (p.sh, p.sw) != (1, 1)
+                or (p.oh, p.ow) != (p.h, p.w)):
+            return None
+        cores = target.num_cores if _parallel(p, target) else 1
+        cfg = PlaneConfig(p.n, p.c_in, p.h, p.w, p.kh, p.kw, p.ph, p.pw, p.dh, p.dw, p.bias, lanes, cores,
+                          32 if target.vector_bytes >= 64 else 16)
+        return cfg if plane_fits(cfg) else None
+
+    def _plane_cost(self, p: WindowProblem, target: Target, schedule: Schedule, memory: float) -> float:
+        """The plane kernel: per plane its taps (a vector FMA with an unaligned memory operand per
+        tap and vector of the plane: whichever of the FMAs and the loads is slower, as the row
+        kernel's), the staged copies (:data:`PLANE_CYCLES`), the stores, over the cores."""
+        cfg = self._plane_config(p, target, schedule["lanes"])
+        assert cfg is not None
+        vbytes = cfg.lanes * 4
+        rate = target.vector_fma_rate if vbytes > 32 else 2.0
+        crossing = (vbytes - 4) / target.transaction_bytes
+        fmas = p.taps * cfg.vectors
+        c = PLANE_CYCLES
+        cycles = (fmas * (1 + c["crossing"] * crossing) / rate + c["copy"] * p.kw * cfg.vectors
+                  + c["store"] * cfg.vectors + c["plane"])
+        work = -(-p.n * p.c_in // cfg.cores) * cycles / (target.clock_hz or 2.5e9)
         return max(memory, work) + 0.25 * min(memory, work) + 2e-6
 
     def instantiate(self, problem: WindowProblem, target: Target, schedule: Schedule) -> Kernel:
         p = problem
+        if target.kind is TargetKind.CPU and schedule.get("plane", False):
+            cfg = self._plane_config(p, target, schedule["lanes"])
+            assert cfg is not None, (p, schedule)
+            return build_plane(cfg)
         if target.kind is TargetKind.CPU and schedule.get("chan", False):
             cfg = self._chan_config(p, target, schedule["lanes"])
             assert cfg is not None, (p, schedule)
