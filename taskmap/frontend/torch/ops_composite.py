@@ -64,6 +64,8 @@ _anyall(ReduceFn.MIN, torch.all, "all")
 
 
 def _vector_norm(cv: Converter, x: Tensor, ord: Any, dim: Any, keepdim: bool) -> Tensor:
+    """The ``ord``-norm over ``dim`` (torch's vector norms, any order): 2, 1 and inf directly; 0
+    counts the nonzeros; -inf is the least magnitude; others ``sum(|x|^ord)^(1/ord)``."""
     axes = _axes(x, dim)
     if ord in (2, 2.0, "fro"):
         return cv.unary(UnaryFn.SQRT, _reduce(cv, ReduceFn.SUM, cv.unary(UnaryFn.SQUARE, x), axes, keepdim))
@@ -71,7 +73,14 @@ def _vector_norm(cv: Converter, x: Tensor, ord: Any, dim: Any, keepdim: bool) ->
         return _reduce(cv, ReduceFn.SUM, cv.unary(UnaryFn.ABS, x), axes, keepdim)
     if ord in (math.inf, "inf"):
         return _reduce(cv, ReduceFn.MAX, cv.unary(UnaryFn.ABS, x), axes, keepdim)
-    raise NotConvertible(f"vector norm of order {ord!r} (2, 1 and inf are supported)")
+    if ord in (-math.inf, "-inf"):
+        return _reduce(cv, ReduceFn.MIN, cv.unary(UnaryFn.ABS, x), axes, keepdim)
+    if ord == 0:
+        return _reduce(cv, ReduceFn.SUM, cv.cast(cv.binary(BinaryFn.NE, x, 0.0), x.dtype), axes, keepdim)
+    if isinstance(ord, bool) or not isinstance(ord, (int, float)):
+        raise NotConvertible(f"vector norm of order {ord!r} (a number, 'fro' or inf)")
+    powers = cv.binary(BinaryFn.POW, cv.unary(UnaryFn.ABS, x), float(ord))
+    return cv.binary(BinaryFn.POW, _reduce(cv, ReduceFn.SUM, powers, axes, keepdim), 1.0 / float(ord))
 
 
 @register(torch.linalg.vector_norm)
@@ -83,7 +92,10 @@ def vector_norm(cv: Converter, x: Tensor, ord: Any = 2, dim: Any = None, keepdim
 
 
 @register(torch.norm, "norm")
-def norm(cv: Converter, x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+def norm(cv: Converter, x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, out: Any = None,
+         dtype: Any = None) -> Tensor:
+    if out is not None:
+        raise NotConvertible("norm(out=...)")
     if dtype is not None or (p == "fro" and isinstance(dim, (tuple, list)) and len(dim) > 2):
         raise NotConvertible("norm with dtype or a Frobenius norm over more than two dims")
     return _vector_norm(cv, x, p, dim, bool(keepdim))

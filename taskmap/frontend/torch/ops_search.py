@@ -100,21 +100,6 @@ def searchsorted(cv: Converter, seq: Tensor, values: Any, *, out_int32: bool = F
 # ----------------------------------------------------------------------------- norms and distances
 
 
-def _p_norm(cv: Converter, x: Tensor, p: Any, axes: tuple[int, ...], keepdim: bool) -> Tensor:
-    """The ``p``-norm over ``axes`` of any order: 2, 1, inf by :func:`_vector_norm`; 0 counts the
-    nonzeros; -inf is the least magnitude; others ``sum(|x|^p)^(1/p)``."""
-    if p in (2, 2.0, "fro", 1, 1.0, math.inf, "inf"):
-        return _vector_norm(cv, x, p, list(axes), keepdim)
-    if p == 0:
-        return _reduce(cv, ReduceFn.SUM, cv.cast(cv.binary(BinaryFn.NE, x, 0.0), x.dtype), axes, keepdim)
-    if p == -math.inf:
-        return _reduce(cv, ReduceFn.MIN, cv.unary(UnaryFn.ABS, x), axes, keepdim)
-    if not isinstance(p, (int, float)):
-        raise NotConvertible(f"norm of order {p!r}")
-    s = _reduce(cv, ReduceFn.SUM, cv.binary(BinaryFn.POW, cv.unary(UnaryFn.ABS, x), float(p)), axes, keepdim)
-    return cv.binary(BinaryFn.POW, s, 1.0 / float(p))
-
-
 @register(torch.linalg.norm)
 def linalg_norm(cv: Converter, x: Tensor, ord: Any = None, dim: Any = None, keepdim: bool = False, *,
                 dtype: Any = None) -> Tensor:
@@ -124,10 +109,10 @@ def linalg_norm(cv: Converter, x: Tensor, ord: Any = None, dim: Any = None, keep
     if dtype is not None:
         raise NotConvertible("linalg.norm(dtype=...)")
     if isinstance(dim, int) or (dim is None and (ord is None or x.ndim == 1)):
-        return _p_norm(cv, x, 2 if ord is None else ord, _axes(x, dim), bool(keepdim))
+        return _vector_norm(cv, x, 2 if ord is None else ord, _axes(x, dim), bool(keepdim))
     rows, cols = (norm_axis(d, x.ndim) for d in (dim if dim is not None else (-2, -1)))
     if ord in (None, "fro"):
-        return _p_norm(cv, x, 2, (rows, cols), bool(keepdim))
+        return _vector_norm(cv, x, 2, (rows, cols), bool(keepdim))
     if ord in (1, -1, math.inf, -math.inf):
         summed, over = (rows, cols) if ord in (1, -1) else (cols, rows)
         sums = _reduce(cv, ReduceFn.SUM, cv.unary(UnaryFn.ABS, x), (summed,), True)
@@ -143,7 +128,7 @@ def cdist(cv: Converter, a: Tensor, b: Tensor, p: float = 2.0, compute_mode: Any
         raise NotConvertible(f"cdist of {list(a.shape)} and {list(b.shape)}")
     d = cv.binary(BinaryFn.SUB, cv.reshape(a, (*a.shape[:-1], 1, a.shape[-1])),
                   cv.reshape(b, (*b.shape[:-2], 1, *b.shape[-2:])))
-    return _p_norm(cv, d, float(p), (d.ndim - 1,), False)
+    return _vector_norm(cv, d, float(p), (d.ndim - 1,), False)
 
 
 # ----------------------------------------------------------------------------- power-average pooling
