@@ -234,6 +234,14 @@ def _infer_scan(xs: Sequence[Any], a: AxisAttrs) -> Spec:
     return [(tuple(x.shape), x.dtype if x.dtype.is_float else i64)]
 
 
+def _infer_cumext(xs: Sequence[Any], a: AxisAttrs) -> Spec:
+    """Running maxima / minima: the input's shape and dtype, and int64 indices."""
+    x = xs[0]
+    if not 0 <= a.axis < max(x.ndim, 1):
+        raise OpError(f"cummax / cummin: axis {a.axis} out of range for shape {tuple(x.shape)}")
+    return [(tuple(x.shape), x.dtype), (tuple(x.shape), i64)]
+
+
 def _infer_topk(xs: Sequence[Any], a: TopkAttrs) -> Spec:
     x = xs[0]
     if not 0 <= a.axis < max(x.ndim, 1) or not 0 <= a.k <= (x.shape[a.axis] if x.ndim else 1):
@@ -285,6 +293,10 @@ _def(OpKind.CUMSUM, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumsum(xs[
      "taskmap.ops.cumsum")
 _def(OpKind.CUMPROD, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumprod(xs[0], a.axis), AxisAttrs,
      "taskmap.ops.cumprod")
+_def(OpKind.CUMMAX, OpCategory.OPAQUE, _infer_cumext, lambda xs, a: ops.cummax(xs[0], a.axis), AxisAttrs,
+     "taskmap.ops.cummax")
+_def(OpKind.CUMMIN, OpCategory.OPAQUE, _infer_cumext, lambda xs, a: ops.cummin(xs[0], a.axis), AxisAttrs,
+     "taskmap.ops.cummin")
 _def(OpKind.TOPK, OpCategory.OPAQUE, _infer_topk, lambda xs, a: ops.topk(xs[0], a.k, a.axis, a.largest), TopkAttrs,
      "taskmap.ops.topk")
 _def(OpKind.SCATTER, OpCategory.OPAQUE, _infer_scatter,

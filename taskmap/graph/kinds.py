@@ -80,6 +80,8 @@ class OpKind(enum.Enum):
     ATTENTION = enum.auto()      # [AttentionAttrs] q, k, v, mask?
     CUMSUM = enum.auto()         # [AxisAttrs] running sums (prefix scan)
     CUMPROD = enum.auto()        # [AxisAttrs] running products
+    CUMMAX = enum.auto()         # [AxisAttrs] running maxima, their indices
+    CUMMIN = enum.auto()         # [AxisAttrs] running minima, their indices
     TOPK = enum.auto()           # [TopkAttrs] values, indices (sort: k = the axis' size)
     SCATTER = enum.auto()        # [ScatterAttrs] x, index, src (torch.scatter's shape rules)
     TORCH = enum.auto()          # [TorchAttrs] PyTorch fallback (opaque)

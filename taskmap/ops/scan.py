@@ -1,5 +1,5 @@
-"""Sequential operators along an axis: prefix scans — ``cumsum`` and ``cumprod`` — and
-selection — ``topk`` and ``sort`` (as ``torch.cumsum`` / ``cumprod`` / ``topk`` / ``sort``).
+"""Sequential operators along an axis: prefix scans — ``cumsum``, ``cumprod``, ``cummax`` and
+``cummin`` — and selection — ``topk`` and ``sort`` (as their ``torch`` namesakes).
 
 The input is viewed as ``(outer, extent, inner)`` with the scanned axis in the middle.  One CPU
 kernel per (op, dtypes), its sizes symbolic: the cores take blocks of ``outer``; each output row
@@ -7,7 +7,11 @@ kernel per (op, dtypes), its sizes symbolic: the cores take blocks of ``outer``;
 that reads back the row it just wrote — no accumulator array, whatever ``inner`` is.  Scanning
 the last axis (``inner = 1``) is a dependent chain per row, the cores splitting the rows.
 
-Types follow torch: integer and bool inputs give int64; float16 / bfloat16 accumulate in
+``cummax`` / ``cummin`` also give the index of each running extremum (int64): the latest of equal
+values, and NaN wins from where it first appears, each later NaN taking over the index — as torch.
+Their values keep the input's dtype (bool inputs are refused).
+
+Types of ``cumsum`` / ``cumprod`` follow torch: integer and bool inputs give int64; float16 / bfloat16 accumulate in
 float32 (the row read back stays in float32 until the result is rounded once, by a final
 cast); ``dtype=`` converts first.
 
@@ -23,14 +27,14 @@ from typing import Any
 
 from ..errors import OpError, UnsupportedError
 from ..ir.dtypes import ScalarType, f32, i64, scalar_type
-from ..lang import parallel, symbol
+from ..lang import parallel, select, symbol
 from ..lang.kernel import kernel
 from ..runtime.args import view
 from ..runtime.kernel import Kernel
 from ._dispatch import SUPPORTED, _cached, _launch, dtype_name, new_output, normalize_axis, prepare, target_for
 from .elementwise import cast
 
-SCANS = ("cumsum", "cumprod")
+SCANS = ("cumsum", "cumprod", "cummax", "cummin")
 #: The longest row ``sort`` takes (insertion sort: quadratic in the row).
 MAX_SORT = 4096
 
@@ -60,6 +64,31 @@ def build_scan(op: str, t_in: ScalarType, t_out: ScalarType) -> Kernel:
                         y[o, i, j] = y[o, i - 1, j] + t_out(x[o, i, j])
 
     return scan
+
+
+def build_cumext(largest: bool, t: ScalarType) -> Kernel:
+    """The running maximum (``largest``) or minimum along ``extent`` and its index."""
+    outer, extent, inner = symbol("outer"), symbol("extent"), symbol("inner")
+    FLOAT = t.is_float
+
+    @kernel
+    def cumext(x: t[outer, extent, inner], y: t[outer, extent, inner], ix: i64[outer, extent, inner]):
+        for o in parallel(outer):
+            for j in range(inner):
+                y[o, 0, j] = x[o, 0, j]
+                ix[o, 0, j] = i64(0)
+            for i in range(1, extent):
+                for j in range(inner):
+                    v = x[o, i, j]
+                    w = y[o, i - 1, j]
+                    if FLOAT:
+                        take = v != v or (w == w and (v >= w if largest else v <= w))
+                    else:
+                        take = v >= w if largest else v <= w
+                    y[o, i, j] = select(take, v, w)
+                    ix[o, i, j] = select(take, i64(i), ix[o, i - 1, j])
+
+    return cumext
 
 
 def build_topk(k: int, largest: bool, t: ScalarType) -> Kernel:
@@ -171,4 +200,35 @@ def cumprod(x: Any, dim: int, dtype: Any = None) -> Any:
     return _scan("cumprod", x, dim, dtype)
 
 
-__all__ = ["MAX_SORT", "SCANS", "build_scan", "build_topk", "cumprod", "cumsum", "scan_type", "sort", "topk"]
+def _cumext(op: str, x: Any, dim: int) -> tuple[Any, Any]:
+    args = prepare(op, x, allowed=[d for d in SUPPORTED if d != "bool"])
+    shape = tuple(args.shapes[0]) or (1,)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise OpError(f"{op}(): dim must be an int, got {dim!r}")
+    axis = normalize_axis(op, dim, len(shape))
+    target = target_for(args.kind)
+    if target.kind.value != "cpu":
+        raise UnsupportedError(f"{op}() runs on the CPU only for now; got a {target.kind.value} array")
+    t = scalar_type(args.dtypes[0])
+    values, indices = new_output(args.kind, args.shapes[0], t.name), new_output(args.kind, args.shapes[0], "int64")
+    if math.prod(shape) == 0:
+        return values, indices
+    largest = op == "cummax"
+    kern = _cached(("cumext", largest, t.name, target), lambda: build_cumext(largest, t))
+    outer, extent, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    _launch(kern, args.kind, [view(a, (outer, extent, inner)) for a in (args.arrays[0], values, indices)])
+    return values, indices
+
+
+def cummax(x: Any, dim: int) -> tuple[Any, Any]:
+    """``torch.cummax(x, dim)``: the running maxima along ``dim`` and their indices."""
+    return _cumext("cummax", x, dim)
+
+
+def cummin(x: Any, dim: int) -> tuple[Any, Any]:
+    """``torch.cummin(x, dim)``: the running minima along ``dim`` and their indices."""
+    return _cumext("cummin", x, dim)
+
+
+__all__ = ["MAX_SORT", "SCANS", "build_cumext", "build_scan", "build_topk", "cummax", "cummin", "cumprod", "cumsum",
+           "scan_type", "sort", "topk"]

@@ -1,6 +1,7 @@
-"""``ops.cumsum`` / ``cumprod`` / ``topk`` / ``sort``: against torch on hypothesis-drawn shapes,
-axes and dtypes (torch's result types: int64 for integers and bools, 16-bit floats accumulated in
-float32; NaN first in a top-k), the graph ops behind them in compiled models, and clear errors."""
+"""``ops.cumsum`` / ``cumprod`` / ``cummax`` / ``cummin`` / ``topk`` / ``sort``: against torch on
+hypothesis-drawn shapes, axes and dtypes (torch's result types: int64 for integers and bools,
+16-bit floats accumulated in float32; the running extremum's index the latest of ties, NaN taking
+over; NaN first in a top-k), the graph ops behind them in compiled models, and clear errors."""
 import numpy as np
 import pytest
 import torch
@@ -35,6 +36,55 @@ def test_scans_match_torch(shape, data, dtype, op):
         np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+@given(shape=shapes(min_dims=1, max_dims=4, max_side=40, max_elements=1 << 12), data=st.data(),
+       dtype=st.sampled_from(["float32", "float64", "int32", "int64"]), op=st.sampled_from(["cummax", "cummin"]))
+@settings(max_examples=30, deadline=None)
+def test_running_extrema_match_torch(shape, data, dtype, op):
+    """Values and indices exactly as torch's, with many ties (small integers, rounded floats) and,
+    for floats, a few NaNs."""
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    if dtype.startswith("int"):
+        x = RNG.integers(-3, 4, shape).astype(dtype)
+    else:
+        x = np.round(RNG.standard_normal(shape) * 2).astype(dtype)
+        x[RNG.random(shape) < 0.05] = np.nan
+    want_v, want_i = getattr(torch, op)(torch.from_numpy(x), dim)
+    got_v, got_i = getattr(ops, op)(x, dim)
+    assert got_v.dtype == x.dtype and got_i.dtype == np.int64 and got_v.shape == x.shape
+    np.testing.assert_array_equal(got_v, want_v.numpy())
+    np.testing.assert_array_equal(got_i, want_i.numpy())
+
+
+def test_running_extrema_errors():
+    with pytest.raises(OpError, match=r"cummax\(\): axis 2 is out of range"):
+        ops.cummax(np.ones((2, 3), np.float32), 2)
+    with pytest.raises(OpError, match="cummin"):
+        ops.cummin(np.ones((2, 3), bool), 0)
+    with ops.emulate_gpu("sm_90"), pytest.raises(UnsupportedError, match="runs on the CPU only"):
+        ops.cummax(np.ones((2, 3), np.float32), 1)
+
+
+class RunningPeaks(torch.nn.Module):
+    """Drawdown-style features: the running peak, its position, and the running trough."""
+
+    def forward(self, x):
+        peak, where = torch.cummax(x, dim=1)
+        trough = x.cummin(-1)
+        return (x - peak) / (1 + where), trough.values * 2 + trough.indices
+
+
+def test_compiled_models_take_running_extrema():
+    x = torch.randn(2, 9, 6)
+    x[1, 4, 2] = float("nan")
+    fast = taskmap.compile(RunningPeaks(), progress=False)
+    for got, want in zip(fast(x), RunningPeaks()(x)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+    assert "run by PyTorch" not in fast.summary()
+    dyn = torch.compile(RunningPeaks(), backend="taskmap")
+    for got, want in zip(dyn(x), RunningPeaks()(x)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
 def test_half_precision_accumulates_in_float32_and_dtype_converts_first():

@@ -1,6 +1,6 @@
 """Registry: layers and anchors — linear, matmul / bmm / addmm / baddbmm, conv2d (groups,
 dilation, stride, padding), batch_norm (inference), layer_norm, embedding, pooling and adaptive
-pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod, topk / sort."""
+pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod / cummax / cummin, topk / sort."""
 from __future__ import annotations
 
 import operator
@@ -314,6 +314,20 @@ def _scan(kind: OpKind, *targets: Any) -> None:
 
 _scan(OpKind.CUMSUM, torch.cumsum, "cumsum", "cumsum_")
 _scan(OpKind.CUMPROD, torch.cumprod, "cumprod", "cumprod_")
+
+
+def _cumext(kind: OpKind, *targets: Any) -> None:
+    @register(*targets)
+    def handler(cv: Converter, x: Tensor, dim: int) -> Any:
+        if not str(x.device).startswith("cpu"):
+            raise NotConvertible(f"{kind.name.lower()} on {x.device} (taskmap's scan runs on the CPU only)")
+        if x.dtype.is_bool:
+            raise NotConvertible(f"{kind.name.lower()} of a bool tensor")
+        return cv.builder.op_multi(kind, [x], AxisAttrs(norm_axis(dim, max(x.ndim, 1))), source=cv.source)
+
+
+_cumext(OpKind.CUMMAX, torch.cummax, "cummax")
+_cumext(OpKind.CUMMIN, torch.cummin, "cummin")
 
 
 def _topk_op(cv: Converter, x: Tensor, k: int, dim: int, largest: bool) -> tuple[Tensor, Tensor]:
