@@ -230,7 +230,7 @@ def _infer_scan(xs: Sequence[Any], a: AxisAttrs) -> Spec:
     """Running sums / products: the input's shape; integers and bools give int64 (as torch)."""
     x = xs[0]
     if not 0 <= a.axis < max(x.ndim, 1):
-        raise OpError(f"cumsum / cumprod: axis {a.axis} out of range for shape {tuple(x.shape)}")
+        raise OpError(f"cumsum / cumprod / logcumsumexp: axis {a.axis} out of range for shape {tuple(x.shape)}")
     return [(tuple(x.shape), x.dtype if x.dtype.is_float else i64)]
 
 
@@ -293,6 +293,8 @@ _def(OpKind.CUMSUM, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumsum(xs[
      "taskmap.ops.cumsum")
 _def(OpKind.CUMPROD, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.cumprod(xs[0], a.axis), AxisAttrs,
      "taskmap.ops.cumprod")
+_def(OpKind.LOGCUMSUMEXP, OpCategory.OPAQUE, _infer_scan, lambda xs, a: ops.logcumsumexp(xs[0], a.axis), AxisAttrs,
+     "taskmap.ops.logcumsumexp")
 _def(OpKind.CUMMAX, OpCategory.OPAQUE, _infer_cumext, lambda xs, a: ops.cummax(xs[0], a.axis), AxisAttrs,
      "taskmap.ops.cummax")
 _def(OpKind.CUMMIN, OpCategory.OPAQUE, _infer_cumext, lambda xs, a: ops.cummin(xs[0], a.axis), AxisAttrs,

@@ -80,6 +80,7 @@ class OpKind(enum.Enum):
     ATTENTION = enum.auto()      # [AttentionAttrs] q, k, v, mask?
     CUMSUM = enum.auto()         # [AxisAttrs] running sums (prefix scan)
     CUMPROD = enum.auto()        # [AxisAttrs] running products
+    LOGCUMSUMEXP = enum.auto()   # [AxisAttrs] running log-sum-exps (floats)
     CUMMAX = enum.auto()         # [AxisAttrs] running maxima, their indices
     CUMMIN = enum.auto()         # [AxisAttrs] running minima, their indices
     TOPK = enum.auto()           # [TopkAttrs] values, indices (sort: k = the axis' size)

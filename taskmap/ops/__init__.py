@@ -15,7 +15,7 @@ from .transform import (broadcast_to, cat, concat, expand, flatten, gather, narr
 from .reduction import amax, amin, layer_norm, log_softmax, max, mean, min, prod, rms_norm, softmax, sum, var
 from .linalg import bmm, linear, matmul  # noqa: E402,F401
 from .pool import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d  # noqa: E402,F401
-from .scan import cummax, cummin, cumprod, cumsum, sort, topk  # noqa: E402,F401
+from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp, sort, topk  # noqa: E402,F401
 from .scatter import index_add, index_copy, scatter, scatter_add, scatter_reduce  # noqa: E402,F401
 from .depthwise import depthwise_conv2d  # noqa: E402,F401
 from .attention import scaled_dot_product_attention  # noqa: E402,F401

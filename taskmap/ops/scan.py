@@ -1,5 +1,5 @@
 """Sequential operators along an axis: prefix scans — ``cumsum``, ``cumprod``, ``cummax`` and
-``cummin`` — and selection — ``topk`` and ``sort`` (as their ``torch`` namesakes).
+``cummin``, ``logcumsumexp`` — and selection — ``topk`` and ``sort`` (as their ``torch`` namesakes).
 
 The input is viewed as ``(outer, extent, inner)`` with the scanned axis in the middle.  One CPU
 kernel per (op, dtypes), its sizes symbolic: the cores take blocks of ``outer``; each output row
@@ -27,14 +27,14 @@ from typing import Any
 
 from ..errors import OpError, UnsupportedError
 from ..ir.dtypes import ScalarType, f32, i64, scalar_type
-from ..lang import parallel, select, symbol
+from ..lang import exp, log1p, parallel, select, symbol
 from ..lang.kernel import kernel
 from ..runtime.args import view
 from ..runtime.kernel import Kernel
 from ._dispatch import SUPPORTED, _cached, _launch, dtype_name, new_output, normalize_axis, prepare, target_for
 from .elementwise import cast
 
-SCANS = ("cumsum", "cumprod", "cummax", "cummin")
+SCANS = ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin")
 #: The longest row ``sort`` takes (insertion sort: quadratic in the row).
 MAX_SORT = 4096
 
@@ -49,7 +49,7 @@ def scan_type(dtype: str) -> ScalarType:
 
 def build_scan(op: str, t_in: ScalarType, t_out: ScalarType) -> Kernel:
     outer, extent, inner = symbol("outer"), symbol("extent"), symbol("inner")
-    product = op == "cumprod"
+    LN2 = math.log(2.0)
 
     @kernel
     def scan(x: t_in[outer, extent, inner], y: t_out[outer, extent, inner]):
@@ -58,10 +58,16 @@ def build_scan(op: str, t_in: ScalarType, t_out: ScalarType) -> Kernel:
                 y[o, 0, j] = t_out(x[o, 0, j])
             for i in range(1, extent):
                 for j in range(inner):
-                    if product:
-                        y[o, i, j] = y[o, i - 1, j] * t_out(x[o, i, j])
-                    else:
-                        y[o, i, j] = y[o, i - 1, j] + t_out(x[o, i, j])
+                    a = y[o, i - 1, j]
+                    b = t_out(x[o, i, j])
+                    if op == "cumprod":
+                        y[o, i, j] = a * b
+                    elif op == "cumsum":
+                        y[o, i, j] = a + b
+                    else:       # log(exp(a) + exp(b)): equal terms (infinities too) add log 2; NaN stays
+                        m = select(a > b, a, b)
+                        d = select(a > b, b, a) - m
+                        y[o, i, j] = select(a != a or b != b, a + b, select(a == b, a + LN2, m + log1p(exp(d))))
 
     return scan
 
@@ -195,6 +201,12 @@ def cumsum(x: Any, dim: int, dtype: Any = None) -> Any:
     return _scan("cumsum", x, dim, dtype)
 
 
+def logcumsumexp(x: Any, dim: int) -> Any:
+    """``torch.logcumsumexp(x, dim)``: running ``log(sum(exp(x)))`` along ``dim`` (floats)."""
+    args = prepare("logcumsumexp", x, allowed=[d for d in SUPPORTED if scalar_type(d).is_float])
+    return _scan("logcumsumexp", args.arrays[0], dim)
+
+
 def cumprod(x: Any, dim: int, dtype: Any = None) -> Any:
     """``torch.cumprod(x, dim, dtype=None)``: running products along ``dim``."""
     return _scan("cumprod", x, dim, dtype)
@@ -230,5 +242,5 @@ def cummin(x: Any, dim: int) -> tuple[Any, Any]:
     return _cumext("cummin", x, dim)
 
 
-__all__ = ["MAX_SORT", "SCANS", "build_cumext", "build_scan", "build_topk", "cummax", "cummin", "cumprod", "cumsum",
+__all__ = ["MAX_SORT", "SCANS", "build_cumext", "build_scan", "build_topk", "cummax", "cummin", "cumprod", "cumsum", "logcumsumexp",
            "scan_type", "sort", "topk"]

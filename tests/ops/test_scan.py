@@ -1,4 +1,4 @@
-"""``ops.cumsum`` / ``cumprod`` / ``cummax`` / ``cummin`` / ``topk`` / ``sort``: against torch on
+"""``ops.cumsum`` / ``cumprod`` / ``logcumsumexp`` / ``cummax`` / ``cummin`` / ``topk`` / ``sort``: against torch on
 hypothesis-drawn shapes, axes and dtypes (torch's result types: int64 for integers and bools,
 16-bit floats accumulated in float32; the running extremum's index the latest of ties, NaN taking
 over; NaN first in a top-k), the graph ops behind them in compiled models, and clear errors."""
@@ -57,6 +57,20 @@ def test_running_extrema_match_torch(shape, data, dtype, op):
     np.testing.assert_array_equal(got_i, want_i.numpy())
 
 
+def test_logcumsumexp_matches_torch_with_infinities_and_nan():
+    x = np.random.default_rng(3).standard_normal((3, 60, 5)).astype(np.float32) * 20
+    x[0, :4, 0] = -np.inf                      # a leading run of -inf stays -inf
+    x[1, 7, 1], x[1, 9, 1] = np.inf, np.inf    # inf, then inf again: inf, not NaN
+    x[2, 11, 2] = np.nan
+    for dim in (0, 1, -1):
+        want = torch.logcumsumexp(torch.from_numpy(x), dim).numpy()
+        np.testing.assert_allclose(ops.logcumsumexp(x, dim), want, rtol=2e-6, atol=1e-5)
+    h = torch.randn(4, 300).half()
+    torch.testing.assert_close(ops.logcumsumexp(h, 1), torch.logcumsumexp(h.float(), 1).half(), rtol=1e-3, atol=1e-3)
+    with pytest.raises(OpError, match="logcumsumexp.*int64"):
+        ops.logcumsumexp(np.ones(3, np.int64), 0)
+
+
 def test_running_extrema_errors():
     with pytest.raises(OpError, match=r"cummax\(\): axis 2 is out of range"):
         ops.cummax(np.ones((2, 3), np.float32), 2)
@@ -112,7 +126,7 @@ class PositionIds(torch.nn.Module):
     def forward(self, ids, x):
         mask = ids.ne(1).int()
         pos = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask + 1
-        return pos, torch.cumprod(x, -1) + x.cumsum(0)
+        return pos, torch.cumprod(x, -1) + x.cumsum(0) + torch.logcumsumexp(x * 3, 1)
 
 
 def test_compiled_models_scan():

@@ -80,6 +80,9 @@ def target_name(node: torch.fx.Node) -> str:
     name = getattr(t, "__name__", None) or str(t)
     mod = {"torch._C._nn": "torch.nn.functional", "_operator": "operator", "torch._C._VariableFunctions": "torch"}.get(
         mod, mod)
+    sub = mod.removeprefix("torch._C._")
+    if sub in ("special", "linalg", "fft") and mod != sub:     # torch._C._special.special_erfcx: torch.special.erfcx
+        mod, name = f"torch.{sub}", name.removeprefix(f"{sub}_")
     return f"{mod}.{name}" if mod else name
 
 

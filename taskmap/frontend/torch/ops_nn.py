@@ -1,6 +1,6 @@
 """Registry: layers and anchors — linear, matmul / bmm / addmm / baddbmm, conv2d (groups,
 dilation, stride, padding), batch_norm (inference), layer_norm, embedding, pooling and adaptive
-pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod / cummax / cummin, topk / sort."""
+pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod / logcumsumexp / cummax / cummin, topk / sort."""
 from __future__ import annotations
 
 import operator
@@ -309,11 +309,14 @@ def _scan(kind: OpKind, *targets: Any) -> None:
             raise NotConvertible(f"{kind.name.lower()} on {x.device} (taskmap's scan runs on the CPU only)")
         if dtype is not None:
             x = cv.cast(x, from_torch_dtype(dtype))
+        if kind is OpKind.LOGCUMSUMEXP and not x.dtype.is_float:
+            raise NotConvertible(f"logcumsumexp of a {x.dtype.name} tensor (floats only, as torch)")
         return cv.op(kind, [x], AxisAttrs(norm_axis(dim, max(x.ndim, 1))))
 
 
 _scan(OpKind.CUMSUM, torch.cumsum, "cumsum", "cumsum_")
 _scan(OpKind.CUMPROD, torch.cumprod, "cumprod", "cumprod_")
+_scan(OpKind.LOGCUMSUMEXP, torch.logcumsumexp, "logcumsumexp")
 
 
 def _cumext(kind: OpKind, *targets: Any) -> None:
