@@ -69,9 +69,10 @@ SHORT_ROWS = 1.5
 #: Cycles of the plane kernel (:mod:`.window_plane`) besides its FMAs: the share of a line-crossing
 #: memory operand's second access that shows, per vector staged in each copy (a load, an AND, a
 #: store), per vector stored, per plane (the loop, the bias, a tail).  Fitted on Zen 4 (two cores,
-#: the tuner's isolated measurements): 960 channels 3x3 at 7x7 11-13 us with 8 or 16 lanes (the
-#: channel-lane kernel 22, the row kernel 19), 1152 5x5 at 7x7 31-33 us (41, 61); at 14x14, 384
-#: channels 3x3, 19 us with 8 lanes, as the row kernel's best (18-22), 25 with 16.
+#: the tuner's isolated measurements, ``--repeat 30 --rounds 4``): 960 channels 3x3 at 7x7 13.6 /
+#: 14.0 us with 8 / 16 lanes (the channel-lane kernel 31, the row kernel 26), 1152 5x5 at 7x7 29 /
+#: 32 us (38, 60); 2048 3x3 at 7x7 23 / 25 (46, 38).  (At 14x14 it underestimates the plane kernel
+#: by 15-65%: planes there are beyond :data:`.window_plane.MAX_PLANE_VECTORS`.)
 PLANE_CYCLES = {"crossing": 0.5, "copy": 0.5, "store": 1.0, "plane": 8.0}
 
 
