@@ -144,11 +144,7 @@ def sort(x: Any, dim: int = -1, descending: bool = False, stable: bool = False) 
 
 def _select(op: str, x: Any, k: int | None, dim: int, largest: bool) -> tuple[Any, Any]:
     args = prepare(op, x, allowed=[d for d in SUPPORTED if d != "bool"])
-    shape = tuple(args.shapes[0]) or (1,)
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        raise OpError(f"{op}(): dim must be an int, got {dim!r}")
-    axis = normalize_axis(op, dim, len(shape))
-    extent = shape[axis]
+    axis, outer, extent, inner = _along(op, args, dim)
     if k is None:
         if extent > MAX_SORT:
             raise UnsupportedError(f"sort(): rows of {extent} elements; taskmap's insertion sort takes at most "
@@ -156,42 +152,41 @@ def _select(op: str, x: Any, k: int | None, dim: int, largest: bool) -> tuple[An
         k = extent
     if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= extent:
         raise OpError(f"{op}(): k must be an int in 0..{extent} (the size of dim {dim}), got {k!r}")
-    target = target_for(args.kind)
-    if target.kind.value != "cpu":
-        raise UnsupportedError(f"{op}() runs on the CPU only for now; got a {target.kind.value} array")
     out_shape = tuple(k if d == axis else n for d, n in enumerate(args.shapes[0]))
     t = scalar_type(args.dtypes[0])
     values, indices = new_output(args.kind, out_shape, t.name), new_output(args.kind, out_shape, "int64")
     if math.prod(out_shape) == 0:
         return values, indices
-    kern = _cached(("topk", k, bool(largest), t.name, target), lambda: build_topk(k, bool(largest), t))
-    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    kern = _cached(("topk", k, bool(largest), t.name, target_for(args.kind)), lambda: build_topk(k, bool(largest), t))
     _launch(kern, args.kind, [view(args.arrays[0], (outer, extent, inner)), view(values, (outer, k, inner)),
                               view(indices, (outer, k, inner))])
     return values, indices
 
 
-def _scan(op: str, x: Any, dim: int, dtype: Any = None) -> Any:
-    if dtype is not None:
-        x = cast(x, dtype_name(dtype))
-    args = prepare(op, x, allowed=SUPPORTED)
-    shape = tuple(args.shapes[0])
-    if not shape:
-        shape = (1,)
+def _along(op: str, args: Any, dim: Any) -> tuple[int, int, int, int]:
+    """``(axis, outer, extent, inner)`` of ``op``'s array along ``dim`` (a 0-d array as one
+    element), after checking ``dim`` and that the array is on the CPU."""
+    shape = tuple(args.shapes[0]) or (1,)
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise OpError(f"{op}(): dim must be an int, got {dim!r}")
     axis = normalize_axis(op, dim, len(shape))
     target = target_for(args.kind)
     if target.kind.value != "cpu":
         raise UnsupportedError(f"{op}() runs on the CPU only for now; got a {target.kind.value} array")
+    return axis, math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def _scan(op: str, x: Any, dim: int, dtype: Any = None) -> Any:
+    if dtype is not None:
+        x = cast(x, dtype_name(dtype))
+    args = prepare(op, x, allowed=SUPPORTED)
+    _, outer, extent, inner = _along(op, args, dim)
     t_in = scalar_type(args.dtypes[0])
     t_acc = scan_type(args.dtypes[0])
     out = new_output(args.kind, args.shapes[0], t_acc.name)
-    if math.prod(shape) == 0:
+    if outer * extent * inner == 0:
         return out
-    k = _cached(("scan", op, t_in.name, t_acc.name, target), lambda: build_scan(op, t_in, t_acc))
-    outer, extent = math.prod(shape[:axis]), shape[axis]
-    inner = math.prod(shape[axis + 1:])
+    k = _cached(("scan", op, t_in.name, t_acc.name, target_for(args.kind)), lambda: build_scan(op, t_in, t_acc))
     _launch(k, args.kind, [view(args.arrays[0], (outer, extent, inner)), view(out, (outer, extent, inner))])
     return out if t_acc is t_in or not t_in.is_float else cast(out, t_in.name)
 
@@ -214,20 +209,13 @@ def cumprod(x: Any, dim: int, dtype: Any = None) -> Any:
 
 def _cumext(op: str, x: Any, dim: int) -> tuple[Any, Any]:
     args = prepare(op, x, allowed=[d for d in SUPPORTED if d != "bool"])
-    shape = tuple(args.shapes[0]) or (1,)
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        raise OpError(f"{op}(): dim must be an int, got {dim!r}")
-    axis = normalize_axis(op, dim, len(shape))
-    target = target_for(args.kind)
-    if target.kind.value != "cpu":
-        raise UnsupportedError(f"{op}() runs on the CPU only for now; got a {target.kind.value} array")
+    _, outer, extent, inner = _along(op, args, dim)
     t = scalar_type(args.dtypes[0])
     values, indices = new_output(args.kind, args.shapes[0], t.name), new_output(args.kind, args.shapes[0], "int64")
-    if math.prod(shape) == 0:
+    if outer * extent * inner == 0:
         return values, indices
     largest = op == "cummax"
-    kern = _cached(("cumext", largest, t.name, target), lambda: build_cumext(largest, t))
-    outer, extent, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    kern = _cached(("cumext", largest, t.name, target_for(args.kind)), lambda: build_cumext(largest, t))
     _launch(kern, args.kind, [view(a, (outer, extent, inner)) for a in (args.arrays[0], values, indices)])
     return values, indices
 
