@@ -230,5 +230,5 @@ def cummin(x: Any, dim: int) -> tuple[Any, Any]:
     return _cumext("cummin", x, dim)
 
 
-__all__ = ["MAX_SORT", "SCANS", "build_cumext", "build_scan", "build_topk", "cummax", "cummin", "cumprod", "cumsum", "logcumsumexp",
-           "scan_type", "sort", "topk"]
+__all__ = ["MAX_SORT", "SCANS", "build_cumext", "build_scan", "build_topk", "cummax", "cummin", "cumprod", "cumsum",
+           "logcumsumexp", "scan_type", "sort", "topk"]

@@ -87,7 +87,8 @@ def fits(cfg: PlaneConfig) -> bool:
     image's size (stride 1), a window no wider than the image (each copy zeroes the columns one
     shift never reads)."""
     reach_w, reach_h = (cfg.kw - 1) * cfg.dw, (cfg.kh - 1) * cfg.dh
-    return (cfg.vectors <= MAX_PLANE_VECTORS and cfg.vectors + SPARE_REGISTERS <= cfg.registers and reach_w == cfg.pw * 2 and reach_h == cfg.ph * 2
+    return (cfg.vectors <= MAX_PLANE_VECTORS and cfg.vectors + SPARE_REGISTERS <= cfg.registers
+            and reach_w == cfg.pw * 2 and reach_h == cfg.ph * 2
             and cfg.pw < cfg.w and cfg.ph < cfg.h)
 
 

@@ -1,6 +1,7 @@
 """Registry: layers and anchors — linear, matmul / bmm / addmm / baddbmm, conv2d (groups,
 dilation, stride, padding), batch_norm (inference), layer_norm, embedding, pooling and adaptive
-pooling, scaled_dot_product_attention, reductions, argmax / argmin, cumsum / cumprod / logcumsumexp / cummax / cummin, topk / sort."""
+pooling, scaled_dot_product_attention, reductions, argmax / argmin, the scans (cumsum / cumprod /
+logcumsumexp / cummax / cummin), topk / sort."""
 from __future__ import annotations
 
 import operator
