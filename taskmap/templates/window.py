@@ -3,7 +3,9 @@ convolution (``groups == in_channels``, channel multiplier ``mult``), NCHW, on t
 
 A problem (:class:`WindowProblem`) is static: shapes, window, stride, padding (the top / left
 padding; the bottom / right is implied by the output size), dilation.  The kernels are in
-:mod:`.window_kernels`.
+:mod:`.window_kernels` (rows of outputs in the lanes), and for f32 depthwise convolutions on small
+planes :mod:`.window_chan` (channels in the lanes) and :mod:`.window_plane` (a whole plane in the
+lanes, stride 1): points of the same space, ranked by the same cost model.
 
 Tuning space, in hardware terms: CPU — vector width (full or half registers: unaligned
 full-width loads mostly cross cache lines, and a 512-bit operation is two 256-bit ones on some
@@ -58,8 +60,9 @@ STAGE_AHEAD_BYTES = 4 * 1024
 #: 14x14 -> 7x7 56 vs 87; at 14x14 outputs the row kernel's 14 of 16 lanes won (672 5x5: 106 vs
 #: 129, 384 3x3: 33 vs 51), so the channel lanes are offered for rows of at most half the lanes.
 #: A block costs more where 512-bit operations issue as two halves (``Target.vector_fma_rate``
-#: below 2): ``block_split``, fitted on Zen 4 (two cores, isolated): 960 channels 3x3 at 7x7 22 us
-#: and 1152 5x5 at 7x7 41 us, both ~1.65x the Xeon's constants.
+#: below 1.5): ``block_split``.  Zen 4 (two cores, isolated): 960 channels 3x3 at 7x7 22-31 us and
+#: 1152 5x5 at 7x7 38-41 us, ~160 cycles a block; 100 is taken, which keeps EfficientNet-B0's
+#: 672-channel 5x5 stride-2 layer on this kernel (42 us against the row kernel's 52).
 CHAN_CYCLES = {"block": 48.0, "block_split": 100.0, "lane": 1.0, "frame": 1.0, "store": 1.0}
 #: The row kernel's work on rows shorter than its lanes, against its model: measured on Zen 4 (two
 #: cores, isolated) 1.5-1.9x at 7x7 outputs (3x3 and 5x5, strides 1 and 2) with 8 lanes, 1.3-1.5x
@@ -271,8 +274,8 @@ class WindowTemplate:
 
     def _plane_cost(self, p: WindowProblem, target: Target, schedule: Schedule, memory: float) -> float:
         """The plane kernel: per plane its taps (a vector FMA with an unaligned memory operand per
-        tap and vector of the plane: whichever of the FMAs and the loads is slower, as the row
-        kernel's), the staged copies (:data:`PLANE_CYCLES`), the stores, over the cores."""
+        tap and vector of the plane, a share of the line-crossing loads' second access on top),
+        the staged copies, the stores (:data:`PLANE_CYCLES`), over the cores."""
         cfg = self._plane_config(p, target, schedule["lanes"])
         assert cfg is not None
         vbytes = cfg.lanes * 4
