@@ -17,13 +17,17 @@ and no lane idles but the last vector's (a 7x7 plane: 49 of 64 lanes; the row ke
   gcc makes a masked gather of the input); every tap of column ``j`` reads copy ``j``.
 * **Pipelining**: the taps' loads span two staging stores, which cannot be forwarded from the
   store queue; so a core stages the next channel before the taps of this one (two sets of
-  copies, alternating), and the loads find the stores drained.
+  copies, alternating), and the loads find the stores drained.  The loop takes two planes a step,
+  one from each set, so that every load's offset is a constant (with the set as a run-time index
+  gcc kept each tap's address in a stack slot: 1.5x slower).
 
-Per channel: ``KW`` staged copies of the plane (``KW * vectors`` selects), ``KH * KW * vectors``
+Per channel: ``KW`` staged copies of the plane (``KW * vectors`` ANDs), ``KH * KW * vectors``
 FMAs with memory operands into ``vectors`` accumulators held in registers (``repeat(vectors) *
-spatial(V)``), the bias starting the sums, then one vector loop storing the plane — each output
-element stored exactly once and never read, so post-scheduling fusion splices an epilogue into
-these stores (:mod:`taskmap.fusion`).  Cores take contiguous ranges of the ``N * C`` planes.
+spatial(V)``), the bias starting the sums, then the plane stored from the registers, its whole
+vectors and then its last lanes one by one (a vector loop over ``H * W`` made gcc keep the
+accumulators in memory and copy them out with ``memcpy``) — each output element stored exactly
+once and never read, so post-scheduling fusion splices an epilogue into these stores
+(:mod:`taskmap.fusion`).  Cores take contiguous ranges of the ``N * C`` planes.
 Taken by the window template's cost model (:class:`.window.WindowTemplate`) where it ranks first.
 """
 from dataclasses import dataclass
