@@ -226,20 +226,22 @@ def _scalar_of(dtype: Any) -> ScalarType:
     return scalar_type(name)
 
 
+def _scan_shape(x: Any, a: AxisAttrs, what: str) -> tuple[int, ...]:
+    if not 0 <= a.axis < max(x.ndim, 1):
+        raise OpError(f"{what}: axis {a.axis} out of range for shape {tuple(x.shape)}")
+    return tuple(x.shape)
+
+
 def _infer_scan(xs: Sequence[Any], a: AxisAttrs) -> Spec:
     """Running sums / products: the input's shape; integers and bools give int64 (as torch)."""
     x = xs[0]
-    if not 0 <= a.axis < max(x.ndim, 1):
-        raise OpError(f"cumsum / cumprod / logcumsumexp: axis {a.axis} out of range for shape {tuple(x.shape)}")
-    return [(tuple(x.shape), x.dtype if x.dtype.is_float else i64)]
+    return [(_scan_shape(x, a, "cumsum / cumprod / logcumsumexp"), x.dtype if x.dtype.is_float else i64)]
 
 
 def _infer_cumext(xs: Sequence[Any], a: AxisAttrs) -> Spec:
     """Running maxima / minima: the input's shape and dtype, and int64 indices."""
-    x = xs[0]
-    if not 0 <= a.axis < max(x.ndim, 1):
-        raise OpError(f"cummax / cummin: axis {a.axis} out of range for shape {tuple(x.shape)}")
-    return [(tuple(x.shape), x.dtype), (tuple(x.shape), i64)]
+    shape = _scan_shape(xs[0], a, "cummax / cummin")
+    return [(shape, xs[0].dtype), (shape, i64)]
 
 
 def _infer_topk(xs: Sequence[Any], a: TopkAttrs) -> Spec:

@@ -219,7 +219,7 @@ class WindowTemplate:
             work = p.n * p.c_out * p.oh * (vectors * cycles + stage) / (clock * cores)
             if p.ow < lanes and target.vector_fma_rate < 1.5:     # (SHORT_ROWS: measured on Zen 4)
                 work *= SHORT_ROWS
-            return max(traffic / bw, work) + 0.25 * min(traffic / bw, work) + 2e-6
+            return _cpu_seconds(traffic / bw, work)
         block = schedule["block"]
         sms = max(1, target.num_cores)
         threads = target.max_threads_per_core or 2048
@@ -233,7 +233,7 @@ class WindowTemplate:
         """The channel-lane kernel's configuration for ``p``, where it is offered: an f32
         depthwise convolution (one output channel per input channel) whose output rows fill at
         most half of the lanes, within the kernel's stack budget."""
-        if p.op != "conv" or p.mult != 1 or p.dtype != "float32" or p.adaptive or 2 * p.ow > lanes:
+        if not _f32_depthwise(p) or 2 * p.ow > lanes:
             return None
         cores = target.num_cores if _parallel(p, target) else 1
         cfg = ChanConfig(p.n, p.c_in, p.h, p.w, p.oh, p.ow, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw,
@@ -257,15 +257,14 @@ class WindowTemplate:
         block = c["block"] if target.vector_fma_rate >= 1.5 else c["block_split"]
         cycles = taps + block * blocks + c["lane"] * lanes + c["frame"] * moves + c["store"] * stores
         work = -(-cfg.units // cfg.cores) * cycles / (target.clock_hz or 2.5e9)
-        return max(memory, work) + 0.25 * min(memory, work) + 2e-6
+        return _cpu_seconds(memory, work)
 
     @staticmethod
     def _plane_config(p: WindowProblem, target: Target, lanes: int) -> PlaneConfig | None:
         """The plane kernel's configuration for ``p``, where it is offered: an f32 depthwise
         convolution (one output channel per input channel) at stride 1 keeping the image's size,
         whose plane fits the vector registers (:func:`.window_plane.fits`)."""
-        if (p.op != "conv" or p.mult != 1 or p.dtype != "float32" or p.adaptive or (p.sh, p.sw) != (1, 1)
-                or (p.oh, p.ow) != (p.h, p.w)):
+        if not _f32_depthwise(p) or (p.sh, p.sw) != (1, 1) or (p.oh, p.ow) != (p.h, p.w):
             return None
         cores = target.num_cores if _parallel(p, target) else 1
         cfg = PlaneConfig(p.n, p.c_in, p.h, p.w, p.kh, p.kw, p.ph, p.pw, p.dh, p.dw, p.bias, lanes, cores,
@@ -286,7 +285,7 @@ class WindowTemplate:
         cycles = (fmas * (1 + c["crossing"] * crossing) / rate + c["copy"] * p.kw * cfg.vectors
                   + c["store"] * cfg.vectors + c["plane"])
         work = -(-p.n * p.c_in // cfg.cores) * cycles / (target.clock_hz or 2.5e9)
-        return max(memory, work) + 0.25 * min(memory, work) + 2e-6
+        return _cpu_seconds(memory, work)
 
     def instantiate(self, problem: WindowProblem, target: Target, schedule: Schedule) -> Kernel:
         p = problem
@@ -354,6 +353,18 @@ def plane_block(p: WindowProblem, rows: int, cores: int) -> int:
     total = p.n * p.c_out
     return max(g for g in range(1, max(1, want) + 1)
                if total % g == 0 and (g == 1 or cores == 1 or total // g >= 4 * cores))
+
+
+def _f32_depthwise(p: WindowProblem) -> bool:
+    """An f32 depthwise convolution, one output channel per input channel (the channel-lane and
+    plane kernels' problems)."""
+    return p.op == "conv" and p.mult == 1 and p.dtype == "float32" and not p.adaptive
+
+
+def _cpu_seconds(memory: float, work: float) -> float:
+    """A CPU kernel's estimate: the larger of its memory traffic and its work, a quarter of the
+    other on top (they overlap only in part), and the call."""
+    return max(memory, work) + 0.25 * min(memory, work) + 2e-6
 
 
 def _parallel(p: WindowProblem, target: Target) -> bool:

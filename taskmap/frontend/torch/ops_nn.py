@@ -304,34 +304,30 @@ def _arg_extreme(cv: Converter, x: Tensor, dim: Any, keepdim: bool, largest: boo
 
 
 def _scan(kind: OpKind, *targets: Any) -> None:
+    """A scan along ``dim``: one result, or for the running extrema (cummax / cummin) the values
+    and their indices."""
+    extrema = kind in (OpKind.CUMMAX, OpKind.CUMMIN)
+
     @register(*targets)
-    def handler(cv: Converter, x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
+    def handler(cv: Converter, x: Tensor, dim: int, *, dtype: Any = None) -> Any:
+        name = kind.name.lower()
         if not str(x.device).startswith("cpu"):
-            raise NotConvertible(f"{kind.name.lower()} on {x.device} (taskmap's scan runs on the CPU only)")
+            raise NotConvertible(f"{name} on {x.device} (taskmap's scan runs on the CPU only)")
         if dtype is not None:
             x = cv.cast(x, from_torch_dtype(dtype))
         if kind is OpKind.LOGCUMSUMEXP and not x.dtype.is_float:
             raise NotConvertible(f"logcumsumexp of a {x.dtype.name} tensor (floats only, as torch)")
-        return cv.op(kind, [x], AxisAttrs(norm_axis(dim, max(x.ndim, 1))))
+        if extrema and x.dtype.is_bool:
+            raise NotConvertible(f"{name} of a bool tensor")
+        attrs = AxisAttrs(norm_axis(dim, max(x.ndim, 1)))
+        return cv.builder.op_multi(kind, [x], attrs, source=cv.source) if extrema else cv.op(kind, [x], attrs)
 
 
 _scan(OpKind.CUMSUM, torch.cumsum, "cumsum", "cumsum_")
 _scan(OpKind.CUMPROD, torch.cumprod, "cumprod", "cumprod_")
 _scan(OpKind.LOGCUMSUMEXP, torch.logcumsumexp, "logcumsumexp")
-
-
-def _cumext(kind: OpKind, *targets: Any) -> None:
-    @register(*targets)
-    def handler(cv: Converter, x: Tensor, dim: int) -> Any:
-        if not str(x.device).startswith("cpu"):
-            raise NotConvertible(f"{kind.name.lower()} on {x.device} (taskmap's scan runs on the CPU only)")
-        if x.dtype.is_bool:
-            raise NotConvertible(f"{kind.name.lower()} of a bool tensor")
-        return cv.builder.op_multi(kind, [x], AxisAttrs(norm_axis(dim, max(x.ndim, 1))), source=cv.source)
-
-
-_cumext(OpKind.CUMMAX, torch.cummax, "cummax")
-_cumext(OpKind.CUMMIN, torch.cummin, "cummin")
+_scan(OpKind.CUMMAX, torch.cummax, "cummax")
+_scan(OpKind.CUMMIN, torch.cummin, "cummin")
 
 
 def _topk_op(cv: Converter, x: Tensor, k: int, dim: int, largest: bool) -> tuple[Tensor, Tensor]:
