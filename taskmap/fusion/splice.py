@@ -454,7 +454,9 @@ class Splicer(IRRewriter):
             n = _elements(ld.tensor.type.shape)
             if ld not in refs and (n >= size if n and size else ld.tensor.type.shape == out.type.shape):
                 refs.append(ld)
-        return S.seq(*(S.Evaluate(PrimCall(Prim.PREFETCH, (r, call.args[1]), call.type)) for r in refs))
+        # the output keeps the hint's write intent; the inputs beside it are read
+        writes = [call.args[2]] + [E.const(0)] * (len(refs) - 1)
+        return S.seq(*(S.Evaluate(PrimCall(Prim.PREFETCH, (r, call.args[1], w), call.type)) for r, w in zip(refs, writes)))
 
     @staticmethod
     def _expand_transpose(call: PrimCall) -> S.Stmt:

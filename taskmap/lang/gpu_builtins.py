@@ -270,10 +270,13 @@ def _dot2_bf16(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
 
 
 def _prefetch(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    ref_v, level_v = take_args(ctx, node, "prefetch", args, kwargs, ("ref", "level"), 1, {"level": 1})
+    ref_v, level_v, write_v = take_args(ctx, node, "prefetch", args, kwargs, ("ref", "level", "write"), 1,
+                                        {"level": 1, "write": False})
     ref = element_ref(ctx, node, 0, ref_v, "prefetch")
     level = const_arg(ctx, node, 1, level_v, "the cache level of prefetch()", PREFETCH_LEVELS, "level")
-    return S.Evaluate(finish(ctx, node, PrimCall(Prim.PREFETCH, (ref, E.const(level))), {1: "level"}))
+    write = const_arg(ctx, node, 2, write_v, "prefetch()'s write", (0, 1), "write")
+    return S.Evaluate(finish(ctx, node, PrimCall(Prim.PREFETCH, (ref, E.const(level), E.const(write))),
+                             {1: "level", 2: "write"}))
 
 
 def _cp_async(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
@@ -317,11 +320,13 @@ dot2_bf16 = Builtin("dot2_bf16", _dot2_bf16,
                     "b[k + 2l + 1]`` — a pair of bf16 along K times n interleaved pairs, summed into f32 (the "
                     "products are exact).  On a CPU with AVX-512 BF16 and n = 16 one ``vdpbf16ps`` (subnormals "
                     "flushed to zero); elsewhere a loop.")
-prefetch = Builtin("prefetch", _prefetch, "``prefetch(t[i], level=1)``: a hint to bring the cache line holding "
-                                          "t[i] (global or shared memory) into the L1 (``level=1``) or L2 cache "
-                                          "(``level=2``) ahead of its use; results do not change, and t[i] may "
-                                          "lie past the end of t (a prefetch never faults).  The CPU's prefetch "
-                                          "instructions; on CUDA ``prefetch.L1`` / ``.L2``; nothing on HIP.")
+prefetch = Builtin("prefetch", _prefetch, "``prefetch(t[i], level=1, write=False)``: a hint to bring the cache "
+                                          "line holding t[i] (global or shared memory) into the L1 (``level=1``) "
+                                          "or L2 cache (``level=2``) ahead of its use — owned for writing with "
+                                          "``write=True`` (a line the kernel is about to store); results do not "
+                                          "change, and t[i] may lie past the end of t (a prefetch never faults).  "
+                                          "The CPU's prefetch instructions (``prefetchw`` for writes, where the "
+                                          "CPU has it); on CUDA ``prefetch.L1`` / ``.L2``; nothing on HIP.")
 cp_async = Builtin("cp_async", _cp_async, "``cp_async(smem[i], gmem[j], nbytes, src_bytes=nbytes)``: an "
                                           "asynchronous global -> shared copy of 4, 8 or 16 bytes; bytes past "
                                           "src_bytes are zero-filled (predication).")

@@ -195,7 +195,7 @@ class ConvCpuTemplate(KernelFamily):
     only; dilation with stride 1 or where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
-    version = 14  # keys the tuning cache: bump when the kernels change (14: the channel kernel prefetches)
+    version = 15  # keys the tuning cache: bump when the kernels change (15: the channel kernel prefetches its output)
 
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
@@ -350,7 +350,8 @@ class ConvCpuTemplate(KernelFamily):
             by_image = s["packed"] and not s["kc"] and p.n > 1
             cfg = CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
                              p.pt, p.pl, s["kc"], s["packed"], by_image,
-                             by_image and p.n >= PAD_EACH_IMAGES * s["cores"], pf=PREFETCH_BYTES // 4)
+                             by_image and p.n >= PAD_EACH_IMAGES * s["cores"], pf=PREFETCH_BYTES // 4,
+                             pf_c=4 * p.n * p.cout * p.oh * p.ow > l2_per_core(target))
             return replace(cfg, planes=_planes(p, cfg))
         return self._window(p, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
 

@@ -1,8 +1,9 @@
-"""``prefetch(t[i], level=1)``: a cache hint.  It changes no result, may point past the end of
-its tensor (a prefetch never faults), and renders as the CPU's prefetch instructions (gcc's
-``__builtin_prefetch``), CUDA's ``prefetch.L1`` / ``prefetch.L2`` and nothing on HIP; the DSL's
+"""``prefetch(t[i], level=1, write=False)``: a cache hint.  It changes no result, may point past the
+end of its tensor (a prefetch never faults), and renders as the CPU's prefetch instructions (gcc's
+``__builtin_prefetch``, for reading or writing), CUDA's ``prefetch.L1`` / ``prefetch.L2`` and nothing on HIP; the DSL's
 argument errors; fusion dropping the hint on a tensor a prologue replaces and turning one on an epilogue's output into
-hints on what the epilogue touches there."""
+hints on what the epilogue touches there (the output's hint keeping its write intent, the
+inputs' read)."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,11 +26,12 @@ from taskmap.lang import i32 as li32
 @taskmap.kernel
 def scaled_sum(x: lf32["n"], y: lf32["n"], ahead: li32):
     """y[i] = 2 x[i] + x[n - 1 - i], prefetching ``ahead`` elements on (past the end near the
-    last elements) into L1 and L2."""
+    last elements) into L1 and L2, and y's line ``ahead`` on for writing."""
     n = x.shape[0]
     for i in range(n):
         prefetch(x[i + ahead])
         prefetch(x[n - 1 - i - ahead], level=2)
+        prefetch(y[i + ahead], write=True)
         y[i] = 2.0 * x[i] + x[n - 1 - i]
 
 
@@ -46,6 +48,7 @@ def test_cpu_source_prefetches_into_each_level():
     source = scaled_sum.build("cpu").source
     assert "__builtin_prefetch((&x[" in source
     assert ", 0, 3)" in source and ", 0, 2)" in source      # L1 (prefetcht0) and L2 (prefetcht1)
+    assert "__builtin_prefetch((&y[" in source and ", 1, 3)" in source   # for writing (prefetchw)
 
 
 @taskmap.kernel
@@ -88,6 +91,10 @@ def not_a_reference(a: lf32[64]):
     prefetch(1.0)
 
 
+def write_not_a_bool(a: lf32[64]):
+    prefetch(a[0], write=2)
+
+
 def a_register(a: lf32[64]):
     r = register_tensor(lf32, [4])
     prefetch(r[0])
@@ -96,6 +103,7 @@ def a_register(a: lf32[64]):
 def test_dsl_errors():
     expect_dsl_error(level_three, "the cache level of prefetch() must be a compile-time 1 or 2, got 3")
     expect_dsl_error(level_not_constant, "the cache level of prefetch() must be a compile-time 1 or 2")
+    expect_dsl_error(write_not_a_bool, "prefetch()'s write must be a compile-time 0 or 1, got 2")
     expect_dsl_error(not_a_reference, "argument 1 of prefetch() must be a tensor element such as t[i, j]")
 
 
@@ -108,9 +116,11 @@ def test_register_tensors_have_nothing_to_fetch():
 
 def test_ir_checks():
     a = Var("a", tensor_type(f32, (64,)))
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1)))) is None
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(3))))[0] == 1
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], Var("k", i32))))[0] == 1
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(0)))) is None
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(2), const(1)))) is None
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(3), const(0))))[0] == 1
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], Var("k", i32), const(0))))[0] == 1
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(2))))[0] == 2
     assert problem(PrimCall(Prim.PREFETCH, (a[0],)))[0] is None
 
 
@@ -140,7 +150,7 @@ def test_fusion_drops_the_hint_on_a_fused_input():
 def filler(a: lf32[8, 64], c: lf32[8, 64]):
     """c = 2 a, each row's first line of c prefetched before the row is computed."""
     for r in range(8):
-        prefetch(c[r, 0])
+        prefetch(c[r, 0], write=True)
         for s in range(64):
             c[r, s] = a[r, s] * 2.0
 
@@ -159,7 +169,8 @@ def test_fusion_prefetches_what_an_epilogue_touches():
     body = source.split("tm_kernel_filler", 1)[-1] if "tm_kernel_filler" in source else source
     hints = [line.strip() for line in body.splitlines() if "__builtin_prefetch" in line]
     assert len(hints) == 2, hints
-    assert any("&out[" in h for h in hints) and any("&res[" in h for h in hints)
+    assert [h for h in hints if "&out[" in h][0].endswith(", 1, 3);")      # written: for writing
+    assert [h for h in hints if "&res[" in h][0].endswith(", 0, 3);")      # read
     y = np.full((64, 8), np.nan, np.float32)
     k(x, res, bias, y)
     np.testing.assert_allclose(y, 2.0 * x.T + res + bias, rtol=1e-6)

@@ -370,6 +370,55 @@ def test_channel_kernel_prefetches_in_the_graph_config():
     assert src.count("__builtin_prefetch(") >= 3
 
 
+def test_channel_kernel_prefetches_its_output_for_writing_where_it_overflows_l2():
+    """A stem (3 -> 32 at 224x224, stride 2: 1.6 MB of output) prefetches each tile's output
+    lines for writing before its reduction (``pf_c``); a layer whose output fits a core's L2 does
+    not.  Results exact either way (checked against torch, with a fused bias + ReLU6 splicing
+    the hint onto the epilogue's output)."""
+    from taskmap.templates.attention_cpu import l2_per_core
+
+    sched = channel_schedule(16, 2, packed=True)
+    stem = ConvProblem(1, 3, 224, 224, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, "float32", False, True)
+    small = ConvProblem(1, 3, 56, 56, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, "float32", False, True)
+    assert 4 * 32 * 112 * 112 > l2_per_core(CPU) > 4 * 32 * 28 * 28
+    assert CONV_CPU.config(stem, CPU, sched).pf_c and not CONV_CPU.config(small, CPU, sched).pf_c
+    assert ", 1, 3)" in CONV_CPU.instantiate(stem, CPU, sched).build("cpu").source      # prefetchw
+    assert ", 1, 3)" not in CONV_CPU.instantiate(small, CPU, sched).build("cpu").source
+    x, w, b = data(stem, seed=4)
+    shape = [1, 32, 112, 112]
+    c = tensor_input("c", "float32", shape)
+    bias = tensor_input("eb", "float32", [32])
+    y = compute("y", shape, lambda i, co, r, s: minimum(maximum(c[i, co, r, s] + bias[co], 0.0), 6.0))
+    fused = fuse(CONV_CPU.instantiate(stem, CPU, sched), {}, {"c": y}, direct_sizes(stem))
+    hints = [line for line in fused.build("cpu").source.splitlines() if "__builtin_prefetch((&y[" in line]
+    assert hints and all(h.rstrip().endswith(", 1, 3);") for h in hints)      # the epilogue's output, written
+    out = np.full(shape, np.nan, np.float32)
+    avail = {"x": x, "wt": CONV_CPU.weights(stem, sched, w), "eb": b, "y": out,
+             "xp": np.zeros(CONV_CPU.workspace_size(stem, sched, CPU), np.float32)}
+    fused(*[avail[q.name] for q in fused.func.params])
+    assert_close(out, np.clip(reference(stem, x, w, b), 0.0, 6.0), **tol(stem))
+
+
+@pytest.mark.parametrize("window", [(3, 2, 1, 1), (7, 2, 3, 1), (1, 1, 0, 1)], ids=lambda v: "k{}s{}p{}d{}".format(*v))
+@given(n=st.integers(1, 2), cin=st.integers(1, 5), h=st.integers(7, 30), w=st.integers(7, 30),
+       cout=st.integers(1, 40), kc=st.sampled_from([0, 2]))
+@FEW
+def test_channel_kernel_with_output_prefetches_matches_torch(window, n, cin, h, w, cout, kc):
+    """The output prefetches on any shape (partial panels and row tiles, reduction blocks,
+    lines past the output's end): results unchanged."""
+    k, s, pad, d = window
+    p = ConvProblem(n, cin, h, w, cout, k, k, s, s, pad, pad, pad, pad, d, d, 1, "float32", False, True)
+    sched = channel_schedule(5, 2, kc=kc, packed=True)
+    cfg = dataclasses.replace(CONV_CPU.config(p, CPU, sched), pf_c=True, planes=False)      # planes: none
+    x, wn, _ = data(p, seed=n + cin + h)
+    c = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)
+    args = CONV_CPU.arguments(p, [x, wn], [c], sched, CPU)
+    kernel = build_cvec(cfg)
+    assert ", 1, 3)" in kernel.build("cpu").source
+    kernel(*args)
+    assert_close(c, reference(p, x, wn), **tol(p), err_msg=f"{p} {cfg}")
+
+
 @pytest.mark.parametrize("schedule", [Schedule.of(mr=6, nr=64, cores=1, shift=False),
                                       Schedule.of(vec="channels", mr=7, nr=32, cores=1, kc=0, packed=False)])
 @pytest.mark.parametrize("shape, pad", [((1, 1, 3, 2), (1, 0)), ((2, 3, 5, 4), (2, 1))])

@@ -290,6 +290,24 @@ def test_b_in_place_is_prefetched_rows_ahead():
           sched(mr=8, nr=48, kc=256, split="n", pack_b=False))
 
 
+def test_a_c_larger_than_l2_is_prefetched_for_writing():
+    """C larger than a core's L2 (a 1x1 conv's 256 x 3136 output): the last K block prefetches its
+    tile's lines of C for writing (``prefetchw``) before its loop; a C that fits, none.  Results
+    unchanged."""
+    from taskmap.templates.attention_cpu import l2_per_core
+
+    big = MatmulProblem(1, 256, 3136, 64, a_batched=False, const_a=True)
+    small = MatmulProblem(1, 64, 256, 64, a_batched=False, const_a=True)
+    assert 4 * 256 * 3136 > l2_per_core(CPU) > 4 * 64 * 256
+    s = sched(mr=8, nr=48, kc=64, split="n")
+    assert MATMUL_CPU.config(big, CPU, s).pf_c and not MATMUL_CPU.config(small, CPU, s).pf_c
+    source = MATMUL_CPU.instantiate(big, CPU, s).build("cpu").source
+    hints = [line.strip() for line in source.splitlines() if "__builtin_prefetch((&c[" in line]
+    assert hints and all(h.endswith(", 1, 3);") for h in hints), hints
+    assert "__builtin_prefetch((&c[" not in MATMUL_CPU.instantiate(small, CPU, s).build("cpu").source
+    check(big, s)
+
+
 @pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
 def test_micro_kernel_assembly():
     """The hot loop of the 12x32 kernel: 24 FMAs with broadcasts, 2 vector loads, no gathers."""
