@@ -298,17 +298,12 @@ class ConvCpuTemplate(KernelFamily):
         if not direct:
             seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
         # the image's rows the tiles read (whole rows: the lines hold every column), once per panel:
-        # every core streams, for each of its panels, what of the image does not stay in L2 beside
-        # the panel (channel by channel, a row apart: the prefetchers lag), its first pass too.
-        # The part past half of L2, not the whole image once over it: that cliff priced ResNet-50's
-        # 1024 -> 256 at 14x14 (0.8 MB image + 0.25 MB panel) onto the packed GEMM, which in its
-        # flow ran 1.2-1.4x the channel kernel's time (Zen 4, 1 MB L2; Inception-V3's 288 -> 64
-        # at 35x35 and 1280 -> 192 at 8x8 1.1-1.2x)
+        # every core streams the whole image for each of its panels, from L3 when it does not
+        # stay in L2 (channel by channel, a row apart: the prefetchers lag), its first pass too
         image = 4 * p.n * p.cin * min(hp, p.oh * p.kh) * wp
         passes = -(-panels // cores)
-        over = image + 4 * cfg.stage(p.cin) - l2_per_core(target) // 2
-        if over > 0:
-            seconds += passes * min(image, over) / (target.llc_bandwidth or LLC_BANDWIDTH)
+        if image + 4 * cfg.stage(p.cin) > l2_per_core(target) // 2:
+            seconds += passes * image / (target.llc_bandwidth or LLC_BANDWIDTH)
         if not cfg.prepacked:
             seconds += WEIGHT_PACK_COST[spills] * panels * cfg.panel(p.cin) / cores
         return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST

@@ -139,29 +139,6 @@ def test_space_and_cost_model():
     assert not CONV_CPU.space(ConvProblem(1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, "float16", False), CPU)
 
 
-def test_channel_kernel_cost_grows_smoothly_as_the_image_overflows_l2():
-    """The channel kernel's L3 term charges what of the image overflows half of L2 beside the
-    panel, not the whole image once over: one more input channel costs about as much on either
-    side of the threshold (no cliff), the charge never exceeds the whole image per pass, and on
-    a 1 MB-L2 part ResNet-50's 1024 -> 256 at 14x14 routes to the channel kernel (1.2-1.4x faster
-    than the packed GEMM in the model's flow, Zen 4)."""
-    from taskmap.ops.conv_route import CONV_ROUTE_CPU
-
-    target = dataclasses.replace(CPU, num_cores=2, l2_bytes=2 << 20, vector_bytes=64)
-    sched = channel_schedule(7, 4, packed=True, cores=2)
-
-    def cost(cin):
-        return CONV_CPU.cost(ConvProblem(1, cin, 14, 14, 256, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True),
-                             target, sched)
-
-    steps = [cost(c + 1) - cost(c) for c in range(256, 1024, 8)]
-    assert all(d > 0 for d in steps)
-    assert max(steps) < 3 * min(steps), (min(steps), max(steps))
-    p = ConvProblem(1, 1024, 14, 14, 256, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, "float32", False, True)
-    pick = min(CONV_ROUTE_CPU.space(p, target), key=lambda s: CONV_ROUTE_CPU.cost(p, target, s))
-    assert pick.get("vec") == "channels", pick
-
-
 @pytest.mark.parametrize("n, cin, hw, cout", [(1, 5, 7, 13), (2, 3, 11, 6)])
 def test_bias_and_fused_epilogue(n, cin, hw, cout):
     """ops.conv2d's bias, and a residual + bias + ReLU epilogue spliced into the stores of c
