@@ -70,6 +70,13 @@ def derived_kernel(base: Kernel, parts: tuple[object, ...], make: Callable[[], K
     return _cached(cache_key("graph-kernel-derived", base_key, parts), make, target)
 
 
+def clear_memo() -> None:
+    """Forget the kernels made in this process (the disk cache stays): a compiler patched at run
+    time (a benchmark's A/B, :mod:`benchmarks.ab_steps`) makes its kernels again."""
+    with _LOCK:
+        _MEMORY.clear()
+
+
 def _cached(key: str, make: Callable[[], Kernel], target: Target) -> Kernel:
     with _LOCK:
         hit = _MEMORY.get(key)
@@ -112,4 +119,4 @@ def _store(key: str, kernel: Kernel, target: Target) -> None:
     _DISK.put_bytes(key, ".pkl", data)
 
 
-__all__ = ["cached_kernel", "code_fingerprint", "derived_kernel", "enabled"]
+__all__ = ["cached_kernel", "clear_memo", "code_fingerprint", "derived_kernel", "enabled"]
