@@ -5,8 +5,8 @@
 
 Compiles the model (A), then runs the hook file — Python that changes what the compiler does:
 sets a module's constant, wraps a template's ``config`` or the routing of convolutions — and
-compiles it again (B), with the in-process memos of tuning choices and of lowered kernels
-cleared and the on-disk graph-kernel cache off for B (``TASKMAP_GRAPH_CACHE=0``: its key holds
+compiles it again (B), with the in-process memos of tuning choices and of kernels cleared
+(:func:`forget_kernels`) and the on-disk graph-kernel cache off for B (``TASKMAP_GRAPH_CACHE=0``: its key holds
 taskmap's source files, not a patch made at run time).  Both compiled graphs live in one
 process and are profiled in alternating rounds (``CompiledGraph.profile``: each step timed in a
 whole run), so a machine whose speed drifts slows both alike; the table gives each step's
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import os
 import statistics
 import sys
@@ -39,7 +40,9 @@ from models import MODELS, make_model
 
 import taskmap
 from taskmap.graph import kernel_cache
+from taskmap.ops._dispatch import clear_kernels
 from taskmap.schedule import tune
+from taskmap.templates.base import KernelFamily
 
 
 def compiled_graph(fast: object) -> object:
@@ -47,6 +50,17 @@ def compiled_graph(fast: object) -> object:
     entries = list(fast.entries.values())     # type: ignore[attr-defined]
     assert len(entries) == 1, "one input signature expected"
     return entries[0].compiled
+
+
+def forget_kernels() -> None:
+    """Every in-process memo of choices and kernels: tuning's model choices, the graph's lowered
+    kernels, the operators' template kernels and the templates' own (per configuration)."""
+    tune.clear_memo()
+    kernel_cache.clear_memo()
+    clear_kernels()
+    for obj in gc.get_objects():
+        if isinstance(obj, KernelFamily):
+            obj.forget()
 
 
 def sources_of(step: object, kind: str) -> tuple[str, ...]:
@@ -69,8 +83,7 @@ def main() -> None:
         warnings.simplefilter("ignore")
         a = compiled_graph(taskmap.compile(model, inputs, progress=False))
         exec(compile(args.hook.read_text(), str(args.hook), "exec"), {"taskmap": taskmap, "model": model})
-        tune.clear_memo()
-        kernel_cache.clear_memo()
+        forget_kernels()
         os.environ["TASKMAP_GRAPH_CACHE"] = "0"
         b = compiled_graph(taskmap.compile(model, inputs, progress=False))
         times: dict[str, dict[str, list[float]]] = {"A": collections.defaultdict(list), "B": collections.defaultdict(list)}

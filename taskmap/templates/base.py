@@ -98,6 +98,11 @@ class KernelFamily:
         self._kernels: dict[Hashable, Kernel] = {}
         self._lock = threading.Lock()
 
+    def forget(self) -> None:
+        """Drop the kernels built so far (a template patched at run time builds them again)."""
+        with self._lock:
+            self._kernels.clear()
+
     def kernel(self, cfg: Hashable, build: Callable[[], Kernel]) -> Kernel:
         with self._lock:
             kernel = self._kernels.get(cfg)

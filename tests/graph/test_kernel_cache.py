@@ -140,3 +140,43 @@ def test_repeated_layers_share_their_views(monkeypatch):
     xv = RNG.standard_normal((6, 12)).astype(np.float32)
     want = np.tanh(np.tanh(xv @ ws[0].data.T) @ ws[1].data.T)
     np.testing.assert_allclose(CompiledGraph(g, "cpu", "numpy")(xv)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_in_process_memos_can_be_forgotten(monkeypatch):
+    """``kernel_cache.clear_memo``, ``_dispatch.clear_kernels`` and ``KernelFamily.forget`` drop
+    what this process made (a compiler patched at run time — ``benchmarks/ab_steps.py`` — makes
+    it again); without them the same kernel object comes back."""
+    from taskmap.ops import _dispatch
+    from taskmap.templates.base import KernelFamily
+    from taskmap.templates.window import WINDOW, WindowProblem
+
+    monkeypatch.setenv("TASKMAP_GRAPH_CACHE", "0")
+    target = host_cpu_target()
+    made = []
+
+    def make():
+        made.append(1)
+        return _dispatch.template_kernel(WINDOW, WindowProblem("max", 1, 3, 9, 9, 4, 4, 2, 2, 2, 2), target)
+
+    parts = ("test-memo", 1)
+    first = kernel_cache.cached_kernel(parts, make, target)
+    assert kernel_cache.cached_kernel(parts, make, target) is first and len(made) == 1
+    kernel_cache.clear_memo()
+    kernel_cache.cached_kernel(parts, make, target)
+    assert len(made) == 2
+    p = WindowProblem("avg", 1, 2, 8, 8, 4, 4, 2, 2, 2, 2)
+    k1 = _dispatch.template_kernel(WINDOW, p, target)
+    assert _dispatch.template_kernel(WINDOW, p, target) is k1
+    _dispatch.clear_kernels()
+    assert _dispatch.template_kernel(WINDOW, p, target) is not k1
+
+    class Family(KernelFamily):
+        pass
+
+    fam, builds = Family(), []
+    build = lambda: builds.append(1) or object()      # noqa: E731
+    fam.kernel("cfg", build), fam.kernel("cfg", build)
+    assert len(builds) == 1
+    fam.forget()
+    fam.kernel("cfg", build)
+    assert len(builds) == 2
