@@ -86,13 +86,14 @@ def main() -> None:
         forget_kernels()
         os.environ["TASKMAP_GRAPH_CACHE"] = "0"
         b = compiled_graph(taskmap.compile(model, inputs, progress=False))
-        times: dict[str, dict[str, list[float]]] = {"A": collections.defaultdict(list), "B": collections.defaultdict(list)}
+        times: dict[str, dict[str, list[float]]] = {tag: collections.defaultdict(list) for tag in "AB"}
         for r in range(args.rounds):
             for tag, g in ((("A", a), ("B", b)) if r % 2 == 0 else (("B", b), ("A", a))):
                 for name, _, seconds in g.profile(*inputs, rounds=args.runs):
                     times[tag][name].append(seconds)
-    kernels = {tag: {s.name: ",".join(k.__name__ for k in s.kernels) for s in g.steps} for tag, g in (("A", a), ("B", b))}
-    sources = {tag: {s.name: sources_of(s, g.target.kind.value) for s in g.steps} for tag, g in (("A", a), ("B", b))}
+    graphs = {"A": a, "B": b}
+    kernels = {tag: {s.name: ",".join(k.__name__ for k in s.kernels) for s in g.steps} for tag, g in graphs.items()}
+    sources = {tag: {s.name: sources_of(s, g.target.kind.value) for s in g.steps} for tag, g in graphs.items()}
     med = {tag: {n: statistics.median(v) for n, v in t.items()} for tag, t in times.items()}
     print(f"{machine_description()}; {args.model} batch {args.batch}; {args.rounds} rounds x {args.runs} runs")
     total = {tag: sum(m.values()) for tag, m in med.items()}

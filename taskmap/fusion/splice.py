@@ -456,7 +456,8 @@ class Splicer(IRRewriter):
                 refs.append(ld)
         # the output keeps the hint's write intent; the inputs beside it are read
         writes = [call.args[2]] + [E.const(0)] * (len(refs) - 1)
-        return S.seq(*(S.Evaluate(PrimCall(Prim.PREFETCH, (r, call.args[1], w), call.type)) for r, w in zip(refs, writes)))
+        return S.seq(*(S.Evaluate(PrimCall(Prim.PREFETCH, (r, call.args[1], w), call.type))
+                       for r, w in zip(refs, writes)))
 
     @staticmethod
     def _expand_transpose(call: PrimCall) -> S.Stmt:

@@ -355,6 +355,6 @@ def clear_kernels() -> None:
     _PLANS.clear()
 
 
-__all__ = ["Args", "Emulation", "FLOATS", "HostPlan", "PlannedCall", "SUPPORTED", "check_dtype", "clear_kernels", "clear_plans",
-           "dtype_name", "emulate_gpu", "filled", "host_plan", "kernel_shape", "new_output", "normalize_axis", "prepare",
+__all__ = ["Args", "Emulation", "FLOATS", "HostPlan", "PlannedCall", "SUPPORTED", "check_dtype", "clear_kernels",
+           "clear_plans", "dtype_name", "emulate_gpu", "filled", "host_plan", "kernel_shape", "new_output", "normalize_axis", "prepare",
            "remember", "run_compute", "run_template", "target_for", "template_kernel"]
