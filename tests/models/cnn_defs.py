@@ -19,6 +19,19 @@ def randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
+def compile_block(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
+    """``block`` with random batch-norm statistics, compiled: its output, eager PyTorch's, and the
+    names of the kernels each compiled step launches."""
+    import taskmap
+
+    with torch.no_grad():
+        model = randomize_bn(block)
+        fast = taskmap.compile(model, (x,))
+        out, ref = fast(x), model(x)
+    steps = [s for e in fast.entries.values() for s in e.compiled.steps]
+    return out, ref, [[k.__name__ for k in s.kernels] for s in steps]
+
+
 # ----------------------------------------------------------------------------- ResNet-50
 
 

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import taskmap
 from taskmap import ops
 from taskmap.backends.base import host_cpu_target
 from taskmap.templates.window import WINDOW, WindowProblem, output_size
@@ -20,7 +19,7 @@ from taskmap.templates.window_chan import CHAN_STACK_BYTES, ChanConfig, build_ke
 from taskmap.testing import assert_close
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.models.cnn_defs import randomize_bn  # noqa: E402
+from tests.models.cnn_defs import compile_block  # noqa: E402
 
 CPU = host_cpu_target()
 
@@ -127,13 +126,7 @@ class _Block(nn.Module):
 
 @pytest.mark.skipif(CPU.vector_bytes < 64, reason="the 7x7 rows fill half of 16 lanes: AVX-512 hosts")
 def test_compiled_block_fuses_bn_silu_and_scale_into_its_stores():
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model = randomize_bn(_Block())
-    x = torch.randn(2, 96, 14, 14)
-    fast = taskmap.compile(model, (x,))
-    with torch.no_grad():
-        assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
-    steps = [s for e in fast.entries.values() for s in e.compiled.steps]
-    assert len(steps) == 1
-    assert [k.__name__ for k in steps[0].kernels] == ["depthwise_conv2d_cpu_chan"]
+    torch.manual_seed(1)
+    out, ref, kernels = compile_block(_Block(), torch.randn(2, 96, 14, 14))
+    assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert kernels == [["depthwise_conv2d_cpu_chan"]]
