@@ -377,24 +377,25 @@ def test_channel_kernel_prefetches_its_output_for_writing_where_it_overflows_l2(
     the hint onto the epilogue's output)."""
     from taskmap.templates.attention_cpu import l2_per_core
 
+    target = dataclasses.replace(CPU, l2_bytes=CPU.num_cores << 20)      # 1 MB a core, whatever the host
     sched = channel_schedule(16, 2, packed=True)
     stem = ConvProblem(1, 3, 224, 224, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, "float32", False, True)
     small = ConvProblem(1, 3, 56, 56, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, "float32", False, True)
-    assert 4 * 32 * 112 * 112 > l2_per_core(CPU) > 4 * 32 * 28 * 28
-    assert CONV_CPU.config(stem, CPU, sched).pf_c and not CONV_CPU.config(small, CPU, sched).pf_c
-    assert ", 1, 3)" in CONV_CPU.instantiate(stem, CPU, sched).build("cpu").source      # prefetchw
-    assert ", 1, 3)" not in CONV_CPU.instantiate(small, CPU, sched).build("cpu").source
+    assert 4 * 32 * 112 * 112 > l2_per_core(target) > 4 * 32 * 28 * 28
+    assert CONV_CPU.config(stem, target, sched).pf_c and not CONV_CPU.config(small, target, sched).pf_c
+    assert ", 1, 3)" in CONV_CPU.instantiate(stem, target, sched).build("cpu").source      # prefetchw
+    assert ", 1, 3)" not in CONV_CPU.instantiate(small, target, sched).build("cpu").source
     x, w, b = data(stem, seed=4)
     shape = [1, 32, 112, 112]
     c = tensor_input("c", "float32", shape)
     bias = tensor_input("eb", "float32", [32])
     y = compute("y", shape, lambda i, co, r, s: minimum(maximum(c[i, co, r, s] + bias[co], 0.0), 6.0))
-    fused = fuse(CONV_CPU.instantiate(stem, CPU, sched), {}, {"c": y}, direct_sizes(stem))
+    fused = fuse(CONV_CPU.instantiate(stem, target, sched), {}, {"c": y}, direct_sizes(stem))
     hints = [line for line in fused.build("cpu").source.splitlines() if "__builtin_prefetch((&y[" in line]
     assert hints and all(h.rstrip().endswith(", 1, 3);") for h in hints)      # the epilogue's output, written
     out = np.full(shape, np.nan, np.float32)
-    avail = {"x": x, "wt": CONV_CPU.weights(stem, sched, w), "eb": b, "y": out,
-             "xp": np.zeros(CONV_CPU.workspace_size(stem, sched, CPU), np.float32)}
+    avail = {"x": x, "wt": CONV_CPU.weights(stem, sched, w, target), "eb": b, "y": out,
+             "xp": np.zeros(CONV_CPU.workspace_size(stem, sched, target), np.float32)}
     fused(*[avail[q.name] for q in fused.func.params])
     assert_close(out, np.clip(reference(stem, x, w, b), 0.0, 6.0), **tol(stem))
 

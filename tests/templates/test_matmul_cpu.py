@@ -296,16 +296,17 @@ def test_a_c_larger_than_l2_is_prefetched_for_writing():
     unchanged."""
     from taskmap.templates.attention_cpu import l2_per_core
 
+    target = dataclasses.replace(CPU, l2_bytes=CPU.num_cores << 20)      # 1 MB a core, whatever the host
     big = MatmulProblem(1, 256, 3136, 64, a_batched=False, const_a=True)
     small = MatmulProblem(1, 64, 256, 64, a_batched=False, const_a=True)
-    assert 4 * 256 * 3136 > l2_per_core(CPU) > 4 * 64 * 256
+    assert 4 * 256 * 3136 > l2_per_core(target) > 4 * 64 * 256
     s = sched(mr=8, nr=48, kc=64, split="n")
-    assert MATMUL_CPU.config(big, CPU, s).pf_c and not MATMUL_CPU.config(small, CPU, s).pf_c
-    source = MATMUL_CPU.instantiate(big, CPU, s).build("cpu").source
+    assert MATMUL_CPU.config(big, target, s).pf_c and not MATMUL_CPU.config(small, target, s).pf_c
+    source = MATMUL_CPU.instantiate(big, target, s).build("cpu").source
     hints = [line.strip() for line in source.splitlines() if "__builtin_prefetch((&c[" in line]
     assert hints and all(h.endswith(", 1, 3);") for h in hints), hints
-    assert "__builtin_prefetch((&c[" not in MATMUL_CPU.instantiate(small, CPU, s).build("cpu").source
-    check(big, s)
+    assert "__builtin_prefetch((&c[" not in MATMUL_CPU.instantiate(small, target, s).build("cpu").source
+    check(big, s, target)
 
 
 @pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
