@@ -63,7 +63,7 @@ STAGE_AHEAD_BYTES = 4 * 1024
 #: below 1.5): ``block_split``.  Zen 4 (two cores, isolated): 960 channels 3x3 at 7x7 22-31 us and
 #: 1152 5x5 at 7x7 38-41 us, ~160 cycles a block; 100 is taken, which keeps EfficientNet-B0's
 #: 672-channel 5x5 stride-2 layer on this kernel (42 us against the row kernel's 52).
-CHAN_CYCLES = {"block": 48.0, "block_split": 100.0, "lane": 1.0, "frame": 1.0, "store": 1.0}
+CHAN_CYCLES = {"block": 48.0, "block_split": 60.0, "lane": 1.0, "frame": 1.0, "store": 1.0}
 #: The row kernel's work on rows shorter than its lanes, against its model: measured on Zen 4 (two
 #: cores, isolated) 1.5-1.9x at 7x7 outputs (3x3 and 5x5, strides 1 and 2) with 8 lanes, 1.3-1.5x
 #: at 14x14 with 16; 1.0-1.15x for rows of whole vectors.  Applied where 512-bit operations issue
@@ -157,7 +157,7 @@ class WindowTemplate:
     """Pooling and depthwise convolution (see the module docstring)."""
 
     name = "window"
-    version = 5  # 5: the plane kernel; 4: the channel-lane depthwise kernel (3: short rows through a flat buffer)
+    version = 6  # 6: the channel kernel in bands of rows, any row length; 5: the plane kernel; 4: the channel-lane depthwise kernel (3: short rows through a flat buffer)
 
     def __repr__(self) -> str:
         return "<WindowTemplate>"
@@ -210,7 +210,10 @@ class WindowTemplate:
             # line costs two (most 64-byte loads do, under half of the 32-byte ones)
             loads = p.kw * ((group - 1) * p.sh + (p.kh - 1) * p.dh + 1) / group
             crossing = (vbytes - p.compute_type.nbytes) / target.transaction_bytes
-            cycles = max(compute, loads * (1 + crossing) / rate) + 1  # + the store
+            loads = loads * (1 + crossing) / rate
+            if p.op == "conv" and p.taps > _vector_registers(target) - group - 2:
+                loads += p.taps / 2       # weights past the registers: a broadcast load an FMA
+            cycles = max(compute, loads) + 1  # + the store
             # staging, per output row: each staged row costs a few cycles (pads, short and
             # de-interleaving copies; measured ~4) plus its bytes at 32 B a cycle
             chunk = chunk_rows(p, cores)
@@ -231,9 +234,9 @@ class WindowTemplate:
     @staticmethod
     def _chan_config(p: WindowProblem, target: Target, lanes: int) -> ChanConfig | None:
         """The channel-lane kernel's configuration for ``p``, where it is offered: an f32
-        depthwise convolution (one output channel per input channel) whose output rows fill at
-        most half of the lanes, within the kernel's stack budget."""
-        if not _f32_depthwise(p) or 2 * p.ow > lanes:
+        depthwise convolution (one output channel per input channel) within the kernel's stack
+        budget (a band of one output row)."""
+        if not _f32_depthwise(p):
             return None
         cores = target.num_cores if _parallel(p, target) else 1
         cfg = ChanConfig(p.n, p.c_in, p.h, p.w, p.oh, p.ow, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw,
@@ -241,19 +244,25 @@ class WindowTemplate:
         return cfg if fits(cfg) else None
 
     def _chan_cost(self, p: WindowProblem, target: Target, schedule: Schedule, memory: float) -> float:
-        """The channel-lane kernel: per unit its taps (per output row and tap, a weight load and
-        ``OW`` FMAs with memory operands: whichever of the FMAs and the loads is slower) and the
-        staging and transposed stores (:data:`CHAN_CYCLES`), over the cores."""
+        """The channel-lane kernel: per unit (``V`` channels, a band of output rows) its taps (per
+        output row, segment and tap, a weight load and a segment's FMAs with memory operands:
+        whichever of the FMAs and the loads is slower) and the staging and transposed stores
+        (:data:`CHAN_CYCLES`), over the cores."""
         cfg = self._chan_config(p, target, schedule["lanes"])
         assert cfg is not None
         V, c = cfg.lanes, CHAN_CYCLES
         hp, wp = cfg.frame
-        taps = p.oh * p.taps * max(p.ow / target.vector_fma_rate, (p.ow + 1) / 2.0)
-        hw = p.h * p.w
-        blocks = hw // V + p.taps // V + cfg.pixels // V
-        lanes = V * (hw % V + p.taps % V)
-        moves = hp * wp + hw
-        stores = V * -(-p.oh * p.ow // V)
+        rows = p.oh / cfg.bands                           # a band's output rows, on average
+        pixels = cfg.seg * -(-p.ow // cfg.seg)            # a row's tiles' pixels (the last segment overlaps)
+        taps = rows * p.taps * max(pixels / target.vector_fma_rate, (pixels + 1) / 2.0)
+        staged = min(hp, p.h)                             # input rows staged a band
+        if cfg.direct:                                    # blocks of each input row, the last overlapping
+            blocks, lanes, moves = staged * -(-p.w // V), 0, hp * wp - staged * p.w
+        else:                                             # the band's pixels, then copied into the frame
+            blocks, lanes, moves = staged * p.w // V, staged * p.w % V, hp * wp + staged * p.w
+        blocks += p.taps // V + -(-int(rows * p.ow) // V)
+        lanes = V * (lanes + p.taps % V)
+        stores = V * -(-rows * p.ow // V)
         block = c["block"] if target.vector_fma_rate >= 1.5 else c["block_split"]
         cycles = taps + block * blocks + c["lane"] * lanes + c["frame"] * moves + c["store"] * stores
         work = -(-cfg.units // cfg.cores) * cycles / (target.clock_hz or 2.5e9)
@@ -371,6 +380,11 @@ def _parallel(p: WindowProblem, target: Target) -> bool:
     """Whether a CPU kernel of ``p`` runs on all the cores (:data:`PARALLEL_MIN_WORK`)."""
     work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
     return target.num_cores > 1 and work >= PARALLEL_MIN_WORK and p.n * p.c_out * p.oh > 1
+
+
+def _vector_registers(target: Target) -> int:
+    """Vector registers a CPU kernel has: 32 with AVX-512 (also at 256 bits), else 16."""
+    return 32 if "avx512f" in target.features else 16
 
 
 def _pow2_floor(n: int) -> int:

@@ -36,8 +36,11 @@ from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 
 #: Bytes of a unit's staging on a core's stack (frame, pixel-major outputs, transposed outputs,
-#: weights) the kernel may take: 7x7 and 14x14 planes with windows up to 5x5 fit.
-CHAN_STACK_BYTES = 96 * 1024
+#: weights) the kernel may take; a plane whose staging exceeds it runs in bands of output rows.
+CHAN_STACK_BYTES = 128 * 1024
+#: Vector registers of the register tile (a segment of a row's pixels: ``acc`` plus the weight
+#: vector and one spare) with 16 lanes (AVX-512's 32 registers) and with 8 (AVX2's 16).
+TILE_REGISTERS = {16: 30, 8: 14}
 
 
 @dataclass(frozen=True)
@@ -64,99 +67,171 @@ class ChanConfig:
 
     @property
     def frame(self) -> tuple[int, int]:
-        """(HP, WP): the padded rows and columns the taps read."""
-        return (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1
+        """(HP, WP): the padded rows and columns a band's taps read."""
+        return self._frame_rows(self.band), self._frame_cols
+
+    def _frame_rows(self, rows: int) -> int:
+        return (rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
+
+    @property
+    def _frame_cols(self) -> int:
+        return (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1
+
+    @property
+    def direct(self) -> bool:
+        """Whether whole input rows are transposed straight into the frame (rows of at least a
+        block, the frame holding them whole); else through a pixel-major copy of the band."""
+        return self.w >= self.lanes and self.pw + self.w <= self._frame_cols
+
+    @property
+    def seg(self) -> int:
+        """Pixels of a register tile: a row, or segments of it (the last one overlapping)."""
+        most = TILE_REGISTERS.get(self.lanes, 14)
+        return -(-self.ow // -(-self.ow // most))
+
+    def _stack(self, rows: int) -> int:
+        hp, wp = self._frame_rows(rows), self._frame_cols
+        staged = 0 if self.direct else -(-min(hp, self.h) * self.w // self.lanes) * self.lanes
+        pixels = -(-rows * self.ow // self.lanes) * self.lanes
+        return 4 * self.lanes * (staged + hp * wp + 2 * pixels + self.kh * self.kw)
+
+    @property
+    def band(self) -> int:
+        """Output rows a unit computes: the plane's, or as many as the stack budget holds, evened
+        out over the bands."""
+        rows = self.oh
+        while rows > 1 and self._stack(rows) > CHAN_STACK_BYTES:
+            rows -= 1
+        return -(-self.oh // -(-self.oh // rows))
+
+    @property
+    def bands(self) -> int:
+        return -(-self.oh // self.band)
 
     @property
     def pixels(self) -> int:
-        """Output pixels of a plane rounded up to whole transposed blocks."""
-        return -(-self.oh * self.ow // self.lanes) * self.lanes
+        """A band's output pixels rounded up to whole transposed blocks."""
+        return -(-self.band * self.ow // self.lanes) * self.lanes
 
     @property
     def stack_bytes(self) -> int:
-        hp, wp = self.frame
-        inputs = -(-self.h * self.w // self.lanes) * self.lanes
-        return 4 * self.lanes * (inputs + hp * wp + 2 * self.pixels + self.kh * self.kw)
+        return self._stack(self.band)
 
     @property
     def units(self) -> int:
-        return self.n * -(-self.c // self.lanes)
+        return self.n * -(-self.c // self.lanes) * self.bands
 
 
 def fits(cfg: ChanConfig) -> bool:
-    """Whether the kernel serves ``cfg``: rows short enough for a register tile (``OW``
-    accumulators and the weight vector), staging within :data:`CHAN_STACK_BYTES`."""
-    return cfg.ow + 2 <= 32 and cfg.stack_bytes <= CHAN_STACK_BYTES
+    """Whether the kernel serves ``cfg``: a band of one output row within :data:`CHAN_STACK_BYTES`."""
+    return cfg._stack(1) <= CHAN_STACK_BYTES
 
 
 def build_kernel(cfg: ChanConfig) -> Kernel:
     assert fits(cfg), cfg
     N, C, H, W, OH, OW = cfg.n, cfg.c, cfg.h, cfg.w, cfg.oh, cfg.ow
     KH, KW, SH, SW, PT, PL, DH, DW = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.ph, cfg.pw, cfg.dh, cfg.dw
-    V, P, BIAS = cfg.lanes, cfg.cores, cfg.bias
+    V, P, BIAS, DIRECT = cfg.lanes, cfg.cores, cfg.bias, cfg.direct
     TAPS = KH * KW
-    HP, WP = cfg.frame
-    OP = cfg.pixels                       # a plane's outputs, in whole V x V blocks
+    HP, WP = cfg.frame                    # a band's frame
+    RB, NB = cfg.band, cfg.bands          # output rows a band, bands a plane
+    SEG = cfg.seg
+    NSEG = -(-OW // SEG)
+    OP = cfg.pixels                       # a band's outputs, in whole V x V blocks
     HW = H * W
-    IP = -(-HW // V) * V                  # ... its input pixels
+    CW = min(W, WP - PL)                  # input columns the frame holds
+    IP = 1 if DIRECT else -(-min(HP, H) * W // V) * V     # ... a band's staged input pixels
     CB = -(-C // V)
-    UNITS = N * CB
+    UNITS = N * CB * NB
     PAR = parallel if P > 1 else range
     lanes = spatial(V)
-    frame = repeat(HP * WP, 1) * spatial(1, V)
     taps = repeat(TAPS, 1) * spatial(1, V)
-    tile = repeat(OW, 1) * spatial(1, V)
+    tile = repeat(SEG, 1) * spatial(1, V)
     X_T, W_T, Y_T = f32[N, C, H, W], f32[C, TAPS], f32[N, C, OH, OW]
     B_T = f32[C] if BIAS else W_T         # without a bias the weights stand in (never read as one)
 
     @func
     def unit(x: X_T, wt: W_T, bias: B_T, y: Y_T, u: i32):
-        """Channels ``c0 .. c0 + V`` of image ``b``: stage, taps, transposed stores."""
-        b = u // CB
-        c0 = u % CB * V
+        """Channels ``c0 .. c0 + V`` of image ``b``, output rows ``r0 .. r0 + nr``: stage, taps,
+        transposed stores."""
+        b = u // (CB * NB)
+        c0 = u // NB % CB * V
+        r0 = u % NB * RB
+        nr = min(RB, OH - r0)
+        g0 = r0 * SH - PT                 # the input row of the frame's first row
+        i0 = max(g0, 0)
+        i1 = min(g0 + HP, H)              # input rows i0 .. i1 staged
         xu = register_tensor(f32, [IP * V])
         xt = register_tensor(f32, [HP * WP * V])
         wv = register_tensor(f32, [TAPS * V])
         pt = register_tensor(f32, [OP * V])
         ot = register_tensor(f32, [V * OP])
+        bv = register_tensor(f32, [V])    # the unit's biases, once (clamped reads are gathers)
+        for fr in range(HP):              # the frame's padding: rows outside the image, columns beside it
+            if g0 + fr < 0 or g0 + fr >= H:
+                for j in range(WP):
+                    for l in lanes.vectorize():
+                        xt[(fr * WP + j) * V + l] = 0.0
+            else:
+                for j in range(PL):
+                    for l in lanes.vectorize():
+                        xt[(fr * WP + j) * V + l] = 0.0
+                for j in range(PL + CW, WP):
+                    for l in lanes.vectorize():
+                        xt[(fr * WP + j) * V + l] = 0.0
         if c0 + V <= C:                   # whole blocks: V x V transposes (the tails: V loads each)
-            for pb in range(HW // V):
-                transpose_block(xu[pb * V * V], x[b, c0, pb * V // W, pb * V % W], V, V, HW)
-            for q in range(HW // V * V, HW):
-                for l in lanes.vectorize():
-                    xu[q * V + l] = x[b, c0 + l, q // W, q % W]
+            if DIRECT:                    # each input row's blocks into its frame row (the last overlapping)
+                for i in range(i0, i1):
+                    for jb in range(W // V):
+                        transpose_block(xt[((i - g0) * WP + PL + jb * V) * V], x[b, c0, i, jb * V], V, V, HW)
+                    if W % V != 0:
+                        transpose_block(xt[((i - g0) * WP + PL + W - V) * V], x[b, c0, i, W - V], V, V, HW)
+            else:                         # the band's pixels pixel-major, then into the frame
+                for pb in range((i1 - i0) * W // V):
+                    transpose_block(xu[pb * V * V], x[b, c0, i0 + pb * V // W, pb * V % W], V, V, HW)
+                for q in range((i1 - i0) * W // V * V, (i1 - i0) * W):
+                    for l in lanes.vectorize():
+                        xu[q * V + l] = x[b, c0 + l, i0 + q // W, q % W]
+                for i in range(i0, i1):
+                    for j in range(CW):
+                        for l in lanes.vectorize():
+                            xt[((i - g0) * WP + j + PL) * V + l] = xu[((i - i0) * W + j) * V + l]
             for tb in range(TAPS // V):
                 transpose_block(wv[tb * V * V], wt[c0, tb * V], V, V, TAPS)
             for t in range(TAPS // V * V, TAPS):
                 for l in lanes.vectorize():
                     wv[t * V + l] = wt[c0 + l, t]
         else:                             # the last, partial block of channels
-            for q in range(HW):
-                for l in lanes.vectorize():
-                    xu[q * V + l] = x[b, min(c0 + l, C - 1), q // W, q % W]
+            for i in range(i0, i1):
+                for j in range(CW):
+                    for l in lanes.vectorize():
+                        xt[((i - g0) * WP + j + PL) * V + l] = x[b, min(c0 + l, C - 1), i, j]
             for t, l in taps.vectorize():
                 wv[t * V + l] = wt[min(c0 + l, C - 1), t]
-        for q, l in frame.vectorize():
-            xt[q * V + l] = 0.0
-        for i in range(min(H, HP - PT)):
-            for j in range(min(W, WP - PL)):
-                for l in lanes.vectorize():
-                    xt[((i + PT) * WP + j + PL) * V + l] = xu[(i * W + j) * V + l]
-        acc = register_tensor(f32, [OW, V])
-        for r in range(OH):
-            for s, l in tile.vectorize():
-                acc[s, l] = bias[min(c0 + l, C - 1)] if BIAS else 0.0
-            for kh in range(KH):
-                for kw in range(KW):
-                    for s, l in tile.vectorize():
-                        acc[s, l] += xt[((r * SH + kh * DH) * WP + s * SW + kw * DW) * V + l] * wv[(kh * KW + kw) * V + l]
-            for s, l in tile.vectorize():
-                pt[(r * OW + s) * V + l] = acc[s, l]
-        for qb in range(OP // V):
+        for l in lanes.vectorize():
+            bv[l] = bias[min(c0 + l, C - 1)] if BIAS else 0.0
+        acc = register_tensor(f32, [SEG, V])
+        for r in range(nr):
+            for sg in range(NSEG):
+                s0 = min(sg * SEG, OW - SEG)
+                for s, l in tile.vectorize():
+                    acc[s, l] = bv[l]
+                for kh in range(KH):
+                    for kw in range(KW):
+                        for s, l in tile.vectorize():
+                            acc[s, l] += xt[((r * SH + kh * DH) * WP + (s0 + s) * SW + kw * DW) * V + l] * wv[(kh * KW + kw) * V + l]
+                for s, l in tile.vectorize():
+                    pt[(r * OW + s0 + s) * V + l] = acc[s, l]
+        for qb in range(-(-(nr * OW) // V)):
             transpose_block(ot[qb * V], pt[qb * V * V], V, OP, V)
         for l in range(min(V, C - c0)):
-            for q in vectorize(OH * OW):
-                y[b, c0 + l, q // OW, q % OW] = ot[l * OP + q]
+            if NB == 1:
+                for q in vectorize(OH * OW):
+                    y[b, c0 + l, q // OW, q % OW] = ot[l * OP + q]
+            else:
+                for r in range(nr):
+                    for q in vectorize(OW):
+                        y[b, c0 + l, r0 + r, q] = ot[l * OP + r * OW + q]
 
     if BIAS:
         @kernel
