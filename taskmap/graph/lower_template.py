@@ -13,7 +13,9 @@ same ``Kernel`` object the operator runs).  Then :func:`taskmap.fusion.fuse` spl
   template's operand) into the operand's loads: ``add -> layer_norm``, ``x * scale -> softmax``,
   reshapes / permutes / mask arithmetic feeding attention;
 * the epilogue (the anchor's result viewed as the graph output, then the chain, composed) into
-  the stores of the template's output: ``depthwise -> bn -> relu6``.
+  the stores of the template's output: ``depthwise -> bn -> relu6``.  A depthwise conv whose
+  epilogue permutes it to NHWC (ConvNeXt) is planned ``channels_last``: the channel-lane kernel
+  then stores a pixel's channels as one vector.
 
 :func:`plan_template` raises :class:`~taskmap.errors.FusionError` when fusion is refused (the
 CPU softmax kernel reads its output back: no epilogue) — the caller then runs the anchor alone
@@ -24,7 +26,7 @@ tensor-core one for f16 / bf16), except global pooling, which is a reduction the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends import Target, TargetKind
@@ -43,7 +45,7 @@ from ..templates.reduce import template_for
 from ..templates.window import WINDOW
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
-from .kinds import OpKind
+from .kinds import OpCategory, OpKind
 from .lower_anchor import AnchorPlan, Workspace, anchor_dtypes, compose, kernel_shape, view_as
 
 
@@ -191,7 +193,20 @@ def plan_template(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epi
     if tp is None:
         raise FusionError(f"{anchor.name}: no template lowering for {anchor.kind.name} with these shapes on "
                           f"{target.name}")
+    if tp.template is WINDOW and tp.problem.op == "conv" and _channels_last(epilogue):
+        tp = replace(tp, problem=replace(tp.problem, channels_last=True))
     return plan_problem(tp, anchor, prologues, epilogue, target)
+
+
+def _channels_last(epilogue: Sequence[Op]) -> bool:
+    """Whether ``epilogue`` reads its NCHW anchor channels-last: element-wise ops, then a permute
+    to NHWC (ConvNeXt's depthwise conv before its LayerNorm)."""
+    for op in epilogue:
+        if op.kind is OpKind.PERMUTE:
+            return tuple(op.attrs.dims) == (0, 2, 3, 1)
+        if op.definition.category > OpCategory.BROADCAST:
+            return False
+    return False
 
 
 def plan_problem(tp: TemplateProblem, anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]],

@@ -58,17 +58,24 @@ STAGE_AHEAD_BYTES = 4 * 1024
 #: counts; on the Xeon of session 33 (two cores, side by side with the row kernel's best point):
 #: 1152 channels 5x5 at 7x7 54-56 vs 97-105 us, 960 3x3 at 7x7 44-57 vs 48-67, 672 5x5 stride 2
 #: 14x14 -> 7x7 56 vs 87; at 14x14 outputs the row kernel's 14 of 16 lanes won (672 5x5: 106 vs
-#: 129, 384 3x3: 33 vs 51), so the channel lanes are offered for rows of at most half the lanes.
+#: 129, 384 3x3: 33 vs 51: before the biases below), and it was offered for rows of at most half
+#: the lanes; it now serves every f32 depthwise conv (planes in bands of rows), ranked by this.
 #: A block costs more where 512-bit operations issue as two halves (``Target.vector_fma_rate``
-#: below 1.5): ``block_split``.  Zen 4 (two cores, isolated): 960 channels 3x3 at 7x7 22-31 us and
-#: 1152 5x5 at 7x7 38-41 us, ~160 cycles a block; 100 is taken, which keeps EfficientNet-B0's
-#: 672-channel 5x5 stride-2 layer on this kernel (42 us against the row kernel's 52).
+#: below 1.5): ``block_split``, refitted on Zen 4 (two cores, isolated) once the kernel loaded its
+#: biases once a unit instead of gathering them for every row (1152 5x5 at 7x7: 38 -> 28 us): 60
+#: ranks 12 depthwise layers of 3x3, 5x5 and 7x7 windows from 7x7 to 56x56 as measured but for
+#: one near tie (576 channels 3x3 at 14x14).
 CHAN_CYCLES = {"block": 48.0, "block_split": 60.0, "lane": 1.0, "frame": 1.0, "store": 1.0}
 #: The row kernel's work on rows shorter than its lanes, against its model: measured on Zen 4 (two
 #: cores, isolated) 1.5-1.9x at 7x7 outputs (3x3 and 5x5, strides 1 and 2) with 8 lanes, 1.3-1.5x
 #: at 14x14 with 16; 1.0-1.15x for rows of whole vectors.  Applied where 512-bit operations issue
 #: as two halves (Zen 4's kind), the one kind of core it was measured on.
 SHORT_ROWS = 1.5
+#: Cycles per output element of the row and plane kernels whose stores a fused permute makes
+#: channels-last (one element a store, consecutive ones a row of channels apart).  Measured on Zen
+#: 4: ConvNeXt-T's 96 channels 7x7 at 56x56 on the row kernel, 338 us alone, 460 in the flow with
+#: its permute (~2.9 cycles an element at the cores' 3.6 GHz).
+NHWC_STORE_CYCLES = 2.0
 #: Cycles of the plane kernel (:mod:`.window_plane`) besides its FMAs: the share of a line-crossing
 #: memory operand's second access that shows, per vector staged in each copy (a load, an AND, a
 #: store), per vector stored, per plane (the loop, the bias, a tail).  Fitted on Zen 4 (two cores,
@@ -84,7 +91,10 @@ class WindowProblem:
     """``op`` ("max", "avg", "conv") over windows of an ``(n, c_in, h, w)`` input giving
     ``(n, c_out, oh, ow)``; ``c_out = c_in * mult``.  ``adaptive``: windows
     ``[floor(o*h/oh), ceil((o+1)*h/oh))`` (kh, kw, strides and paddings unused).  avg:
-    ``count_include_pad`` and ``divisor`` (torch's ``divisor_override``); conv: ``bias``."""
+    ``count_include_pad`` and ``divisor`` (torch's ``divisor_override``); conv: ``bias``.
+    ``channels_last``: the kernel's stores become channels-last ones (an epilogue permutes the
+    output to NHWC): the channel-lane kernel then stores a pixel's channels as one vector, the
+    others an element at a time (:data:`NHWC_STORE_CYCLES`)."""
 
     op: str
     n: int
@@ -107,6 +117,7 @@ class WindowProblem:
     count_include_pad: bool = True
     divisor: int | None = None
     bias: bool = False
+    channels_last: bool = False     # the output is read channels-last (a fused permute to NHWC)
 
     def __post_init__(self) -> None:
         assert self.op in OPS, self.op
@@ -219,7 +230,7 @@ class WindowTemplate:
             chunk = chunk_rows(p, cores)
             ir, wb = staging(p, chunk)
             stage = ir * (4 + wb * p.compute_type.nbytes / 32) / chunk
-            work = p.n * p.c_out * p.oh * (vectors * cycles + stage) / (clock * cores)
+            work = p.n * p.c_out * p.oh * (vectors * cycles + stage) / (clock * cores) + _scatter(p, target, cores)
             if p.ow < lanes and target.vector_fma_rate < 1.5:     # (SHORT_ROWS: measured on Zen 4)
                 work *= SHORT_ROWS
             return _cpu_seconds(traffic / bw, work)
@@ -240,7 +251,7 @@ class WindowTemplate:
             return None
         cores = target.num_cores if _parallel(p, target) else 1
         cfg = ChanConfig(p.n, p.c_in, p.h, p.w, p.oh, p.ow, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw,
-                         p.bias, lanes, cores)
+                         p.bias, lanes, cores, p.channels_last)
         return cfg if fits(cfg) else None
 
     def _chan_cost(self, p: WindowProblem, target: Target, schedule: Schedule, memory: float) -> float:
@@ -260,7 +271,7 @@ class WindowTemplate:
             blocks, lanes, moves = staged * -(-p.w // V), 0, hp * wp - staged * p.w
         else:                                             # the band's pixels, then copied into the frame
             blocks, lanes, moves = staged * p.w // V, staged * p.w % V, hp * wp + staged * p.w
-        blocks += p.taps // V + -(-int(rows * p.ow) // V)
+        blocks += p.taps // V + (0 if p.channels_last else -(-int(rows * p.ow) // V))
         lanes = V * (lanes + p.taps % V)
         stores = V * -(-rows * p.ow // V)
         block = c["block"] if target.vector_fma_rate >= 1.5 else c["block_split"]
@@ -293,7 +304,7 @@ class WindowTemplate:
         c = PLANE_CYCLES
         cycles = (fmas * (1 + c["crossing"] * crossing) / rate + c["copy"] * p.kw * cfg.vectors
                   + c["store"] * cfg.vectors + c["plane"])
-        work = -(-p.n * p.c_in // cfg.cores) * cycles / (target.clock_hz or 2.5e9)
+        work = -(-p.n * p.c_in // cfg.cores) * cycles / (target.clock_hz or 2.5e9) + _scatter(p, target, cfg.cores)
         return _cpu_seconds(memory, work)
 
     def instantiate(self, problem: WindowProblem, target: Target, schedule: Schedule) -> Kernel:
@@ -380,6 +391,13 @@ def _parallel(p: WindowProblem, target: Target) -> bool:
     """Whether a CPU kernel of ``p`` runs on all the cores (:data:`PARALLEL_MIN_WORK`)."""
     work = p.n * p.c_out * p.oh * p.ow * max(1, p.taps)
     return target.num_cores > 1 and work >= PARALLEL_MIN_WORK and p.n * p.c_out * p.oh > 1
+
+
+def _scatter(p: WindowProblem, target: Target, cores: int) -> float:
+    """Seconds a kernel storing rows of pixels spends on channels-last stores (an element each)."""
+    if not p.channels_last:
+        return 0.0
+    return p.n * p.c_out * p.oh * p.ow * NHWC_STORE_CYCLES / ((target.clock_hz or 2.5e9) * cores)
 
 
 def _vector_registers(target: Target) -> int:

@@ -64,6 +64,7 @@ class ChanConfig:
     bias: bool
     lanes: int
     cores: int
+    channels_last: bool = False           # stores a pixel's channels together (the output read channels-last)
 
     @property
     def frame(self) -> tuple[int, int]:
@@ -93,7 +94,7 @@ class ChanConfig:
         hp, wp = self._frame_rows(rows), self._frame_cols
         staged = 0 if self.direct else -(-min(hp, self.h) * self.w // self.lanes) * self.lanes
         pixels = -(-rows * self.ow // self.lanes) * self.lanes
-        return 4 * self.lanes * (staged + hp * wp + 2 * pixels + self.kh * self.kw)
+        return 4 * self.lanes * (staged + hp * wp + (1 if self.channels_last else 2) * pixels + self.kh * self.kw)
 
     @property
     def band(self) -> int:
@@ -131,7 +132,7 @@ def build_kernel(cfg: ChanConfig) -> Kernel:
     assert fits(cfg), cfg
     N, C, H, W, OH, OW = cfg.n, cfg.c, cfg.h, cfg.w, cfg.oh, cfg.ow
     KH, KW, SH, SW, PT, PL, DH, DW = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.ph, cfg.pw, cfg.dh, cfg.dw
-    V, P, BIAS, DIRECT = cfg.lanes, cfg.cores, cfg.bias, cfg.direct
+    V, P, BIAS, DIRECT, NHWC = cfg.lanes, cfg.cores, cfg.bias, cfg.direct, cfg.channels_last
     TAPS = KH * KW
     HP, WP = cfg.frame                    # a band's frame
     RB, NB = cfg.band, cfg.bands          # output rows a band, bands a plane
@@ -165,7 +166,7 @@ def build_kernel(cfg: ChanConfig) -> Kernel:
         xt = register_tensor(f32, [HP * WP * V])
         wv = register_tensor(f32, [TAPS * V])
         pt = register_tensor(f32, [OP * V])
-        ot = register_tensor(f32, [V * OP])
+        ot = register_tensor(f32, [1 if NHWC else V * OP])
         bv = register_tensor(f32, [V])    # the unit's biases, once (clamped reads are gathers)
         for fr in range(HP):              # the frame's padding: rows outside the image, columns beside it
             if g0 + fr < 0 or g0 + fr >= H:
@@ -222,29 +223,38 @@ def build_kernel(cfg: ChanConfig) -> Kernel:
                             acc[s, l] += xt[((r * SH + kh * DH) * WP + (s0 + s) * SW + kw * DW) * V + l] * wv[(kh * KW + kw) * V + l]
                 for s, l in tile.vectorize():
                     pt[(r * OW + s0 + s) * V + l] = acc[s, l]
-        for qb in range(-(-(nr * OW) // V)):
-            transpose_block(ot[qb * V], pt[qb * V * V], V, OP, V)
-        for l in range(min(V, C - c0)):
-            if NB == 1:
-                for q in vectorize(OH * OW):
-                    y[b, c0 + l, q // OW, q % OW] = ot[l * OP + q]
+        if NHWC:                          # pixel by pixel, a vector of channels each
+            if c0 + V <= C:
+                for q in range(nr * OW):
+                    for l in lanes.vectorize():
+                        y[b, c0 + l, r0 + q // OW, q % OW] = pt[q * V + l]
             else:
-                for r in range(nr):
-                    for q in vectorize(OW):
-                        y[b, c0 + l, r0 + r, q] = ot[l * OP + r * OW + q]
+                for q in range(nr * OW):
+                    for l in range(C - c0):
+                        y[b, c0 + l, r0 + q // OW, q % OW] = pt[q * V + l]
+        else:                             # channel by channel, transposed in V x V blocks
+            for qb in range(-(-(nr * OW) // V)):
+                transpose_block(ot[qb * V], pt[qb * V * V], V, OP, V)
+            for l in range(min(V, C - c0)):
+                if NB == 1:
+                    for q in vectorize(OH * OW):
+                        y[b, c0 + l, q // OW, q % OW] = ot[l * OP + q]
+                else:
+                    for r in range(nr):
+                        for q in vectorize(OW):
+                            y[b, c0 + l, r0 + r, q] = ot[l * OP + r * OW + q]
 
-    if BIAS:
-        @kernel
-        def depthwise_conv2d_cpu_chan(x: X_T, w: W_T, bias: B_T, y: Y_T):
-            for u in PAR(UNITS):
-                unit(x, w, bias, y, u)
-        return depthwise_conv2d_cpu_chan
+    def with_bias(x: X_T, w: W_T, bias: B_T, y: Y_T):
+        for u in PAR(UNITS):
+            unit(x, w, bias, y, u)
 
-    @kernel
-    def depthwise_conv2d_cpu_chan_nobias(x: X_T, w: W_T, y: Y_T):
+    def without_bias(x: X_T, w: W_T, y: Y_T):
         for u in PAR(UNITS):
             unit(x, w, w, y, u)
-    return depthwise_conv2d_cpu_chan_nobias
+
+    entry = with_bias if BIAS else without_bias
+    entry.__name__ = "depthwise_conv2d_cpu_chan" + ("_nhwc" if NHWC else "") + ("" if BIAS else "_nobias")
+    return kernel(entry)
 
 
 __all__ = ["CHAN_STACK_BYTES", "ChanConfig", "build_kernel", "fits"]

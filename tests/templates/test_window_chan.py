@@ -66,8 +66,11 @@ def test_matches_torch(n, c, hw, k, s, p, d, bias):
     (1, 16, 35, 3, 1, 1, 1),         # rows of 35: two segments of 18, the last overlapping
     (1, 24, 112, 3, 1, 1, 1),        # MobileNetV2's first depthwise plane: bands of 5 rows
 ])
-def test_bands_and_segments_match_torch(n, c, hw, k, s, p, d):
-    cfg = _config(n, c, hw, k, s, p, d)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bands_and_segments_match_torch(n, c, hw, k, s, p, d, channels_last):
+    """... also with the stores pixel by pixel (``channels_last``: the same values, in another
+    order)."""
+    cfg = dataclasses.replace(_config(n, c, hw, k, s, p, d), channels_last=channels_last)
     assert cfg.bands > 1 or cfg.seg < cfg.ow
     _run(cfg)
 
@@ -200,8 +203,29 @@ class _ConvNextBlock(nn.Module):
 @pytest.mark.skipif(CPU.vector_bytes < 64, reason="the space's 512-bit rates: AVX-512 hosts")
 def test_compiled_convnext_block_runs_its_depthwise_conv_in_bands():
     """A 40x40 plane of 48 channels (bands of rows, rows in two segments): the compiled block
-    matches eager and its depthwise conv is the channel kernel."""
+    matches eager, and its depthwise conv is the channel kernel storing channels-last (the
+    permute spliced into its stores), then the LayerNorm and the two linears (the second with
+    the layer scale, the permute back and the residual)."""
     torch.manual_seed(2)
     out, ref, kernels = compile_block(_ConvNextBlock(), torch.randn(1, 48, 40, 40))
     assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    assert ["depthwise_conv2d_cpu_chan"] in kernels, kernels
+    assert kernels == [["depthwise_conv2d_cpu_chan_nhwc"], ["layer_norm_cpu"], ["matmul_cpu"], ["matmul_cpu"]]
+
+
+def test_channels_last_only_before_a_permute_to_nhwc():
+    """The graph lowering plans a depthwise conv ``channels_last`` when its epilogue's first op
+    past the element-wise ones is a permute to NHWC, and only then."""
+    from taskmap.graph.lower_template import _channels_last
+
+    class _Op:
+        def __init__(self, kind, category, dims=None):
+            self.kind, self.definition, self.attrs = kind, type("D", (), {"category": category}), \
+                type("A", (), {"dims": dims})
+
+    from taskmap.graph.kinds import OpCategory, OpKind
+    scale = _Op(OpKind.BINARY, OpCategory.BROADCAST)
+    nhwc, nwhc = _Op(OpKind.PERMUTE, OpCategory.INJECTIVE, (0, 2, 3, 1)), _Op(OpKind.PERMUTE, OpCategory.INJECTIVE,
+                                                                            (0, 3, 2, 1))
+    assert _channels_last([nhwc]) and _channels_last([scale, nhwc])
+    assert not _channels_last([]) and not _channels_last([scale]) and not _channels_last([nwhc])
+    assert not _channels_last([_Op(OpKind.RESHAPE, OpCategory.INJECTIVE), nhwc])
