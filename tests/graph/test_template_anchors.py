@@ -94,6 +94,28 @@ def test_layer_norm_without_affine_and_with_epilogue():
     np.testing.assert_allclose(out, 3 * F.layer_norm(t(xa), (40,), eps=1e-6).numpy(), **TOL)
 
 
+def test_a_concatenation_before_a_layer_norm_is_written_apart():
+    """Swin's patch merging: four strided slices of an image concatenated along the channels, then
+    a LayerNorm over them.  On the CPU the concatenation is not the norm's prologue (its vector
+    loop would select among the parts element by element): a kernel of its own writes it, and the
+    norm reads it, matching torch."""
+    b = GraphBuilder()
+    x = b.input((1, 8, 8, 16), f32)
+    parts = [b.op(OpKind.SLICE, [b.op(OpKind.SLICE, [x], SliceAttrs(1, i, 2, 4))], SliceAttrs(2, j, 2, 4))
+             for j, i in ((0, 0), (0, 1), (1, 0), (1, 1))]
+    merged = b.op(OpKind.CONCAT, parts, AxisAttrs(3))
+    w, bias = b.constant(rand(64)), b.constant(rand(64))
+    y = b.op(OpKind.LAYER_NORM, [merged, w, bias], NormAttrs(1e-5, (64,), True, True))
+    xa = rand(1, 8, 8, 16)
+    out, steps = run(b.build([y]), xa)
+    names = [s.name for s in steps]
+    assert steps[-1].kind is OpKind.LAYER_NORM and "concat" not in steps[-1].name, names
+    assert any("concat" in name for name in names[:-1]), names
+    xt = t(xa)
+    ref = torch.cat([xt[:, 0::2, 0::2], xt[:, 1::2, 0::2], xt[:, 0::2, 1::2], xt[:, 1::2, 1::2]], -1)
+    np.testing.assert_allclose(out, F.layer_norm(ref, (64,), t(w.data), t(bias.data), 1e-5).numpy(), **TOL)
+
+
 @pytest.mark.parametrize("kind,axis", [(OpKind.SOFTMAX, -1), (OpKind.SOFTMAX, 1), (OpKind.LOG_SOFTMAX, -1)])
 def test_scaled_softmax_is_one_kernel(kind, axis):
     b = GraphBuilder()
