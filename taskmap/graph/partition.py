@@ -18,7 +18,9 @@ A :class:`FusionGroup` becomes one kernel (or one runner call).  Kinds:
 
 * **injective** — a tree of INJECTIVE ops not absorbed by an anchor, with a single root: its
   compute definitions are composed (each op's definition reads the previous ones' nodes) and
-  scheduled once by the rule-based scheduler.
+  scheduled once by the rule-based scheduler.  A view op (:data:`VIEW_KINDS`) whose readers are
+  all in the group (or in one prologue) joins it even with several readers: each recomputes its
+  index map.
 * **single** — one op run alone: OPAQUE ops the lowering does not fuse into (PyTorch fallback;
   attention whose operands the template cannot read in place) and other anchors the lowering
   cannot fuse into (their ``taskmap.ops`` runner), or multi-output ops.  Which anchors fuse is
@@ -55,6 +57,11 @@ MAX_DIAMOND = 16
 #: (:mod:`taskmap.runtime.concat_inplace`, nested too), and whose copy kernel, when one is
 #: built, takes a few parameters rather than one per step.
 MAX_PROLOGUE_CONCAT = 4
+
+#: Index-only op kinds an injective group recomputes for each of its readers instead of writing
+#: them out when all their readers are in the group (a strided slice read by two parts of one
+#: concatenation: Swin's patch merging, YOLO's focus layer).
+VIEW_KINDS = frozenset({OpKind.SLICE, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.EXPAND})
 
 
 class GroupKind(enum.Enum):
@@ -149,6 +156,24 @@ class _Partitioner:
             found += self.absorb(x, prologue, p.kind is OpKind.CONCAT)
         return found
 
+    def shared_views(self, ops: Sequence[Op]) -> list[Op]:
+        """View ops (:data:`VIEW_KINDS`) whose output several of ``ops`` read and nothing else,
+        with what computes their inputs (:meth:`absorb`), claimed."""
+        members, found = set(ops), []
+        queue = list(ops)
+        while queue:
+            for t in dict.fromkeys(queue.pop().inputs):
+                p = self.g.producer(t)
+                if p is None or p in self.claimed or p.kind not in VIEW_KINDS or len(p.outputs) != 1 \
+                        or t in self.outs or not all(c in members for c in self.g.consumers(t)):
+                    continue
+                self.claimed.add(p)
+                new = [p] + [x for u in dict.fromkeys(p.inputs) for x in self.absorb(u)]
+                members.update(new)
+                found += new
+                queue += new
+        return found
+
     def anchored(self, anchor: Op) -> FusionGroup:
         self.claimed.add(anchor)
         chain: list[Op] = []
@@ -170,6 +195,7 @@ class _Partitioner:
         for k in self.prologue_inputs(anchor):
             if anchor.inputs.count(anchor.inputs[k]) == 1:
                 ops = self.absorb(anchor.inputs[k], prologue=True)
+                ops += self.shared_views(ops)
                 if ops:
                     pro.append((k, tuple(sorted(ops, key=self.pos.__getitem__))))
         ops = sorted([anchor, *chain, *(op for _, p in pro for op in p)], key=self.pos.__getitem__)
@@ -212,6 +238,7 @@ class _Partitioner:
                 self.claimed.add(op)
                 ops = [op] + [x for t in dict.fromkeys(op.inputs)
                               for x in self.absorb(t, into_concat=op.kind is OpKind.CONCAT)]
+                ops += self.shared_views(ops)
                 groups.append(FusionGroup(GroupKind.INJECTIVE, tuple(sorted(ops, key=self.pos.__getitem__))))
             else:
                 self.claimed.add(op)
@@ -238,5 +265,5 @@ def groups_str(groups: Sequence[FusionGroup]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EPILOGUE_KINDS", "FusionGroup", "GroupKind", "default_fusable", "default_prologue_inputs",
+__all__ = ["EPILOGUE_KINDS", "VIEW_KINDS", "FusionGroup", "GroupKind", "default_fusable", "default_prologue_inputs",
            "groups_str", "partition"]

@@ -16,6 +16,7 @@ from taskmap.graph import (
     ReduceAttrs,
     ReduceFn,
     ShapeAttrs,
+    SliceAttrs,
     UnaryAttrs,
     UnaryFn,
 )
@@ -182,6 +183,25 @@ def test_wide_concats_inside_a_concat_are_groups_of_their_own():
         sizes = sorted(sum(op.kind is OpKind.CONCAT for op in grp.ops) for grp in groups
                        if any(op.kind is OpKind.CONCAT for op in grp.ops))
         assert sizes == ([4] if n == 2 else [1, 1, 1, 1]), (n, groups_str(groups))
+
+
+def test_views_read_only_by_one_injective_group_join_it():
+    """Swin's patch merging: two strided row slices, each read by two of the four column slices
+    a concatenation joins.  The row slices join the concatenation's group (recomputed for each
+    reader) — unless something outside the group reads one too."""
+    for also_outside in (False, True):
+        b = GraphBuilder()
+        x = b.input((1, 8, 8, 16), f32)
+        rows = [b.op(OpKind.SLICE, [x], SliceAttrs(1, i, 2, 4)) for i in (0, 1)]
+        parts = [b.op(OpKind.SLICE, [rows[i]], SliceAttrs(2, j, 2, 4)) for j in (0, 1) for i in (0, 1)]
+        y = b.op(OpKind.CONCAT, parts, AxisAttrs(3))
+        outs = [y, b.op(OpKind.UNARY, [rows[0]], UnaryAttrs(UnaryFn.EXP))] if also_outside else [y]
+        g = b.build(outs)
+        groups = partition(g)
+        check_cover(g, groups)
+        (cat,) = [grp for grp in groups if any(op.kind is OpKind.CONCAT for op in grp.ops)]
+        inside = [op for op in cat.ops if op.output in (rows[0], rows[1])]
+        assert [op.output for op in inside] == ([rows[1]] if also_outside else rows), groups_str(groups)
 
 
 def test_shared_prologue_is_not_absorbed():

@@ -97,8 +97,8 @@ def test_layer_norm_without_affine_and_with_epilogue():
 def test_a_concatenation_before_a_layer_norm_is_written_apart():
     """Swin's patch merging: four strided slices of an image concatenated along the channels, then
     a LayerNorm over them.  On the CPU the concatenation is not the norm's prologue (its vector
-    loop would select among the parts element by element): a kernel of its own writes it, and the
-    norm reads it, matching torch."""
+    loop would select among the parts element by element): a kernel of its own writes it (the
+    row slices two parts share recomputed inside it), and the norm reads it, matching torch."""
     b = GraphBuilder()
     x = b.input((1, 8, 8, 16), f32)
     parts = [b.op(OpKind.SLICE, [b.op(OpKind.SLICE, [x], SliceAttrs(1, i, 2, 4))], SliceAttrs(2, j, 2, 4))
@@ -109,8 +109,7 @@ def test_a_concatenation_before_a_layer_norm_is_written_apart():
     xa = rand(1, 8, 8, 16)
     out, steps = run(b.build([y]), xa)
     names = [s.name for s in steps]
-    assert steps[-1].kind is OpKind.LAYER_NORM and "concat" not in steps[-1].name, names
-    assert any("concat" in name for name in names[:-1]), names
+    assert len(steps) == 2 and "concat" in names[0] and names[1] == "layer_norm12", names
     xt = t(xa)
     ref = torch.cat([xt[:, 0::2, 0::2], xt[:, 1::2, 0::2], xt[:, 0::2, 1::2], xt[:, 1::2, 1::2]], -1)
     np.testing.assert_allclose(out, F.layer_norm(ref, (64,), t(w.data), t(bias.data), 1e-5).numpy(), **TOL)
