@@ -3,9 +3,10 @@ convolution (``groups == in_channels``, channel multiplier ``mult``), NCHW, on t
 
 A problem (:class:`WindowProblem`) is static: shapes, window, stride, padding (the top / left
 padding; the bottom / right is implied by the output size), dilation.  The kernels are in
-:mod:`.window_kernels` (rows of outputs in the lanes), and for f32 depthwise convolutions on small
-planes :mod:`.window_chan` (channels in the lanes) and :mod:`.window_plane` (a whole plane in the
-lanes, stride 1): points of the same space, ranked by the same cost model.
+:mod:`.window_kernels` (rows of outputs in the lanes), and for f32 depthwise convolutions
+:mod:`.window_chan` (channels in the lanes, any plane, in bands of rows) and :mod:`.window_plane`
+(a whole small plane in the lanes, stride 1): points of the same space, ranked by the same cost
+model.
 
 Tuning space, in hardware terms: CPU — vector width (full or half registers: unaligned
 full-width loads mostly cross cache lines, and a 512-bit operation is two 256-bit ones on some

@@ -1,32 +1,41 @@
-"""The CPU f32 depthwise-convolution kernel with the **channels in the vector lanes**, for small
-planes (7x7, 14x14), written in the DSL with task mappings; NCHW in, NCHW out.
+"""The CPU f32 depthwise-convolution kernel with the **channels in the vector lanes**, written in
+the DSL with task mappings; NCHW in, NCHW out.
 
 The window template's row kernel (:func:`.window_kernels.cpu_window`) puts an output row's pixels
-in the lanes and stages each plane on its own: a 7-pixel row fills 7 of 8 or 16 lanes, and on a
-7x7 plane the staging and the per-plane set-up cost more than the taps (EfficientNet-B0's 1152
-channels 5x5 at 7x7: 84 us alone, onnxruntime's NCHWc kernel 40 us in the flow).  Here a unit is
-``V`` channels of one image (``spatial(V)``: the lanes), so no lane idles and every tap is one
-vector FMA for ``V`` outputs:
+in the lanes and stages each plane on its own: a 7-pixel row fills 7 of 8 or 16 lanes, on a 7x7
+plane the staging and the per-plane set-up cost more than the taps (EfficientNet-B0's 1152
+channels 5x5 at 7x7: 84 us alone, onnxruntime's NCHWc kernel 40 us in the flow), and a 7x7
+window's 49 weights do not stay in registers (a broadcast load with each FMA).  Here a unit is
+``V`` channels of one image and a band of its output rows (``spatial(V)``: the lanes), so no lane
+idles and every tap is one vector FMA for ``V`` outputs:
 
-* **Staging**: the unit's ``V`` planes transposed in ``V x V`` blocks in registers
-  (``transpose_block``) to pixel-major ``xu[pixel][V]``, then copied, a vector a pixel, into a
-  zero-padded frame ``xt[HP * WP][V]`` on the core's stack (channels innermost: a pixel's ``V``
-  channels are one vector); the weights likewise into ``wv[taps][V]``.  A plane's last pixels
+* **Bands**: a plane's output rows in bands of ``band`` rows (:attr:`ChanConfig.band`: as many as
+  keep the unit's staging within :data:`CHAN_STACK_BYTES` on the core's stack, evened out); the
+  input rows a band's windows cover are staged for it (neighbouring bands' overlap twice).
+* **Staging**: the band's ``V`` planes transposed in ``V x V`` blocks in registers
+  (``transpose_block``) into a zero-padded frame ``xt[HP * WP][V]`` (channels innermost: a
+  pixel's ``V`` channels are one vector) — each input row's blocks straight into its frame row,
+  the last one overlapping (:attr:`ChanConfig.direct`: rows of at least a block that the frame
+  holds whole), or else the band's pixels into a pixel-major ``xu[pixel][V]`` and copied from
+  there; the weights likewise into ``wv[taps][V]`` and the biases into a vector, once.  Pixels
   short of a block, the taps short of one and the last block of channels when ``C`` is not a
   multiple of ``V`` go lane by lane (channels past ``C`` repeat the last one: never stored).
-* **Taps**: per output row, a register tile of the row's ``OW`` pixels x ``V`` channels
-  (``repeat(OW) * spatial(V)``): per tap one vector load of the weights and ``OW`` FMAs with
-  the frame's vectors as memory operands.  The bias starts the sums.
-* **Stores**: each row's tile goes pixel-major into ``pt[pixel][V]``, transposed in ``V x V``
-  blocks in registers (``transpose_block``) into ``ot[V][pixels]``; then each channel's plane is
+* **Taps**: per output row and segment of at most :data:`TILE_REGISTERS` pixels (the last one
+  overlapping), a register tile of ``seg`` pixels x ``V`` channels (``repeat(seg) * spatial(V)``):
+  per tap one vector load of the weights and ``seg`` FMAs with the frame's vectors as memory
+  operands.  The bias starts the sums.
+* **Stores**: each row's tiles go pixel-major into ``pt[pixel][V]``, transposed in ``V x V``
+  blocks in registers (``transpose_block``) into ``ot[V][pixels]``; then each channel's rows are
   stored by one vector loop — each output element stored exactly once and never read, so
   post-scheduling fusion splices an epilogue (a BatchNorm's scale, an activation, a residual)
-  into these stores (:mod:`taskmap.fusion`).
-* **Cores**: ``parallel`` over the ``N x ceil(C / V)`` units.
+  into these stores (:mod:`taskmap.fusion`).  With ``channels_last`` (the graph's epilogue
+  permutes the output to NHWC, ConvNeXt) ``pt`` is stored pixel by pixel instead, a vector of
+  channels each: the permuted stores are then whole vectors, and no transposes.
+* **Cores**: ``parallel`` over the ``N x ceil(C / V) x bands`` units.
 
 The sizes are constants (the window template's problems are static).  Taken by the window
-template's cost model (:class:`.window.WindowTemplate`) where it ranks below the row kernel:
-planes whose frame, output and transposed copy fit :data:`CHAN_STACK_BYTES`.
+template's cost model (:class:`.window.WindowTemplate`) where it ranks below the row and plane
+kernels: windows of 5x5 and more, strided layers to small planes.
 """
 from dataclasses import dataclass
 

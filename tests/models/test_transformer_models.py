@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import taskmap
+from taskmap.backends.base import host_cpu_target
 from taskmap.frontend.torch import taskmap_backend
 from taskmap.frontend.torch.dynamo import SplitDynamoGraph
 from vit_def import ViT
@@ -163,10 +164,18 @@ def _small_vision_and_more(name):
                                                   **sizes)), torch.randn(2, 3, 64, 64)),
         # LeViT: batch norms over flattened tokens, reshaped back with reshape_as
         "levit": lambda: (t.LevitModel(t.LevitConfig(image_size=64)), torch.randn(2, 3, 64, 64)),
+        # ConvNeXt: 7x7 depthwise convs permuted to channels-last for a LayerNorm (the channel-lane
+        # kernel's pixel-major stores), a 56x56 plane of 24 channels in bands of rows
+        "convnext": lambda: (t.ConvNextModel(t.ConvNextConfig(hidden_sizes=[24, 48, 96, 192], depths=[1, 1, 2, 1])),
+                             torch.randn(2, 3, 224, 224)),
+        # Swin: shifted windows (rolls as slices + concatenations), patch merging's four strided
+        # parts concatenated before a LayerNorm (written apart, the shared row slices recomputed)
+        "swin": lambda: (t.SwinModel(t.SwinConfig(image_size=56, embed_dim=16, depths=[2, 2], num_heads=[2, 4],
+                                                  window_size=7)), torch.randn(2, 3, 56, 56)),
     }[name]()
 
 
-@pytest.mark.parametrize("name", ["funnel", "beit", "levit"])
+@pytest.mark.parametrize("name", ["funnel", "beit", "levit", "convnext", "swin"])
 def test_more_model_families(name):
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -185,3 +194,6 @@ def test_more_model_families(name):
     assert want.last_hidden_state.std() > 0.05
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=1e-3, atol=2e-4)
     assert "run by PyTorch" not in fast.summary()
+    if name == "convnext" and host_cpu_target().vector_bytes >= 64:
+        kernels = [k.__name__ for e in fast.entries.values() for s in e.compiled.steps for k in s.kernels]
+        assert kernels.count("depthwise_conv2d_cpu_chan_nhwc") == 5, kernels
