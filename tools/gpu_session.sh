@@ -50,6 +50,12 @@
 # zero fill), and fused definitions' inputs are one parameter by name.  Checked in emulation and by
 # NVRTC only: run "cuda_tests" first.
 #
+# Session 41 (no GPU) changed the partition for every target: a view op (slice, reshape, permute,
+# expand) whose readers are all in one injective group or prologue joins it, recomputed per
+# reader (Swin's patch merging, GPT-NeoX's rotary slices: fewer kernels).  The GPU kernels of such
+# groups were checked in emulation only (tests/graph/test_gpu_lowering.py): "cuda_tests models"
+# covers them on a GPU.
+#
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
 # defaults fit one 15-minute lease with room for one more call.  Session 17 (H200): tests 58 s,

@@ -578,3 +578,26 @@ def test_constant_k_by_n_weights_are_transposed_for_wgmma(monkeypatch, dtype):
     if dtype == "tf32":
         ieee = next(o for o in build(False).ops if o.kind is OpKind.MATMUL)
         assert not anchor_problem(ieee, cuda_target("sm_90a")).problem.trans_b          # SIMT reads K x N
+
+
+class _PatchMerge(torch.nn.Module):
+    """Swin's patch merging: four strided parts (two row slices, each read by two of them)
+    concatenated along the channels, a LayerNorm, a linear."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.norm, self.proj = torch.nn.LayerNorm(4 * c), torch.nn.Linear(4 * c, 2 * c)
+
+    def forward(self, x):
+        parts = [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]]
+        return self.proj(self.norm(torch.cat(parts, -1)))
+
+
+def test_views_shared_inside_a_group_on_a_gpu():
+    """The row slices two parts share are recomputed inside the group that reads them (no step
+    of their own) in the GPU lowering too, and the result matches eager."""
+    torch.manual_seed(4)
+    fast, got, want = _emulated(_PatchMerge().eval(), torch.randn(2, 6, 6, 8))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    names = [name for name, _ in _kernels(fast)]
+    assert not any(name.startswith("slice") and "concat" not in name for name in names), names
