@@ -7,9 +7,11 @@ Times every step of ``taskmap.compile(model)`` in the flow of a whole run (``Com
 medians per step) and every node of onnxruntime's session on the same model (its node profiler:
 medians per node after warm-up) — the two in alternating chunks of runs, so that a noisy machine
 slows both alike — then groups both by what the layer computes — a convolution by
-its input, output and weight shapes; other ops by their kind and shapes — and prints the groups
-by how much more time taskmap spends on them.  A fused step is named by its first op (the
-anchor: a convolution with its epilogues on one side is one fused Conv node on the other).
+its input, output and weight shapes; a linear / matmul (onnxruntime's Gemm, MatMul, FusedMatMul)
+by its operand and result flattened to rows; other ops by their kind and shapes — and prints the
+groups by how much more time taskmap spends on them.  A fused step is named by its anchor (a
+convolution with its prologue and epilogues on one side is one fused Conv node on the other),
+or its first op where it has none.
 Groups present on one side only (onnxruntime's layout reorders, taskmap's fused reshapes) show
 with a zero on the other.  Models: those of ``benchmarks/models.py``.
 """
@@ -35,6 +37,15 @@ from models import MODELS, export_onnx, make_model  # noqa: E402
 import taskmap  # noqa: E402
 
 Key = tuple
+#: onnxruntime's node kinds that are a taskmap linear or matmul, and others by taskmap's names.
+ORT_MATMULS = ("Gemm", "MatMul", "FusedMatMul")
+ORT_KINDS = {"LayerNormalization": "layer_norm", "Softmax": "softmax", "MaxPool": "max_pool2d",
+             "AveragePool": "avg_pool2d", "GlobalAveragePool": "adaptive_avg_pool2d"}
+
+
+def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
+    """A matmul operand or result as rows x its last dimension."""
+    return (int(torch.Size(shape[:-1]).numel()), shape[-1]) if shape else (1, 1)
 #: The two sides run in this many alternating chunks of runs, so that both see the same machine;
 #: each chunk starts with ``SETTLE`` untimed runs (the other runtime's idle threads spin for a
 #: while after its last run, and on two cores that halves this one's speed).
@@ -62,11 +73,15 @@ def taskmap_side(model: torch.nn.Module, args: tuple[torch.Tensor, ...]
     def groups() -> dict[Key, list[float]]:
         out: dict[Key, list[float]] = collections.defaultdict(list)
         for name, times in chunks.items():
-            op = ops.get(name.split("+")[0])
+            members = [ops[n] for n in name.split("+") if n in ops]
+            anchors = [m for m in members if m.definition.category.is_anchor]
+            op = (anchors or members or [None])[0]
             if op is None or not op.inputs:
                 key: Key = ("step", name)
             elif op.kind.name == "CONV2D":
                 key = ("conv", tuple(op.inputs[0].shape), tuple(op.output.shape), tuple(op.inputs[1].shape))
+            elif op.kind.name in ("LINEAR", "MATMUL"):
+                key = ("matmul", _rows(tuple(op.inputs[0].shape)), _rows(tuple(op.output.shape)))
             else:
                 key = (op.kind.name.lower(), tuple(op.inputs[0].shape), tuple(op.output.shape))
             out[key].append(statistics.median(times))
@@ -115,8 +130,10 @@ def onnxruntime_side(model: torch.nn.Module, args: tuple[torch.Tensor, ...], thr
             op, ins, outs = shapes[name]
             if op in ("Conv", "FusedConv") and len(ins) > 1:
                 key: Key = ("conv", ins[0], outs[0], ins[1])
+            elif op in ORT_MATMULS and ins and outs:
+                key = ("matmul", _rows(ins[0]), _rows(outs[0]))
             else:
-                key = (op, ins[0] if ins else (), outs[0] if outs else ())
+                key = (ORT_KINDS.get(op, op), ins[0] if ins else (), outs[0] if outs else ())
             out[key].append(statistics.median([t for t, keep in zip(times, timed) if keep] or times))
         return out
 
