@@ -266,4 +266,4 @@ def build_kernel(cfg: ChanConfig) -> Kernel:
     return kernel(entry)
 
 
-__all__ = ["CHAN_STACK_BYTES", "ChanConfig", "build_kernel", "fits"]
+__all__ = ["CHAN_STACK_BYTES", "TILE_REGISTERS", "ChanConfig", "build_kernel", "fits"]
