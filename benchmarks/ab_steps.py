@@ -108,9 +108,11 @@ def main() -> None:
         if args.all or changed or abs(tb / ta - 1) > 0.05:
             print(f"{'*' if changed else ' '} {s.name:44s} {ta * 1e3:8.3f} {tb * 1e3:8.3f}  {tb / ta:.2f}  "
                   f"{ka}{' -> ' + kb if ka != kb else ''}")
-    only = sorted(set(med["B"]) - set(med["A"]))
-    if only:
-        print("steps of B only:", ", ".join(only))
+    for tag, other in (("A", "B"), ("B", "A")):       # steps one side's grouping has and the other's not
+        only = [s.name for s in graphs[tag].steps if s.name not in med[other] and s.name in med[tag]]
+        if only:
+            ms = sum(med[tag][n] for n in only) * 1e3
+            print(f"steps of {tag} only ({ms:.3f} ms): " + ", ".join(f"{n} {med[tag][n] * 1e3:.3f}" for n in only))
 
 
 if __name__ == "__main__":
