@@ -11,8 +11,9 @@ taskmap's source files, not a patch made at run time).  Both compiled graphs liv
 process and are profiled in alternating rounds (``CompiledGraph.profile``: each step timed in a
 whole run), so a machine whose speed drifts slows both alike; the table gives each step's
 median in A and B and their ratio, the steps whose generated source differs marked ``*``, then
-the steps only one side has (a change in the grouping) with their times.  The hook sees the names ``taskmap`` and ``model``; for example, the channel-vectorized
-convolution's output prefetch off::
+the steps only one side has (a change in the grouping) with their times.  The hook sees the
+names ``taskmap`` and ``model``; for example, the channel-vectorized convolution's output
+prefetch off::
 
     import dataclasses
     import taskmap.templates.conv_cpu as cc

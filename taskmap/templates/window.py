@@ -169,7 +169,9 @@ class WindowTemplate:
     """Pooling and depthwise convolution (see the module docstring)."""
 
     name = "window"
-    version = 6  # 6: the channel kernel in bands of rows, any row length; 5: the plane kernel; 4: the channel-lane depthwise kernel (3: short rows through a flat buffer)
+    # 6: the channel kernel on any plane (bands of rows); 5: the plane kernel; 4: the channel-lane
+    # depthwise kernel (3: short rows through a flat buffer)
+    version = 6
 
     def __repr__(self) -> str:
         return "<WindowTemplate>"

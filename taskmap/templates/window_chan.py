@@ -229,7 +229,8 @@ def build_kernel(cfg: ChanConfig) -> Kernel:
                 for kh in range(KH):
                     for kw in range(KW):
                         for s, l in tile.vectorize():
-                            acc[s, l] += xt[((r * SH + kh * DH) * WP + (s0 + s) * SW + kw * DW) * V + l] * wv[(kh * KW + kw) * V + l]
+                            acc[s, l] += (xt[((r * SH + kh * DH) * WP + (s0 + s) * SW + kw * DW) * V + l]
+                                          * wv[(kh * KW + kw) * V + l])
                 for s, l in tile.vectorize():
                     pt[(r * OW + s0 + s) * V + l] = acc[s, l]
         if NHWC:                          # pixel by pixel, a vector of channels each
