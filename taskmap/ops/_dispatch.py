@@ -352,9 +352,10 @@ def clear_kernels() -> None:
     at run time (a benchmark's A/B, ``benchmarks/ab_steps.py``) makes them again."""
     with _LOCK:
         _KERNELS.clear()
-    _PLANS.clear()
+    clear_plans()
 
 
 __all__ = ["Args", "Emulation", "FLOATS", "HostPlan", "PlannedCall", "SUPPORTED", "check_dtype", "clear_kernels",
-           "clear_plans", "dtype_name", "emulate_gpu", "filled", "host_plan", "kernel_shape", "new_output", "normalize_axis", "prepare",
+           "clear_plans", "dtype_name", "emulate_gpu", "filled", "host_plan", "kernel_shape", "new_output",
+           "normalize_axis", "prepare",
            "remember", "run_compute", "run_template", "target_for", "template_kernel"]

@@ -29,6 +29,7 @@ from ..compute.nodes import accumulator_type
 from ..ir.dtypes import ScalarType, scalar_type
 from ..runtime.kernel import Kernel
 from .base import Schedule
+from .matmul_cpu import vector_registers
 from .reduce import view
 from .reduce_kernels import lanes_of
 from .window_chan import ChanConfig, fits
@@ -225,7 +226,7 @@ class WindowTemplate:
             loads = p.kw * ((group - 1) * p.sh + (p.kh - 1) * p.dh + 1) / group
             crossing = (vbytes - p.compute_type.nbytes) / target.transaction_bytes
             loads = loads * (1 + crossing) / rate
-            if p.op == "conv" and p.taps > _vector_registers(target) - group - 2:
+            if p.op == "conv" and p.taps > vector_registers(target) - group - 2:
                 loads += p.taps / 2       # weights past the registers: a broadcast load an FMA
             cycles = max(compute, loads) + 1  # + the store
             # staging, per output row: each staged row costs a few cycles (pads, short and
@@ -401,11 +402,6 @@ def _scatter(p: WindowProblem, target: Target, cores: int) -> float:
     if not p.channels_last:
         return 0.0
     return p.n * p.c_out * p.oh * p.ow * NHWC_STORE_CYCLES / ((target.clock_hz or 2.5e9) * cores)
-
-
-def _vector_registers(target: Target) -> int:
-    """Vector registers a CPU kernel has: 32 with AVX-512 (also at 256 bits), else 16."""
-    return 32 if "avx512f" in target.features else 16
 
 
 def _pow2_floor(n: int) -> int:
