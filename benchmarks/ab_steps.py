@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="whole runs per round (each step's median)")
     parser.add_argument("--all", action="store_true", help="every step, not only those that changed or moved")
     args = parser.parse_args()
+    if not args.hook.is_file():
+        parser.error(f"--hook {args.hook}: no such file")
     model, inputs = make_model(args.model, args.batch, args.device)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
