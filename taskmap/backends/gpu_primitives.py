@@ -194,6 +194,8 @@ class GpuPrims:
             return self.cp_async(g, e)
         if op is Prim.PREFETCH:
             return self.prefetch(g, e)
+        if op is Prim.OPAQUE:
+            return f"({g.expr(a[0])})"
         if op is Prim.BAR_SYNC:     # AMD's s_barrier has no id or thread count: CUDA only
             return self.named_barrier(g, e)
         return self.tensor_core(g, e)

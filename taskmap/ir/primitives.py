@@ -127,6 +127,9 @@ class Prim(enum.Enum):
     #: (1 or 2), owned for writing when ``write`` is 1; no effect on results, and ``ref`` may lie
     #: past the tensor's end (a prefetch never faults)
     PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 3, refs=(0,), consts=(1, 2), value=False)
+    #: (i,) -> i: an integer whose value the C compiler may not see (no constant propagated
+    #: through it): the same result, another program — see ``taskmap.lang.opaque``; GPUs: ``i``
+    OPAQUE = PrimSpec("opaque", PrimKind.MEMORY, 1)
 
     @property
     def spec(self) -> PrimSpec:

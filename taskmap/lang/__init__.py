@@ -26,9 +26,10 @@ from .builtins import (DeviceFunction, acos, acosh, asin, asinh, atan, atan2, at
                        tan, tanh, trunc, unroll, vectorize)
 from .gpu_builtins import (FULL_MASK, all_sync, any_sync, atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
                            ballot_sync, copy16, cp_async, cp_async_commit, cp_async_wait, dot2_bf16, lane_id, ldmatrix_x1,
-                           ldmatrix_x2, ldmatrix_x4, mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, prefetch,
+                           ldmatrix_x2, ldmatrix_x4, mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, opaque, prefetch,
                            shfl_down_sync, shfl_sync, shfl_up_sync, shfl_xor_sync, syncwarp, transpose_block, warp_id,
-                           warp_size, fence_proxy_async, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_tf32, wgmma_wait)
+                           warp_size, fence_proxy_async, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_tf32,
+                           wgmma_wait)
 from .kernel import kernel
 from .tma_builtins import bar_sync, mbarrier_arrive, mbarrier_init, mbarrier_wait, tma_load
 from .mma import (MMA_K, MMA_M, MMA_N, MMA_TF32_K, ldmatrix_x1_rows, ldmatrix_x2_rows, ldmatrix_x4_rows,
@@ -50,5 +51,5 @@ __all__ = [
     "sin", "sinh", "spatial", "sqrt", "symbol", "syncthreads", "tan", "tanh", "threadIdx", "transpile", "trunc",
     "u8", "u16", "u32", "u64", "unroll", "vectorize", "fence_proxy_async", "wgmma_c_layout", "wgmma_commit",
     "wgmma_f16", "wgmma_fence", "wgmma_sw128", "wgmma_sw128_b16", "wgmma_tf32", "wgmma_wait", "bar_sync", "mbarrier_arrive",
-    "mbarrier_init", "mbarrier_wait", "tma_load",
+    "mbarrier_init", "mbarrier_wait", "tma_load", "opaque",
 ]

@@ -476,12 +476,27 @@ wgmma_wait = Builtin("wgmma_wait", _wgmma_wait, "``wgmma_wait(n, c=None, count=0
                                                 "the retired groups wrote, kept from being read before the wait.  "
                                                 "Name them only when no group writing them is left running (n = 0 "
                                                 "for one accumulator set): ptxas serializes wgmma otherwise.")
+
+
+def _opaque(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> Expr:
+    check_args(ctx, node, "opaque", args, kwargs, 1, 1)
+    value = int_arg(ctx, node, 0, args[0], "the value of opaque()")
+    return finish(ctx, node, PrimCall(Prim.OPAQUE, (value,), value.dtype))
+
+
+opaque = Builtin("opaque", _opaque,
+                 "``opaque(i)``: the integer ``i``, whose value the C compiler may not see — a bound or "
+                 "index it would otherwise propagate as a constant, specializing the code it governs "
+                 "(gcc made a single-core depthwise kernel 3x slower that way: its core index 0 "
+                 "propagated, the staged planes were forwarded into the taps' loads as scalar shifts).  "
+                 "The identity on GPUs.")
 fence_proxy_async = Builtin("fence_proxy_async", _nullary(Prim.FENCE_PROXY_ASYNC),
                             "``fence_proxy_async()``: this thread's ordinary shared-memory writes become visible "
                             "to the tensor cores' wgmma reads (put it before the barrier that precedes them).")
 
 __all__ = ["FULL_MASK", "all_sync", "any_sync", "atomic_add", "atomic_cas", "atomic_exch", "atomic_max",
            "atomic_min", "ballot_sync", "copy16", "cp_async", "cp_async_commit", "cp_async_wait", "dot2_bf16", "lane_id",
-           "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "prefetch",
+           "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4", "mma_sync_m16n8k16", "mma_sync_m16n8k8_tf32", "opaque", "prefetch",
            "shfl_down_sync", "shfl_sync", "shfl_up_sync", "shfl_xor_sync", "syncwarp", "transpose_block", "warp_id",
-           "warp_size", "fence_proxy_async", "wgmma_commit", "wgmma_f16", "wgmma_fence", "wgmma_tf32", "wgmma_wait"]
+           "warp_size", "fence_proxy_async", "wgmma_commit", "wgmma_f16", "wgmma_fence", "wgmma_tf32",
+           "wgmma_wait"]

@@ -170,9 +170,9 @@ class WindowTemplate:
     """Pooling and depthwise convolution (see the module docstring)."""
 
     name = "window"
-    # 6: the channel kernel on any plane (bands of rows); 5: the plane kernel; 4: the channel-lane
-    # depthwise kernel (3: short rows through a flat buffer)
-    version = 6
+    # 7: the single-core plane kernel's core index opaque; 6: the channel kernel on any plane (bands
+    # of rows); 5: the plane kernel; 4: the channel-lane depthwise kernel (3: short rows through a flat buffer)
+    version = 7
 
     def __repr__(self) -> str:
         return "<WindowTemplate>"

@@ -516,6 +516,8 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
         return f"tm_dot2_bf16({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])})"
     if op is Prim.PREFETCH:      # gcc's locality 3: all levels (prefetcht0), 2: L2 and beyond (prefetcht1)
         return f"__builtin_prefetch({ref(a[0])}, {int(a[2].value)}, {4 - int(a[1].value)})"
+    if op is Prim.OPAQUE:        # an empty asm that "changes" the value in its register
+        return f"({{ {g.ctype(e.dtype)} tm_o = ({x(a[0])}); __asm__(\"\" : \"+r\"(tm_o)); tm_o; }})"
     if op is Prim.CP_ASYNC:
         return f"tm_cp_async({ref(a[0])}, {ref(a[1])}, {x(a[2])}, (int)({x(a[3])}))"
     if op is Prim.CP_ASYNC_COMMIT:
