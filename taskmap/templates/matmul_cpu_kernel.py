@@ -196,10 +196,11 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                 for s in row.vectorize():
                     wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s]
         else:                                 # the partial panel: a copy loop and a zero loop per row
+            width = NE if NE and n - j * NR <= NE else NR      # the columns its micro-kernel reads
             for kk in range(kc):              # (gcc makes predicated loads of one loop gathers)
                 for s in range(n - j * NR):
                     wb[off + kk * NR + s] = b[bj, k0 + kk, j * NR + s]
-                for s in range(n - j * NR, NR):
+                for s in range(n - j * NR, width):
                     wb[off + kk * NR + s] = 0.0
 
     @func

@@ -131,6 +131,23 @@ def test_cpu_schedule_uses_parallel_and_vector_mappings():
     assert "#pragma omp parallel for" in src and "#pragma omp simd" in src
 
 
+@pytest.mark.parametrize("c, h, w, inner", [(96, 7, 7, 49), (64, 3, 3, 576), (32, 28, 28, 784), (8, 2, 40, 80)])
+def test_cpu_vector_loop_stops_at_a_per_channel_broadcast(c, h, w, inner):
+    """``x * scale[c]`` over NCHW: the vector loop spans a channel's pixels (a scalar scale per
+    channel), not several channels (a gather of the scale at ``j // (h * w)`` per element) — unless
+    a channel's pixels are fewer than a vector's lanes.  Numerics against numpy."""
+    x = tensor_input("x", f32, [8, c, h, w])
+    s = tensor_input("s", f32, [8, c, 1, 1])
+    y = compute("y", [8, c, h, w], lambda n, k, i, j: x[n, k, i, j] * s[n, k, 0, 0])
+    loops = collect(build_module(y, "cpu").entry_function.body, MappingFor)
+    widths = [math.prod(lp.mapping.task_shape) for lp in loops if lp.kind is MappingLoopKind.VECTORIZE]
+    assert widths == [inner], widths
+    xs, ss = _rand((8, c, h, w)), _rand((8, c, 1, 1))
+    out = np.empty_like(xs)
+    schedule(y, "cpu")(xs, ss, out)
+    np.testing.assert_array_equal(out, xs * ss)
+
+
 @pytest.mark.parametrize("cols, partials", [(49, 16), (7, 2), (300, 64), (1, 1)])
 def test_cpu_inner_reduction_sums_its_partials_in_halves(cols, partials):
     """A power-of-two count of partial results per output (up to four vectors, at most half of

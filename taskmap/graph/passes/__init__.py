@@ -23,6 +23,7 @@ from .cse import cse
 from .dce import dce
 from .fold_batch_norm import fold_batch_norm
 from .fold_constants import fold_constants
+from .pointwise_as_linear import pointwise_as_linear
 from .reorder_pool import reorder_pool
 from .simplify import simplify
 from .widen_half import widen_half
@@ -36,6 +37,7 @@ PASSES: tuple[tuple[str, GraphPass], ...] = (
     ("fold_constants", fold_constants),
     ("fold_batch_norm", fold_batch_norm),
     ("reorder_pool", reorder_pool),
+    ("pointwise_as_linear", pointwise_as_linear),
     ("combine_linears", combine_linears),
     ("cse", cse),
     ("simplify_again", simplify),
@@ -59,4 +61,4 @@ def optimize(graph: Graph, passes: tuple[tuple[str, GraphPass], ...] = PASSES) -
 
 
 __all__ = ["PASSES", "GraphPass", "combine_linears", "cse", "dce", "debug_enabled", "fold_batch_norm",
-           "fold_constants", "optimize", "reorder_pool", "simplify", "widen_half"]
+           "fold_constants", "optimize", "pointwise_as_linear", "reorder_pool", "simplify", "widen_half"]
