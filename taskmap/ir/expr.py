@@ -56,6 +56,7 @@ class Intrinsic(enum.Enum):
     EXP = ("exp", 1)
     EXP2 = ("exp2", 1)
     EXPM1 = ("expm1", 1)    # exp(x) - 1, accurate near 0
+    SIGMOID = ("sigmoid", 1)    # 1 / (1 + exp(-x)): 0 at -inf, 1 at +inf
     LOG = ("log", 1)
     LOG1P = ("log1p", 1)    # log(1 + x), accurate near 0
     LOG2 = ("log2", 1)

@@ -39,7 +39,7 @@ def _relu6(e: Expr) -> Expr:
 
 
 def _sigmoid(e: Expr) -> Expr:
-    return 1.0 / (1.0 + E.call(Intrinsic.EXP, -e))
+    return E.call(Intrinsic.SIGMOID, e)
 
 
 def _gelu(e: Expr) -> Expr:
