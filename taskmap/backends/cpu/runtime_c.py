@@ -126,18 +126,19 @@ static inline uint32_t tm_maskf(int c) { return -(uint32_t)c; }
    polynomial (ir/exp_poly.py's coefficients), times 2^(n-1) as two powers of two so that
    subnormal results and the overflow to inf come out of the last product, rounded once.  Within
    1 ulp of the correctly rounded result over the whole range; NaN stays NaN, -inf gives 0. */
+/* The steps both use: t holds n = round(c / ln2) in its low bits, q = 2 exp(r) for c = n ln2 + r */
+#define TM_EXP_STEPS(c, t, q) \
+  float t = (c) * TM_LOG2E + TM_EXP_SHIFTER; \
+  float q = TM_EXP_P6; \
+  { \
+    float n_ = t - TM_EXP_SHIFTER; \
+    float r_ = ((c) - n_ * TM_LN2_HI) - n_ * TM_LN2_LO; \
+    q = q * r_ + TM_EXP_P5; q = q * r_ + TM_EXP_P4; q = q * r_ + TM_EXP_P3; \
+    q = q * r_ + TM_EXP_P2; q = q * r_ + TM_EXP_P1; q = q * r_ + TM_EXP_P0; \
+  }
 static inline float tm_expf(float x) {
   float c = tm_blendf(tm_maskf(x > 89.0f), 89.0f, tm_blendf(tm_maskf(x < -104.0f), -104.0f, x));
-  float t = c * TM_LOG2E + TM_EXP_SHIFTER;
-  float n = t - TM_EXP_SHIFTER;
-  float r = (c - n * TM_LN2_HI) - n * TM_LN2_LO;
-  float q = TM_EXP_P6;
-  q = q * r + TM_EXP_P5;
-  q = q * r + TM_EXP_P4;
-  q = q * r + TM_EXP_P3;
-  q = q * r + TM_EXP_P2;
-  q = q * r + TM_EXP_P1;
-  q = q * r + TM_EXP_P0;
+  TM_EXP_STEPS(c, t, q)
   int32_t k = (int32_t)(tm_bits_f32(t) - tm_bits_f32(TM_EXP_SHIFTER)) - 1;
   int32_t a = k >> 1;
   return q * tm_f32_of_bits((uint32_t)(a + 127) << 23) * tm_f32_of_bits((uint32_t)(k - a + 127) << 23);
@@ -150,16 +151,7 @@ static inline float tm_expf(float x) {
    15.9 cycles).  NaN stays NaN. */
 static inline float tm_sigmoidf(float x) {
   float c = tm_blendf(tm_maskf(x < -88.8f), 88.8f, tm_blendf(tm_maskf(x > 87.5f), -87.5f, -x));
-  float t = c * TM_LOG2E + TM_EXP_SHIFTER;
-  float n = t - TM_EXP_SHIFTER;
-  float r = (c - n * TM_LN2_HI) - n * TM_LN2_LO;
-  float q = TM_EXP_P6;
-  q = q * r + TM_EXP_P5;
-  q = q * r + TM_EXP_P4;
-  q = q * r + TM_EXP_P3;
-  q = q * r + TM_EXP_P2;
-  q = q * r + TM_EXP_P1;
-  q = q * r + TM_EXP_P0;
+  TM_EXP_STEPS(c, t, q)
   int32_t k = (int32_t)(tm_bits_f32(t) - tm_bits_f32(TM_EXP_SHIFTER)) + 126;
   return 1.0f / (1.0f + q * tm_f32_of_bits((uint32_t)k << 23));
 }
