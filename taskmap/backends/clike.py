@@ -331,9 +331,10 @@ class CLikeFuncGen:
         cargs = ", ".join(a if wide else f"(float)({a})" for a in args)
         if e.fn is E.Intrinsic.RSQRT:
             text = f"(1.0 / sqrt({cargs}))" if wide else f"(1.0f / sqrtf({cargs}))"
-        elif e.fn is E.Intrinsic.SIGMOID and (wide or e.fn not in self.MATH):
+        elif e.fn in (E.Intrinsic.SIGMOID, E.Intrinsic.SILU) and (wide or e.fn not in self.MATH):
             exp = self.MATH[E.Intrinsic.EXP][1 if wide else 0]
-            text = f"(1.0 / (1.0 + {exp}(-({cargs}))))" if wide else f"(1.0f / (1.0f + {exp}(-({cargs}))))"
+            top = f"({cargs})" if e.fn is E.Intrinsic.SILU else "1.0" if wide else "1.0f"
+            text = f"({top} / (1.0 + {exp}(-({cargs}))))" if wide else f"({top} / (1.0f + {exp}(-({cargs}))))"
         else:
             text = f"{self.MATH[e.fn][1 if wide else 0]}({cargs})"
         return text if t in (f32, f64, bf16) else f"(({self.ctype(t)}){text})"

@@ -57,6 +57,7 @@ class Intrinsic(enum.Enum):
     EXP2 = ("exp2", 1)
     EXPM1 = ("expm1", 1)    # exp(x) - 1, accurate near 0
     SIGMOID = ("sigmoid", 1)    # 1 / (1 + exp(-x)): 0 at -inf, 1 at +inf
+    SILU = ("silu", 1)          # x * sigmoid(x), as x / (1 + exp(-x))
     LOG = ("log", 1)
     LOG1P = ("log1p", 1)    # log(1 + x), accurate near 0
     LOG2 = ("log2", 1)

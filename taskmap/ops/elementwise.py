@@ -87,7 +87,7 @@ UNARY: dict[str, tuple[Callable[[Expr], Expr], bool]] = {
     "sin": (_call(Intrinsic.SIN), True), "cos": (_call(Intrinsic.COS), True),
     **{n: (_call(getattr(Intrinsic, n.upper())), True) for n in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
                                                                 "acosh", "atanh")},
-    "sigmoid": (_sigmoid, True), "silu": (lambda e: e * _sigmoid(e), True),
+    "sigmoid": (_sigmoid, True), "silu": (_call(Intrinsic.SILU), True),
     "gelu": (_gelu, True), "gelu_tanh": (_gelu_tanh, True),
     "hardswish": (lambda e: e * _relu6(e + 3.0) * (1.0 / 6.0), True),
     "abs": (_call(Intrinsic.ABS), False), "neg": (lambda e: -e, False),

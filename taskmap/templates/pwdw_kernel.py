@@ -27,7 +27,7 @@ that never writes the expanded tensor to memory.  Written in the DSL with task m
 from dataclasses import dataclass
 
 from ..ir.mapping import repeat, spatial
-from ..lang import f32, func, i32, register_tensor, select, sigmoid, symbol, unroll
+from ..lang import f32, func, i32, register_tensor, select, silu, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .pwdw_problem import PwDwProblem
@@ -137,7 +137,7 @@ def build_kernel(cfg: PwDwConfig) -> Kernel:
                     u = v + 3.0
                     acc[r, s] = v * select(u > 6.0, 6.0, select(u < 0.0, 0.0, u)) * (1.0 / 6.0)
                 elif SILU:
-                    acc[r, s] = v * sigmoid(v)
+                    acc[r, s] = silu(v)
             if SHORT:
                 for r, s in tile.vectorize():
                     if p0 + s < npix:

@@ -44,7 +44,7 @@ class CpuFuncGen(CLikeFuncGen):
     MATH = {**CLikeFuncGen.MATH, E.Intrinsic.ERF: ("tm_erff", "erf"), E.Intrinsic.TANH: ("tm_tanhf", "tanh"),
             E.Intrinsic.EXP: ("tm_expf", "exp"), E.Intrinsic.LOG: ("tm_logf", "log"),
             E.Intrinsic.LOG1P: ("tm_log1pf", "log1p"), E.Intrinsic.EXPM1: ("tm_expm1f", "expm1"),
-            E.Intrinsic.SIGMOID: ("tm_sigmoidf", "")}
+            E.Intrinsic.SIGMOID: ("tm_sigmoidf", ""), E.Intrinsic.SILU: ("tm_siluf", "")}
     #: float min / max as a compare and a blend (runtime_c.py), which gcc vectorizes: libm's
     #: fminf / fmaxf it calls once per lane
     MIN_MAX = ("tm_fmin", "tm_fmax")

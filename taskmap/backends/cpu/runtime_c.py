@@ -144,17 +144,19 @@ static inline float tm_expf(float x) {
   return q * tm_f32_of_bits((uint32_t)(a + 127) << 23) * tm_f32_of_bits((uint32_t)(k - a + 127) << 23);
 }
 
-/* f32 sigmoid, 1 / (1 + exp(-x)), for sigmoid and SiLU epilogues: exp(-x) as tm_expf's, but with
-   one power of two and the input clamped to [-87.5, 88.8] (exp then flushes what would be
-   subnormal, which leaves 1 / (1 + e) at 1, and overflows to inf from 88.72 up, which gives 0):
-   4 vector operations fewer, for the same result within 1 ulp (a 16-lane SiLU on Zen 4: 19.7 ->
-   15.9 cycles).  NaN stays NaN. */
-static inline float tm_sigmoidf(float x) {
+/* f32 sigmoid and SiLU (epilogues, the pwdw kernel): exp(-x) as tm_expf's, but with one power of
+   two and the input clamped to [-87.5, 88.8] (exp then flushes what would be subnormal, which
+   leaves 1 + e at 1, and overflows to inf from 88.72 up, which gives sigmoid 0): 4 vector
+   operations fewer; sigmoid within 2 ulp.  A 16-lane SiLU on Zen 4: 19.7 cycles with tm_expf and
+   a product with the sigmoid, 15.9 as one division.  NaN stays NaN. */
+static inline float tm_sigmoid_den(float x) {      /* 1 + exp(-x) */
   float c = tm_blendf(tm_maskf(x < -88.8f), 88.8f, tm_blendf(tm_maskf(x > 87.5f), -87.5f, -x));
   TM_EXP_STEPS(c, t, q)
   int32_t k = (int32_t)(tm_bits_f32(t) - tm_bits_f32(TM_EXP_SHIFTER)) + 126;
-  return 1.0f / (1.0f + q * tm_f32_of_bits((uint32_t)k << 23));
+  return 1.0f + q * tm_f32_of_bits((uint32_t)k << 23);
 }
+static inline float tm_sigmoidf(float x) { return 1.0f / tm_sigmoid_den(x); }
+static inline float tm_siluf(float x) { return x / tm_sigmoid_den(x); }
 
 /* f32 log, log1p and expm1 without libm calls (softplus, Mish, log-sigmoid, ELU epilogues):
    log as Cephes' logf — x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) by a degree-8 polynomial
