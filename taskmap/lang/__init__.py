@@ -22,8 +22,8 @@ from ..ir.expr import blockDim, blockIdx, gridDim, threadIdx
 from ..ir.mapping import auto_map, custom_mapping, repeat, spatial
 from .builtins import (DeviceFunction, acos, acosh, asin, asinh, atan, atan2, atanh, attrs, bitcast, cast, ceil, cos,
                        cosh, erf, exp, exp2, expm1, floor, fma, fmod, func, lgamma, log, log1p, log2, parallel, pow,
-                       register_tensor, round, rsqrt, select, shared_tensor, sigmoid, silu, sin, sinh, sqrt, symbol, syncthreads,
-                       tan, tanh, trunc, unroll, vectorize)
+                       register_tensor, round, rsqrt, select, shared_tensor, sigmoid, silu, sin, sinh, sqrt, symbol,
+                       syncthreads, tan, tanh, trunc, unroll, vectorize)
 from .gpu_builtins import (FULL_MASK, all_sync, any_sync, atomic_add, atomic_cas, atomic_exch, atomic_max, atomic_min,
                            ballot_sync, copy16, cp_async, cp_async_commit, cp_async_wait, dot2_bf16, lane_id, ldmatrix_x1,
                            ldmatrix_x2, ldmatrix_x4, mma_sync_m16n8k8_tf32, mma_sync_m16n8k16, opaque, prefetch,
@@ -47,8 +47,9 @@ __all__ = [
     "acosh", "asin", "asinh", "atan", "atan2", "atanh", "attrs", "auto_map", "bf16", "bitcast", "blockDim",
     "blockIdx", "bool_", "cast", "ceil", "cos", "cosh", "custom_mapping", "erf", "exp", "exp2", "expm1", "f16",
     "f32", "f64", "floor", "fma", "fmod", "func", "gridDim", "i8", "i16", "i32", "i64", "kernel", "lgamma", "log",
-    "log1p", "log2", "parallel", "pow", "register_tensor", "repeat", "round", "rsqrt", "select", "shared_tensor", "sigmoid", "silu",
-    "sin", "sinh", "spatial", "sqrt", "symbol", "syncthreads", "tan", "tanh", "threadIdx", "transpile", "trunc",
+    "log1p", "log2", "parallel", "pow", "register_tensor", "repeat", "round", "rsqrt", "select", "shared_tensor",
+    "sigmoid", "silu", "sin", "sinh", "spatial", "sqrt", "symbol", "syncthreads", "tan", "tanh", "threadIdx", "transpile",
+    "trunc",
     "u8", "u16", "u32", "u64", "unroll", "vectorize", "fence_proxy_async", "wgmma_c_layout", "wgmma_commit",
     "wgmma_f16", "wgmma_fence", "wgmma_sw128", "wgmma_sw128_b16", "wgmma_tf32", "wgmma_wait", "bar_sync", "mbarrier_arrive",
     "mbarrier_init", "mbarrier_wait", "tma_load", "opaque",

@@ -258,9 +258,9 @@ class MatmulCpuTemplate(KernelFamily):
         gemv = not p.trans_b and p.m <= SMALL_SIDE
         tiles = [t for t in TILES[regs] if not gemv or t[0] < 2 * p.m]    # GEMV: no tile mostly padding
         out = self._blocked(p, target, tiles, cores, (True, False) if in_place else (True,))
+        widest = max(w for _, w in SMALL_TILES[regs]) * lanes_of(target)
         small_tiles = [t for t in SMALL_TILES[regs] if t[0] < 2 * p.m] + \
-            [t for t in NARROW_TILES[regs] if (t[1] - 1) * lanes_of(target) < p.n < max(w for _, w in SMALL_TILES[regs])
-             * lanes_of(target)]
+            [t for t in NARROW_TILES[regs] if (t[1] - 1) * lanes_of(target) < p.n < widest]   # C narrower than a panel
         if gemv:          # GEMV-like: B in place whatever its pitch (packed: for prologues that need it)
             out += self._blocked(p, target, small_tiles, cores, (True, False), any_block=True)
             if p.n >= lanes_of(target):                # ... or streamed by rows
