@@ -56,6 +56,11 @@
 # groups were checked in emulation only (tests/graph/test_gpu_lowering.py): "cuda_tests models"
 # covers them on a GPU.
 #
+# Session 42 (no GPU) added the SIGMOID and SILU intrinsics (CUDA / HIP: 1 / (1 + expf(-x)),
+# x / (1 + expf(-x))) and the pointwise_as_linear graph pass (a 1x1 conv of a 1x1 image is a
+# LINEAR: squeeze-and-excitation); NVRTC builds the sources here, nothing ran them on a GPU:
+# "cuda_tests models" covers both.
+#
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
 # defaults fit one 15-minute lease with room for one more call.  Session 17 (H200): tests 58 s,
