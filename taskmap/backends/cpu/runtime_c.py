@@ -121,12 +121,8 @@ static inline float tm_blendf(uint32_t mask, float a, float b) {
   return tm_f32_of_bits((tm_bits_f32(a) & mask) | (tm_bits_f32(b) & ~mask));
 }
 static inline uint32_t tm_maskf(int c) { return -(uint32_t)c; }
-""" + exp_poly.c_defines() + r"""/* f32 exp without a libm call (gcc vectorizes loops of it: sigmoid, SiLU, softplus epilogues):
-   x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two constants), 2 exp(r) as a degree-6
-   polynomial (ir/exp_poly.py's coefficients), times 2^(n-1) as two powers of two so that
-   subnormal results and the overflow to inf come out of the last product, rounded once.  Within
-   1 ulp of the correctly rounded result over the whole range; NaN stays NaN, -inf gives 0. */
-/* The steps both use: t holds n = round(c / ln2) in its low bits, q = 2 exp(r) for c = n ln2 + r */
+""" + exp_poly.c_defines() + r"""/* tm_expf's and tm_sigmoid_den's steps: t holds n = round(c / ln2) in its low bits, q = 2 exp(r)
+   for c = n ln2 + r */
 #define TM_EXP_STEPS(c, t, q) \
   float t = (c) * TM_LOG2E + TM_EXP_SHIFTER; \
   float q = TM_EXP_P6; \
@@ -136,6 +132,11 @@ static inline uint32_t tm_maskf(int c) { return -(uint32_t)c; }
     q = q * r_ + TM_EXP_P5; q = q * r_ + TM_EXP_P4; q = q * r_ + TM_EXP_P3; \
     q = q * r_ + TM_EXP_P2; q = q * r_ + TM_EXP_P1; q = q * r_ + TM_EXP_P0; \
   }
+/* f32 exp without a libm call (gcc vectorizes loops of it: softplus, ELU, softmax-like epilogues):
+   x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two constants), 2 exp(r) as a degree-6
+   polynomial (ir/exp_poly.py's coefficients), times 2^(n-1) as two powers of two so that
+   subnormal results and the overflow to inf come out of the last product, rounded once.  Within
+   1 ulp of the correctly rounded result over the whole range; NaN stays NaN, -inf gives 0. */
 static inline float tm_expf(float x) {
   float c = tm_blendf(tm_maskf(x > 89.0f), 89.0f, tm_blendf(tm_maskf(x < -104.0f), -104.0f, x));
   TM_EXP_STEPS(c, t, q)
