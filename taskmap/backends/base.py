@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence
 from ..ir.dtypes import ScalarType
 from ..ir.func import Function, Module
 from ..ir.types import TensorType
-from .host_probe import llc_bandwidth, zmm_fma_ratio
+from .host_probe import in_place_steps, llc_bandwidth, zmm_fma_ratio
 
 
 class TargetKind(enum.Enum):
@@ -52,6 +52,10 @@ class Target:
     fma512_per_cycle: float = 0.0     # CPU: 512-bit FMAs per cycle and core, measured (0: unknown, taken as 1)
     llc_bandwidth: float = 0.0        # CPU: bytes/s one core reads from the last-level cache, measured (0: unknown)
     llc_bytes: int = 0                # CPU: capacity of the last-level cache (0: unknown)
+    # CPU: a matmul K step's time with B's rows read in place, all on cache lines / all off them,
+    # over its time with B packed, measured (0: unknown; see :func:`.host_probe.in_place_steps`)
+    b_in_place_step: float = 0.0
+    b_off_line_step: float = 0.0
     transaction_bytes: int = 64       # smallest global-memory transaction (GPU sector, CPU cache line)
     max_threads_per_core: int = 0     # occupancy limits per SM / CU (0: no such limit; CPU: 1 task)
     max_blocks_per_core: int = 0
@@ -147,7 +151,8 @@ def host_cpu_target() -> Target:
     cost model's peak numbers derived from them.  FMA rate: two pipes for 256-bit vectors; for
     512-bit ones, what :mod:`.host_probe` measured (one zmm FMA per cycle on AMD Zen 4, nearly two
     on Intel's server parts, whose two 512-bit pipes run at a lower clock), at the nominal clock;
-    and what one core reads from the last-level cache, also measured (:func:`.host_probe.llc_bandwidth`).
+    and what one core reads from the last-level cache, also measured (:func:`.host_probe.llc_bandwidth`),
+    as is a matmul's K step reading B in place (AVX-512 hosts, :func:`.host_probe.in_place_steps`).
     Memoized: the host does not change while a process runs.  Cores: the CPUs, or fewer when
     ``OMP_NUM_THREADS`` says so (the kernels' parallel regions run that many threads: the cost
     models must plan for them)."""
@@ -164,12 +169,14 @@ def host_cpu_target() -> Target:
     l2 = _cpu_l2_bytes()
     l3 = _cpu_cache_bytes(3, 0)
     llc = llc_bandwidth(identity, l2, l3)
+    on_line, off_line = in_place_steps(identity) if simd == 64 else (0.0, 0.0)
     target = Target(TargetKind.CPU, f"{platform.machine()}-native", warp_size=32,
                     max_threads_per_block=1024, max_shared_memory=1 << 20, max_shared_memory_optin=1 << 20,
                     vector_bytes=simd, num_cores=cores, features=keep, mem_bandwidth=HOST_MEM_BANDWIDTH,
                     cache_bandwidth=cores * 64 * clock, register_bandwidth=cores * 2 * min(simd, 32) * clock,
                     l2_bytes=cores * l2, clock_hz=clock, fma512_per_cycle=fma512, llc_bandwidth=llc,
-                    llc_bytes=l3 or cores * l2, transaction_bytes=64, max_blocks_per_core=1)
+                    llc_bytes=l3 or cores * l2, b_in_place_step=on_line, b_off_line_step=off_line,
+                    transaction_bytes=64, max_blocks_per_core=1)
     lanes = simd // 4
     flops_per_cycle = 2 * lanes * target.vector_fma_rate if "fma" in flags else 2 * min(lanes, 8)
     return replace(target, peak_flops_f32=cores * flops_per_cycle * clock)

@@ -1,5 +1,7 @@
 """Measured facts about the host CPU that its flags do not tell: how fast its 512-bit FMAs run,
-and how fast one core reads from its last-level cache.
+how fast one core reads from its last-level cache, and what a matmul's K step pays for reading
+its B operand's rows in place (a stride apart, on or off cache lines) instead of from a packed
+panel.
 
 AVX-512 parts differ where the cost models care most.  AMD Zen 4 executes a 512-bit FMA as two
 halves on its two 256-bit pipes (one zmm FMA per cycle); Intel's server parts (Skylake-SP,
@@ -29,6 +31,8 @@ from ..runtime.cache import DiskCache, cache_key
 ENV_OVERRIDE = "TASKMAP_ZMM_FMA_RATIO"
 #: Overrides the last-level cache probe: GB/s one core reads from it (e.g. ``20``).
 LLC_ENV_OVERRIDE = "TASKMAP_LLC_GBPS"
+#: Overrides the in-place B probe: the two step ratios, comma-separated (e.g. ``1,1`` on Zen 4).
+IN_PLACE_ENV_OVERRIDE = "TASKMAP_B_IN_PLACE"
 
 _cache = DiskCache("host")
 
@@ -73,16 +77,24 @@ def round_bandwidth(bytes_per_second: float) -> float:
     return 2 ** (round(2 * math.log2(gbps)) / 2) * 1e9
 
 
-def _run_probe(source: str, args: tuple[str, ...] = (), cc: str = "gcc") -> float | None:
+def _run_probe(source: str, args: tuple[str, ...] = (), cc: str = "gcc",
+               flags: tuple[str, ...] = ("-O1",)) -> float | None:
     """Build ``source`` and run it with ``args``: the number it prints; None when the program
     cannot be built or run (no compiler, another instruction set)."""
+    numbers = _run_probe_numbers(source, args, cc, flags)
+    return numbers[0] if numbers and len(numbers) == 1 else None
+
+
+def _run_probe_numbers(source: str, args: tuple[str, ...] = (), cc: str = "gcc",
+                       flags: tuple[str, ...] = ("-O1",)) -> list[float] | None:
+    """Build ``source`` with ``flags`` and run it with ``args``: the numbers it prints."""
     with tempfile.TemporaryDirectory(prefix="taskmap-probe-") as tmp:
         src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
         src.write_text(source)
         try:
-            subprocess.run([cc, "-O1", str(src), "-o", str(exe)], capture_output=True, check=True, timeout=60)
+            subprocess.run([cc, *flags, str(src), "-o", str(exe)], capture_output=True, check=True, timeout=60)
             out = subprocess.run([str(exe), *args], capture_output=True, text=True, check=True, timeout=60).stdout
-            return float(out)
+            return [float(x) for x in out.split()]
         except (OSError, subprocess.SubprocessError, ValueError):
             return None
 
@@ -136,6 +148,84 @@ def measure_llc_bandwidth(l2_per_core: int, l3_bytes: int, cc: str = "gcc") -> f
     return measured if measured and measured > 0 else None
 
 
+#: A matmul's K loop on one 8 x 32 register tile (two 16-lane vectors of B a row, eight broadcasts
+#: of a packed A), over B of ``K`` rows by ``N`` columns in column panels of 32, for 16 row panels
+#: of A: B's 885 KB are read from L2 (or beyond) each time, as a pointwise convolution's or a
+#: linear's B is.  Three forms of B: packed panels (``[panel][k][32]``, contiguous), its rows in
+#: place ``N`` floats apart (every row on a cache line), and ``N + 1`` floats apart (15 rows in 16
+#: off a line: every vector of them spans two lines).  Prints the medians over 9 rounds of the
+#: in-place forms' times over the packed one's.
+IN_PLACE_PROBE_SOURCE = """
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+enum { K = 768, N = 288, MR = 8, PANELS = N / 32, ROW_PANELS = 16, ROUNDS = 9 };
+static void __attribute__((noinline)) tile(const float *a, const float *b, long pitch, float *c) {
+    v16 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0},
+        c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0}, c60 = {0}, c61 = {0}, c70 = {0}, c71 = {0};
+    for (long k = 0; k < K; k++, b += pitch, a += MR) {
+        v16 b0 = *(const v16u *)b, b1 = *(const v16u *)(b + 16);
+#define ROW(i) { v16 ai = a[i] - (v16){}; c##i##0 += ai * b0; c##i##1 += ai * b1; }
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+    }
+    *(v16u *)c += c00 + c01 + c10 + c11 + c20 + c21 + c30 + c31 + c40 + c41 + c50 + c51 + c60 + c61 + c70 + c71;
+}
+static double pass(const float *a, const float *b, long pitch, long panel_stride, float *c) {
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        double t = now();
+        for (int r = 0; r < ROW_PANELS; r++)
+            for (int p = 0; p < PANELS; p++) tile(a + (long)r * MR * K, b + p * panel_stride, pitch, c);
+        t = now() - t;
+        if (rep > 0 && t < best) best = t;
+    }
+    return best;
+}
+static double median(double *x) {
+    for (int i = 0; i < ROUNDS; i++)
+        for (int j = i + 1; j < ROUNDS; j++)
+            if (x[j] < x[i]) { double t = x[i]; x[i] = x[j]; x[j] = t; }
+    return x[ROUNDS / 2];
+}
+int main(void) {
+    float *a = aligned_alloc(64, sizeof(float) * ROW_PANELS * MR * K), *c = aligned_alloc(64, 64);
+    float *b = aligned_alloc(64, sizeof(float) * K * (N + 16)), *packed = aligned_alloc(64, sizeof(float) * K * N);
+    if (!a || !b || !packed || !c) return 1;
+    for (long i = 0; i < ROW_PANELS * MR * K; i++) a[i] = (float)(i % 7) * 0.01f;
+    for (long i = 0; i < K * (N + 16); i++) b[i] = (float)(i % 5) * 0.01f;
+    for (long i = 0; i < K * N; i++) packed[i] = (float)(i % 5) * 0.01f;
+    for (int l = 0; l < 16; l++) c[l] = 0;
+    double on[ROUNDS], off[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        double t = pass(a, packed, 32, 32 * K, c);
+        on[r] = pass(a, b, N, 32, c) / t;
+        off[r] = pass(a, b, N + 1, 32, c) / t;
+    }
+    printf("%.4f %.4f\\n", median(on), median(off) + (c[0] == 0.5f ? 1e-9 : 0.0));
+    return 0;
+}
+"""
+#: What the probe's rows are: vectors of B a row, and its off-line pitch in floats.
+IN_PLACE_PROBE_VECTORS, IN_PLACE_PROBE_PITCH = 2, 289
+
+
+def measure_in_place_steps(cc: str = "gcc") -> tuple[float, float] | None:
+    """Run the probe: a K step's time with B's rows in place on cache lines, and off them, over
+    its time with B packed, unrounded; None when it cannot run (no compiler, no AVX-512)."""
+    numbers = _run_probe_numbers(IN_PLACE_PROBE_SOURCE, (), cc, ("-O2", "-march=native"))
+    if not numbers or len(numbers) != 2 or not all(0 < x < math.inf for x in numbers):
+        return None
+    return numbers[0], numbers[1]
+
+
+def round_step(ratio: float) -> float:
+    """A step ratio to a quarter, within [1, 4]: the probe's rounds spread by ~10%."""
+    return min(4.0, max(1.0, round(ratio * 4) / 4))
+
+
 def _override(name: str, hint: str) -> float | None:
     if not (text := os.environ.get(name, "").strip()):
         return None
@@ -148,13 +238,13 @@ def _override(name: str, hint: str) -> float | None:
     return value
 
 
-def _cached(what: str, field: str, cpu_identity: tuple[str, ...], measure: Any) -> float | None:
-    """The cached measurement ``what`` of this CPU, else ``measure()`` (stored; None: it could not
-    run, nothing stored)."""
+def _cached(what: str, field: str, cpu_identity: tuple[str, ...], measure: Any, parse: Any = float) -> Any:
+    """The cached measurement ``what`` of this CPU (``parse``d from its JSON), else ``measure()``
+    (stored; None: it could not run, nothing stored)."""
     key = cache_key(what, cpu_identity)
     if (path := _cache.get(key, ".json")) is not None:
         try:
-            return float(json.loads(path.read_text())[field])
+            return parse(json.loads(path.read_text())[field])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     measured = measure()
@@ -192,3 +282,24 @@ def llc_bandwidth(cpu_identity: tuple[str, ...], l2_per_core: int, l3_bytes: int
     measured = _cached("llc-bandwidth", "bytes_per_second", identity,
                        lambda: measure_llc_bandwidth(l2_per_core, l3_bytes, cc))
     return 0.0 if measured is None else round_bandwidth(measured)
+
+
+def in_place_steps(cpu_identity: tuple[str, ...], cc: str = "gcc") -> tuple[float, float]:
+    """The rounded in-place step ratios of this host (:func:`measure_in_place_steps`): the
+    environment's override (two numbers, comma-separated), else the cached measurement, else a
+    fresh one (stored); ``(0, 0)`` (unknown: the matmul cost model's defaults) when it cannot be
+    measured."""
+    text = os.environ.get(IN_PLACE_ENV_OVERRIDE, "").strip()
+    if text:
+        try:
+            values = [float(x) for x in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 2 or not all(0 < x < math.inf for x in values):
+            raise TaskmapError(f"{IN_PLACE_ENV_OVERRIDE}={text!r} is not two positive numbers: give a K step's "
+                               "time with B's rows in place on cache lines and off them, over its time with B "
+                               "packed (e.g. 1,1), or unset it to measure")
+        return round_step(values[0]), round_step(values[1])
+    measured = _cached("in-place-b-steps", "ratios", cpu_identity, lambda: measure_in_place_steps(cc),
+                       lambda v: (float(v[0]), float(v[1])))
+    return (0.0, 0.0) if measured is None else (round_step(measured[0]), round_step(measured[1]))

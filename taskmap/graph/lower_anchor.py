@@ -281,7 +281,7 @@ def gemm_takes_prologue(op: Op, elements: int, target: Target) -> bool:
             not anc.conv.pointwise:
         return False
     p = anc.conv
-    gemm = best_gemm(p, target)
+    gemm = best_gemm(p, target, packs_b=True)      # the prologue runs in B's packing
     if gemm is None:
         return False
     if gemm_cost(p, target, gemm) >= CONV_ROUTE_CPU.cost(p, target, anc.direct) + _alone_seconds(elements, target):

@@ -399,14 +399,15 @@ class ConvCpuTemplate(KernelFamily):
 CONV_CPU = ConvCpuTemplate()
 
 
-def gemm_space(p: ConvProblem, target: Target) -> list[Schedule]:
+def gemm_space(p: ConvProblem, target: Target, packs_b: bool = False) -> list[Schedule]:
     """The matmul template's points the implicit GEMM of ``p`` can run: those that pack B (the
-    img2col prologue runs while packing; a 1x1 stride-1 layer's input is B itself) and, when
-    the weights are per group and image, A."""
+    img2col prologue runs while packing; a 1x1 stride-1 layer's input is B itself, read in place
+    too unless ``packs_b``: a prologue on it needs the packing) and, when the weights are per
+    group and image, A."""
     mp = p.matmul()
     grouped = p.groups > 1 and p.n > 1
     return [s for s in MATMUL_CPU.space(mp, target)
-            if (s["pack_b"] or p.pointwise) and (s.get("pack_a", True) or not grouped)]
+            if (s["pack_b"] or (p.pointwise and not packs_b)) and (s.get("pack_a", True) or not grouped)]
 
 
 def gemm_cost(p: ConvProblem, target: Target, schedule: Schedule) -> float:
@@ -417,9 +418,10 @@ def gemm_cost(p: ConvProblem, target: Target, schedule: Schedule) -> float:
     return MATMUL_CPU.cost(mp, target, schedule) + gather
 
 
-def best_gemm(p: ConvProblem, target: Target) -> Schedule | None:
-    """The implicit GEMM's schedule the cost model ranks first (None: no point applies)."""
-    return min(gemm_space(p, target), key=lambda s: gemm_cost(p, target, s), default=None)
+def best_gemm(p: ConvProblem, target: Target, packs_b: bool = False) -> Schedule | None:
+    """The implicit GEMM's schedule the cost model ranks first (None: no point applies), of those
+    that pack B where ``packs_b``."""
+    return min(gemm_space(p, target, packs_b), key=lambda s: gemm_cost(p, target, s), default=None)
 
 
 def implicit_gemm_cost(p: ConvProblem, target: Target) -> float:

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Target, TargetKind, host_cpu_target
+from ..backends.host_probe import IN_PLACE_PROBE_PITCH, IN_PLACE_PROBE_VECTORS
 from ..errors import UnsupportedError
 from ..runtime.kernel import Kernel
 from .base import KernelFamily, Schedule
@@ -119,7 +120,13 @@ B_IN_PLACE, L1_SHARED = 0.04, 0.05
 #: against all on one: Zen 4 ~0.55 (128x3072x768 at NR = 32 / 48 / 64: 1.37 / 1.21 / 1.17);
 #: Cascade Lake 0.5-1.5 (192x768 by 289 vs 288 columns: 1.73 / 1.46 / 1.39; 64x256 by 1225 vs
 #: 1232: 1.23 / 1.10 / 1.21).  The larger cost is taken: packing B costs little where in place
-#: would have won, and in place costs up to 1.7x where B should have been packed.
+#: would have won, and in place costs up to 1.7x where B should have been packed.  These are the
+#: defaults: where the host probe measured a K step with B in place (``Target.b_in_place_step``,
+#: ``b_off_line_step``) the two come from it (:func:`in_place_b_costs`).  On the Zen 4 of session
+#: 43 it measured no difference either way (1.0 and 1.0), and neither did the kernels (128 x 3072
+#: by 768 / 769 columns in place: 3.42 / 3.39 ms, packed 4.10 / 3.89), while the defaults priced
+#: in place at up to 1.84x and packed ResNet-50's 1024 -> 256 1x1 layers at 14x14 (0.80 ms in the
+#: flow, 0.61 in place).
 B_ROW, B_MISALIGNED = 0.4, 1.2
 #: L1 associativity (8 ways of 4 KiB on Zen 4 and most x86 cores).  Rows of A read in place whose
 #: pitch is a multiple of 4 KiB all fall in one L1 set (a pitch of 2 KiB: two sets, ...); the rows
@@ -168,6 +175,18 @@ def rows_off_line(pitch: int, line: int = 64) -> float:
     """The fraction of rows of ``pitch`` floats that start off a ``line``-byte cache line when the
     first one starts on one (a pitch of 289 floats: 15 rows in 16; 288: none)."""
     return 1.0 - np.gcd(4 * pitch, line) / line
+
+
+def in_place_b_costs(target: Target) -> tuple[float, float]:
+    """``(B_ROW, B_MISALIGNED)`` on ``target``: from the K step ratios the host probe measured
+    (:func:`taskmap.backends.host_probe.in_place_steps`: a tile of two vectors a row of B, rows on a
+    line and 15 in 16 off one), less what :data:`B_IN_PLACE` already charges; else the defaults."""
+    on, off = target.b_in_place_step, target.b_off_line_step
+    if not (on and off):
+        return B_ROW, B_MISALIGNED
+    n = IN_PLACE_PROBE_VECTORS
+    return (max(0.0, (on - 1.0 - B_IN_PLACE * n) * n),
+            max(0.0, (off - on) * n / rows_off_line(IN_PLACE_PROBE_PITCH)))
 
 
 def edge_lanes(n: int, nr: int, lanes: int) -> int:
@@ -381,7 +400,8 @@ class MatmulCpuTemplate(KernelFamily):
             sets = min(L1_BYTES // L1_WAYS // 64, 4096 // np.gcd(p.k * 4, 4096))   # L1 sets the MR rows fall in
             step *= 1.03 + A_ALIASED_ROW * max(0, -(-mr // sets) - L1_WAYS)
         if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags; and
-            step *= 1.0 + B_IN_PLACE * nr / V + (B_ROW + B_MISALIGNED * rows_off_line(p.n)) * V / nr
+            row, off_line = in_place_b_costs(target)
+            step *= 1.0 + B_IN_PLACE * nr / V + (row + off_line * rows_off_line(p.n)) * V / nr
         if mr * kc * 4 > L1_BYTES // 2:  # the A micro-panel and the B stream share L1
             step *= 1.0 + L1_SHARED
         tile = p.k * step + kb * (5 * fmas + 40)

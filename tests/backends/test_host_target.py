@@ -1,6 +1,7 @@
 """The host CPU target plans for the threads the kernels will run: OMP_NUM_THREADS caps the
 core count the cost models see; AVX-512 hosts get 512-bit vector code, and the cost models the
-512-bit FMA rate and the last-level cache's bandwidth measured on the host."""
+512-bit FMA rate, the last-level cache's bandwidth and a matmul step's cost of reading B in place
+measured on the host."""
 import dataclasses
 import json
 import os
@@ -164,3 +165,42 @@ def test_bandwidth_rounding_is_stable_to_the_probes_noise():
     assert [host_probe.round_bandwidth(x * 1e9) for x in (113, 120, 131)] == [128e9] * 3
     assert host_probe.round_bandwidth(20e9) == pytest.approx(22.627e9, rel=1e-3)
     assert host_probe.round_bandwidth(1e6) == 4e9
+
+
+def test_in_place_probe_measures_a_matmul_steps_with_b_in_place():
+    """Run the probe for real: a K step with B's rows in place, on and off cache lines, over one
+    with B packed — about 1 on Zen 4, up to ~2 off a line on Intel parts; the host target carries
+    the rounded ratios."""
+    target = host_cpu_target()
+    if "avx512f" not in target.features:
+        pytest.skip("the probe's tile is sixteen lanes wide: the host has no AVX-512")
+    measured = host_probe.measure_in_place_steps()
+    assert measured is not None and all(0.7 < r < 4 for r in measured), measured
+    for ratio in (target.b_in_place_step, target.b_off_line_step):
+        assert ratio == host_probe.round_step(ratio) >= 1.0
+
+
+def test_in_place_steps_are_cached_and_overridable(tmp_path, monkeypatch):
+    """Measured once per CPU and cached; the environment's two ratios override it (a malformed
+    override is refused by name); a probe that cannot run leaves them unknown (0: the defaults)."""
+    monkeypatch.setenv("TASKMAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(host_probe.IN_PLACE_ENV_OVERRIDE, raising=False)
+    calls = []
+
+    def fake_measure(cc="gcc"):
+        calls.append(cc)
+        return 1.06, 1.63
+    monkeypatch.setattr(host_probe, "measure_in_place_steps", fake_measure)
+    cpu = ("Some CPU @ 2.50GHz", "avx512f")
+    assert host_probe.in_place_steps(cpu) == (1.0, 1.75) and len(calls) == 1
+    assert host_probe.in_place_steps(cpu) == (1.0, 1.75) and len(calls) == 1        # the cached value
+    monkeypatch.setenv(host_probe.IN_PLACE_ENV_OVERRIDE, "1.3, 2")
+    assert host_probe.in_place_steps(cpu) == (1.25, 2.0) and len(calls) == 1
+    for bad in ("1", "fast,1", "1,-1", "1,inf"):
+        monkeypatch.setenv(host_probe.IN_PLACE_ENV_OVERRIDE, bad)
+        with pytest.raises(TaskmapError, match=rf"{host_probe.IN_PLACE_ENV_OVERRIDE}='{bad}' is not two positive"):
+            host_probe.in_place_steps(cpu)
+    monkeypatch.delenv(host_probe.IN_PLACE_ENV_OVERRIDE)
+    monkeypatch.setattr(host_probe, "measure_in_place_steps", lambda cc="gcc": None)
+    assert host_probe.in_place_steps(("Other CPU",)) == (0.0, 0.0)
+    assert [host_probe.round_step(r) for r in (0.93, 1.07, 1.12, 1.13, 9.0)] == [1.0, 1.0, 1.0, 1.25, 4.0]

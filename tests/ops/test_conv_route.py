@@ -29,11 +29,13 @@ from taskmap.testing import assert_close
 CPU = host_cpu_target()
 #: Fixed targets, so that the routing compared below does not depend on the machine.
 TARGETS = {"zen4": dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.6e9,
-                                       fma512_per_cycle=1.0, llc_bandwidth=0.0),
+                                       fma512_per_cycle=1.0, llc_bandwidth=0.0, b_in_place_step=0.0,
+                                       b_off_line_step=0.0),
            "cascade": dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
-                                          fma512_per_cycle=1.75, llc_bandwidth=0.0),
+                                          fma512_per_cycle=1.75, llc_bandwidth=0.0, b_in_place_step=0.0,
+                                          b_off_line_step=0.0),
            "avx2": dataclasses.replace(CPU, vector_bytes=32, num_cores=4, l2_bytes=4 << 19, clock_hz=3e9,
-                                       llc_bandwidth=0.0)}
+                                       llc_bandwidth=0.0, b_in_place_step=0.0, b_off_line_step=0.0)}
 
 
 def conv(cin, hw, cout, k, s=1, pad=None, const=True, n=1, groups=1):

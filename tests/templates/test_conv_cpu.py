@@ -443,7 +443,8 @@ def test_padding_rows_with_the_sizes_specialised(schedule, shape, pad):
 # machine running the tests.
 CASCADE = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
                               fma512_per_cycle=1.75, peak_flops_f32=280e9, cache_bandwidth=320e9,
-                              register_bandwidth=320e9, llc_bandwidth=0.0)
+                              register_bandwidth=320e9, llc_bandwidth=0.0, b_in_place_step=0.0,
+                              b_off_line_step=0.0)
 
 
 def test_strided_pointwise_layers_route_to_the_implicit_gemm():

@@ -30,8 +30,12 @@ from taskmap.templates.matmul_cpu import (
     SMALL_TILES,
     TILES,
     edge_lanes,
+    B_IN_PLACE,
+    B_MISALIGNED,
+    B_ROW,
     fold_refusal,
     folds,
+    in_place_b_costs,
     lanes_of,
     rows_off_line,
 )
@@ -46,9 +50,10 @@ ASM_FLAGS = tuple(f for f in CFLAGS if f != "-shared")
 CPU = host_cpu_target()
 AVX2 = dataclasses.replace(CPU, vector_bytes=32, features=tuple(f for f in CPU.features if not f.startswith("avx512")))
 #: The machine the cost model's facts below were measured on: a 2-core AMD Zen 4 (one 512-bit FMA
-#: a cycle), fixed so that the rankings do not depend on the machine running the tests.
+#: a cycle), fixed so that the rankings do not depend on the machine running the tests — B read in
+#: place at the model's defaults (no probe), which those facts were fitted to.
 ZEN4 = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.6e9, fma512_per_cycle=1.0,
-                           llc_bandwidth=0.0, llc_bytes=32 << 20)
+                           llc_bandwidth=0.0, llc_bytes=32 << 20, b_in_place_step=0.0, b_off_line_step=0.0)
 FEW = settings(max_examples=10, deadline=None)
 RNG = np.random.default_rng(7)
 
@@ -219,14 +224,30 @@ def test_cost_model_follows_recorded_facts():
             > cost(p, mr=6, nr=64, pack_b=False) / cost(p, mr=6, nr=64))
 
 
+def test_b_in_place_is_charged_what_the_host_probe_measured():
+    """Where the host probe measured a K step with B's rows in place (``Target.b_in_place_step``,
+    ``b_off_line_step``), the model charges that instead of its defaults.  The Zen 4 of session 43
+    measured no difference (1.0, 1.0), and so did its kernels; there ResNet-50's 1024 -> 256 1x1
+    layers at 14x14 (B 1024 x 196: rows of 784 bytes, three in four off a line) read their input in
+    place, 0.80 -> 0.61 ms in the flow.  A part whose rows off a line cost 1.75x gets about the
+    defaults back."""
+    assert in_place_b_costs(ZEN4) == (B_ROW, B_MISALIGNED)                     # not measured
+    measured = dataclasses.replace(ZEN4, b_in_place_step=1.0, b_off_line_step=1.0)
+    assert in_place_b_costs(measured) == (0.0, 0.0)
+    row, off = in_place_b_costs(dataclasses.replace(ZEN4, b_in_place_step=1.25, b_off_line_step=1.75))
+    assert row == pytest.approx((0.25 - 2 * B_IN_PLACE) * 2) and off == pytest.approx(0.5 * 2 / (15 / 16))
+    layer = MatmulProblem(1, 256, 196, 1024, a_batched=False, const_a=True, bias=True)
+    assert choose(MATMUL_CPU, layer, ZEN4, mode="model")["pack_b"]
+    assert not choose(MATMUL_CPU, layer, measured, mode="model")["pack_b"]
+
+
 def test_b_rows_off_a_cache_line_are_packed():
     """B's rows start off a cache line when its pitch is not a multiple of 64 bytes, and every
     vector of them then spans two lines.  Measured on a Cascade Lake (aligned bases, 6x64 tiles):
     192x768 by 289 columns (Inception-V3's 768 -> 192 1x1 convolutions at 17x17) in place 0.63-0.77
     ms, packed 0.48-0.53; by 288 columns in place 0.48, packed 0.49-0.70."""
     assert rows_off_line(289) == 15 / 16 and rows_off_line(288) == 0 and rows_off_line(196) == 0.75
-    cascade = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
-                                  fma512_per_cycle=1.75, llc_bandwidth=0.0)
+    cascade = dataclasses.replace(ZEN4, clock_hz=2.5e9, fma512_per_cycle=1.75, llc_bytes=CPU.llc_bytes)
     off, on = (MatmulProblem(1, 192, n, 768, a_batched=False, const_a=True) for n in (289, 288))
     tile = dict(mr=6, nr=64, kc=384, ncb=4, split="m", pack_a=True, cores=2)
     assert (MATMUL_CPU.cost(off, cascade, Schedule.of(**tile, pack_b=False))
@@ -245,8 +266,7 @@ def test_cores_split_the_side_whose_operand_is_large():
     activations as it uses them (measured on a Cascade Lake, side by side: 0.93-0.97 ms against
     1.41-1.80 ms for the row split with B in place); one over a 14x14 image with many channels
     (weights 1024x256, activations 256x196) splits the rows."""
-    cascade = dataclasses.replace(CPU, vector_bytes=64, num_cores=2, l2_bytes=2 << 20, clock_hz=2.5e9,
-                                  fma512_per_cycle=1.75, llc_bandwidth=0.0)
+    cascade = dataclasses.replace(ZEN4, clock_hz=2.5e9, fma512_per_cycle=1.75, llc_bytes=CPU.llc_bytes)
     wide = choose(MATMUL_CPU, MatmulProblem(1, 128, 3136, 256, const_a=True, bias=True), cascade, mode="model")
     assert wide["split"] == "n" and wide["pack_b"]
     tall = choose(MATMUL_CPU, MatmulProblem(1, 1024, 196, 256, const_a=True, bias=True), cascade, mode="model")
