@@ -191,14 +191,24 @@ class ExprSimplifier(IRRewriter):
         return acc
 
     def _merge_divmod(self, lin: Lin, dt: ScalarType) -> Lin:
-        """``(x // c) * c * k + (x % c) * k -> x * k``, repeatedly."""
+        """``(x // c) * c * k + (x % c) * k -> x * k``, repeatedly; also for a divisor ``y`` that is
+        not a constant (a size): ``(x // y) * y * k + (x % y) * k -> x * k`` (a row-major index
+        of a flat position ``x`` in rows of ``y``)."""
         changed = True
         while changed:
             changed = False
             for key, k in lin.terms.items():
                 t = key.e
-                c = int_const(t.b) if isinstance(t, Binary) and t.op is BinOp.MOD else None
-                if c is None or c <= 0 or t.dtype is not dt or t.a.dtype is not dt:  # type: ignore[attr-defined]
+                if not isinstance(t, Binary) or t.op is not BinOp.MOD or t.dtype is not dt or t.a.dtype is not dt:
+                    continue
+                c = int_const(t.b)
+                if c is None:
+                    merged = self._merge_symbolic_divmod(lin, key, k)
+                    if merged is not None:
+                        lin, changed = merged, True
+                        break
+                    continue
+                if c <= 0:
                     continue
                 x = t.a  # type: ignore[attr-defined]
                 q = self._lin(self._floordiv(x, c, dt), dt)
@@ -207,6 +217,19 @@ class ExprSimplifier(IRRewriter):
                     changed = True
                     break
         return lin
+
+    def _merge_symbolic_divmod(self, lin: Lin, key: Key, k: int) -> Lin | None:
+        """``lin`` with ``(x // y) * y * k + key * k`` as ``x * k`` (``key``: ``x % y``, ``y`` not a
+        constant), or None when it holds no such product."""
+        t = key.e
+        x, y = t.a, t.b  # type: ignore[attr-defined]
+        if not is_pure(x, y):
+            return None
+        q = Binary(BinOp.FLOORDIV, x, y)
+        for prod in (Key(Binary(BinOp.MUL, q, y)), Key(Binary(BinOp.MUL, y, q))):
+            if lin.terms.get(prod) == k:
+                return lin.add(Lin({prod: 1, key: 1}), -k).add(self._lin(x, t.dtype), k)
+        return None
 
     def _norm(self, e: Expr, dt: ScalarType) -> Expr:
         out = self._build(self._merge_divmod(self._lin(e, dt), dt), dt)

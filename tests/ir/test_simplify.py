@@ -19,6 +19,7 @@ from taskmap.ir.expr import (BinOp, Binary, CmpOp, Compare, Const, Expr, SizeVar
                              compare, const, logical_and, logical_not, logical_or, maximum, minimum, select,
                              threadIdx, var)
 from taskmap.ir.func import FuncKind, Function, LaunchConfig, Module
+from taskmap.ir.functor import collect
 from taskmap.ir.mapping import MappingLoopKind, spatial
 from taskmap.ir.simplify import Simplifier, bound_of, simplify_expr, simplify_function, simplify_module
 from taskmap.ir.types import tensor_type
@@ -76,6 +77,8 @@ def _extend(children: st.SearchStrategy[Expr]) -> st.SearchStrategy[Expr]:
         divmod_.map(lambda t: Binary(t[0], t[1], const(t[2]))),
         # the shapes that lowering task mappings produces
         st.tuples(children, divisors).map(lambda t: t[0] // t[1] * t[1] + t[0] % t[1]),
+        children.map(lambda c: c // N * N + c % N),          # ... and by a size: a flat index in rows
+        children.map(lambda c: N * (c // N) * 3 + c % N * 3),
         st.tuples(children, children, divisors).map(lambda t: (t[0] * t[2] + t[1]) // t[2]),
         st.tuples(children, children, divisors).map(lambda t: (t[0] * t[2] + t[1]) % t[2]),
         st.tuples(children, divisors, divisors).map(lambda t: t[0] // t[1] % t[2] + t[0] // (t[1] * t[2]) * t[2]),
@@ -392,3 +395,15 @@ def test_simplifier_instances_keep_user_bounds() -> None:
     s = Simplifier({IV: (0, 3)})
     assert s.visit(IV * 8 // 32) == const(0)
     assert s.range_of(IV * 2 + 1) == (1, 7)
+
+
+def test_a_flat_position_split_by_a_size_recombines():
+    """``(q // ow) * ow + q % ow`` is ``q`` for a symbolic ``ow`` too (floor semantics; ``ow`` is a
+    divisor of the original): the channel kernel's plane stores index ``c[b, s, q // ow, q % ow]``,
+    which flattened left a division and a modulo per element and kept gcc from vectorizing the
+    store loop of a kernel with symbolic sizes (the tuner's, ``ops.conv2d``'s)."""
+    q, b = var("q"), var("b")
+    assert simplify_expr(b * 100 + q // N * N + q % N) == simplify_expr(b * 100 + q)
+    assert simplify_expr(N * (q // N) * 2 + q % N * 2 + 1) == simplify_expr(q * 2 + 1)
+    kept = simplify_expr(q // N * N + q % N * 2)             # unequal coefficients: not the identity
+    assert any(isinstance(x, Binary) and x.op is BinOp.MOD for x in collect(kept, Binary))
