@@ -1,6 +1,7 @@
 """The ``taskmap`` command line: ``taskmap cache [path] [--clear [--namespace NAME]]``,
 ``taskmap records export DIR [--device D]`` (the tuning cache's measured choices, one file per
-device, to ship under ``taskmap/schedule/records``), ``--version``."""
+device, to ship under ``taskmap/schedule/records``), ``taskmap target`` (what the CPU cost models
+plan for on this host: its flags, cache sizes, and what the host probes measured), ``--version``."""
 
 from __future__ import annotations
 
@@ -71,6 +72,37 @@ def _records_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def target_lines() -> list[str]:
+    """The host CPU target, as the cost models see it: SIMD width, cores, caches, clock, and the
+    probes' measurements with the environment variables that override them."""
+    from taskmap.backends import host_probe        # noqa: PLC0415 - only this command needs them
+    from taskmap.backends.base import host_cpu_target  # noqa: PLC0415
+
+    t = host_cpu_target()
+    lanes, cores = t.vector_bytes // 4, t.num_cores
+    unknown = "unknown (no AVX-512, or the probe could not run): the cost models' defaults"
+    fma = f"{t.fma512_per_cycle:g} a cycle and core" if t.fma512_per_cycle else unknown
+    llc = f"{t.llc_bandwidth / 1e9:.1f} GB/s a core" if t.llc_bandwidth else unknown
+    in_place = (f"a matmul's K step {t.b_in_place_step:g}x packed B's, rows on a cache line; "
+                f"{t.b_off_line_step:g}x off one"
+                if t.b_in_place_step else unknown)
+    return [f"taskmap host target: {t.name}",
+            f"  vector width  {8 * t.vector_bytes} bits ({lanes} f32 lanes)",
+            f"  cores         {cores} (OMP_NUM_THREADS caps them)",
+            f"  caches        L2 {human_size(t.l2_bytes // max(cores, 1))} a core, last level "
+            f"{human_size(t.llc_bytes)}",
+            f"  clock         {t.clock_hz / 1e9:.2f} GHz; peak f32 {t.peak_flops_f32 / 1e9:.0f} GFLOP/s",
+            f"  512-bit FMAs  {fma} (probe; {host_probe.ENV_OVERRIDE} sets it)",
+            f"  LLC read      {llc} (probe; {host_probe.LLC_ENV_OVERRIDE} sets it)",
+            f"  B in place    {in_place} (probe; {host_probe.IN_PLACE_ENV_OVERRIDE} sets it)",
+            f"  features      {' '.join(t.features)}"]
+
+
+def _target_command(args: argparse.Namespace) -> int:
+    print("\n".join(target_lines()))
+    return 0
+
+
 def _namespace(name: str) -> str:
     try:
         return DiskCache(name).namespace
@@ -107,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     records.add_argument("directory", metavar="DIR", help="where the per-device files are written (merged)")
     records.add_argument("--device", metavar="D", help="only this device, e.g. cuda:sm_90/132")
     records.set_defaults(handler=_records_command, parser=records)
+    target = commands.add_parser(
+        "target",
+        help="show what the CPU cost models plan for on this host",
+        description="The host CPU target: SIMD width, cores, caches, clock, and the host probes' measurements "
+                    "(512-bit FMA rate, last-level cache read rate, a matmul step reading B in place), each with "
+                    "the environment variable that overrides it.  The probes run once per CPU model and are "
+                    "kept in the cache's 'host' namespace.",
+    )
+    target.set_defaults(handler=_target_command, parser=target)
     return parser
 
 

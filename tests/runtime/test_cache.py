@@ -365,3 +365,22 @@ def test_human_size():
     assert cli.human_size(0) == "0 B"
     assert cli.human_size(1536) == "1.5 KiB"
     assert cli.human_size(5 * 1024**3) == "5.0 GiB"
+
+
+def test_cli_target_shows_the_host_facts_the_cost_models_use(capsys):
+    """``taskmap target``: the host CPU target's width, cores and the host probes' measurements,
+    each with the variable that overrides it."""
+    from taskmap.backends import host_probe
+    from taskmap.backends.base import host_cpu_target
+
+    assert cli.main(["target"]) == 0
+    out = capsys.readouterr().out
+    t = host_cpu_target()
+    assert f"{8 * t.vector_bytes} bits ({t.vector_bytes // 4} f32 lanes)" in out
+    assert f"cores         {t.num_cores} " in out
+    for name in (host_probe.ENV_OVERRIDE, host_probe.LLC_ENV_OVERRIDE, host_probe.IN_PLACE_ENV_OVERRIDE):
+        assert f"{name} sets it" in out
+    if t.b_in_place_step:
+        assert f"{t.b_in_place_step:g}x packed B's" in out and f"{t.b_off_line_step:g}x off one" in out
+    else:
+        assert "the cost models' defaults" in out
