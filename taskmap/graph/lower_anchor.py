@@ -60,7 +60,7 @@ from ..templates.matmul_wgmma import MATMUL_WGMMA, WG_M, enabled as wgmma_enable
 from .derived import derived
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
-from .kinds import OpKind
+from .kinds import OpCategory, OpKind
 from .lower_reduce import reduction_compute
 from .passes.widen_half import native_bf16
 
@@ -433,6 +433,22 @@ def _schedule(p: MatmulProblem, target: Target, packed_a: bool, packed_b: bool) 
 # ----------------------------------------------------------------------------- the plan
 
 
+def reads_channels_last(epilogue: Sequence[Op]) -> bool:
+    """Whether ``epilogue`` reads its NCHW anchor channels-last: element-wise ops, then a permute
+    to NHWC (ConvNeXt's depthwise conv before its LayerNorm), or one that moves the channels last
+    once the image's rows are flattened (Swin's patch embedding: ``flatten(2).transpose(1, 2)``)."""
+    for i, op in enumerate(epilogue):
+        if op.kind is OpKind.PERMUTE:
+            return tuple(op.attrs.dims) == (0, 2, 3, 1)
+        if op.kind is OpKind.RESHAPE and i + 1 < len(epilogue) and epilogue[i + 1].kind is OpKind.PERMUTE:
+            x, y = op.inputs[0].shape, op.output.shape
+            return (len(x) == 4 and tuple(y) == (x[0], x[1], x[2] * x[3])
+                    and tuple(epilogue[i + 1].attrs.dims) == (0, 2, 1))
+        if op.definition.category > OpCategory.BROADCAST:
+            return False
+    return False
+
+
 def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilogue: Sequence[Op],
                 target: Target) -> AnchorPlan:
     """One kernel for the anchor with its prologues and epilogue (FusionError: cannot)."""
@@ -441,6 +457,8 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         raise FusionError(f"{anchor.name}: no fused lowering for {anchor.kind.name} with these shapes on "
                           f"{target.name}")
     anc = replace(anc, operands=dict(anc.operands), views=dict(anc.views))   # the memoised one stays as it is
+    if anc.direct is not None and anc.direct.get("vec") == "channels" and reads_channels_last(epilogue):
+        anc.conv = replace(anc.conv, channels_last=True)      # the channel kernel's stores, pixel by pixel
     p = anc.problem
     pro_defs: dict[str, TensorNode] = {}
     sources: dict[str, Tensor] = {}

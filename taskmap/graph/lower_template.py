@@ -45,8 +45,8 @@ from ..templates.reduce import RowTemplate, template_for
 from ..templates.window import WINDOW
 from .ir import Op, Tensor
 from .kernel_cache import cached_kernel
-from .kinds import OpCategory, OpKind
-from .lower_anchor import AnchorPlan, Workspace, anchor_dtypes, compose, kernel_shape, view_as
+from .kinds import OpKind
+from .lower_anchor import AnchorPlan, Workspace, anchor_dtypes, compose, kernel_shape, reads_channels_last, view_as
 
 
 @dataclass(frozen=True)
@@ -193,20 +193,9 @@ def plan_template(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epi
     if tp is None:
         raise FusionError(f"{anchor.name}: no template lowering for {anchor.kind.name} with these shapes on "
                           f"{target.name}")
-    if tp.template is WINDOW and tp.problem.op == "conv" and _channels_last(epilogue):
+    if tp.template is WINDOW and tp.problem.op == "conv" and reads_channels_last(epilogue):
         tp = replace(tp, problem=replace(tp.problem, channels_last=True))
     return plan_problem(tp, anchor, prologues, epilogue, target)
-
-
-def _channels_last(epilogue: Sequence[Op]) -> bool:
-    """Whether ``epilogue`` reads its NCHW anchor channels-last: element-wise ops, then a permute
-    to NHWC (ConvNeXt's depthwise conv before its LayerNorm)."""
-    for op in epilogue:
-        if op.kind is OpKind.PERMUTE:
-            return tuple(op.attrs.dims) == (0, 2, 3, 1)
-        if op.definition.category > OpCategory.BROADCAST:
-            return False
-    return False
 
 
 def plan_problem(tp: TemplateProblem, anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]],

@@ -347,12 +347,13 @@ class ConvCpuTemplate(KernelFamily):
             return WinoConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], 3, 3, 1, 1, 1, 1, p.pt, p.pl, s["m"],
                               s["packed"], PREFETCH_BYTES // 4)
         if s.get("vec") == "channels":
-            by_image = s["packed"] and not s["kc"] and p.n > 1
+            by_image = s["packed"] and not s["kc"] and (p.n > 1 or p.channels_last)
             cfg = CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
                              p.pt, p.pl, s["kc"], s["packed"], by_image,
                              by_image and p.n >= PAD_EACH_IMAGES * s["cores"], pf=PREFETCH_BYTES // 4,
-                             pf_c=4 * p.n * p.cout * p.oh * p.ow > l2_per_core(target))
-            return replace(cfg, planes=_planes(p, cfg))
+                             pf_c=4 * p.n * p.cout * p.oh * p.ow > l2_per_core(target),
+                             channels_last=p.channels_last)
+            return replace(cfg, planes=_planes(p, cfg) and not p.channels_last)
         return self._window(p, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
 
     def instantiate(self, problem: ConvProblem, target: Target, schedule: Schedule) -> Kernel:

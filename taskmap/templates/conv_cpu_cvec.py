@@ -24,6 +24,12 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   last partial tile — a fused epilogue is computed there, vectorized.  (Whole tiles store
   exactly ``MR`` lanes, unmasked: gcc 12 does not vectorize a masked store whose epilogue
   loads a per-channel scalar, such as a bias.)
+* **Channels-last stores** (``channels_last``: a graph's epilogue permutes the output to NHWC —
+  ConvNeXt's and Swin's patch-embedding stems): the tile goes out pixel by pixel straight from its
+  accumulators, ``NR`` channels of a pixel as whole vectors once the permute is spliced in (no
+  transposes; in NCHW each would be a channel row apart), and a tile's panels are swept one after
+  the other (``by_image`` order with the panels innermost), so that each pixel's lines are written
+  while they are in the core's cache, not once per panel.
 * **Whole planes** (``planes``: packed panels, no reduction blocks, output rows of one tile and
   shorter than a vector — 7x7 and 14x14 images): gcc 12 stores a row's 7 pixels in pieces of 4,
   2 and 1 lanes, a fused epilogue computed in each piece (a SiLU made a 192 -> 1152 1x1 conv at
@@ -98,6 +104,7 @@ class CvecConfig(ConvKernelConfig):
     planes: bool = False      # (prepacked, kc 0, a row per tile) whole output planes per unit, see the doc
     pf: int = 0               # elements of the weight stream the micro-kernel prefetches ahead (0: none)
     pf_c: bool = False        # a tile prefetches its lines of the output, for writing (see the doc)
+    channels_last: bool = False  # stores each pixel's channels together (the output read channels-last)
 
     @property
     def tb(self) -> int:
@@ -168,8 +175,9 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     SEG_LINES = -(-SEG // LINE) + 1                    # prefetches covering it wherever it starts
     BY_IMAGE = cfg.by_image and PRE and not KC
     PAD_EACH = BY_IMAGE and cfg.pad_each
-    PLANES = cfg.planes and PRE and not KC
-    PF_C = cfg.pf_c and not PLANES
+    PLANES = cfg.planes and PRE and not KC and not cfg.channels_last
+    NHWC = cfg.channels_last
+    PF_C = cfg.pf_c and not PLANES and not NHWC     # (NHWC: prefetching a pixel's lines measured no gain)
     C_LINES = -(-MR // LINE) + 1                       # lines a tile's row of MR pixels may touch
     PAR = parallel if P > 1 else range
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
@@ -274,7 +282,17 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                             for r, s in tile.vectorize():
                                 acc[r, s] += xp[x0 + ci * plane + kh * DH * wp + kw * DW + r * SW] * \
                                     wq[woff + (((ci - c0) * KH + kh) * KW + kw) * NR + s]
-            if last:
+            if last and NHWC:    # pixel by pixel: a pixel's channels contiguous once permuted
+                if wo0 + MR <= ow and co0 + NR <= cout:
+                    for r, s in tile.vectorize():
+                        c[b, co0 + s, ho, wo0 + r] = acc[r, s]
+                else:
+                    for r in range(MR):
+                        if wo0 + r < ow:
+                            for s in range(NR):
+                                if co0 + s < cout:
+                                    c[b, co0 + s, ho, wo0 + r] = acc[r, s]
+            elif last:
                 out = register_tensor(f32, [MRP, NR])     # rows past MR: never stored
                 outT = register_tensor(f32, [NR, MRP])
                 for r, s in tile.vectorize():
@@ -354,8 +372,12 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                 PI = oh * OWT                  # tiles of a panel in one image
                 for u in range(u0, u1):
                     b = u // (CP * PI)
-                    i = u // PI % CP
-                    v = u % PI
+                    if NHWC:                   # a tile's panels in turn: each pixel's lines written at once
+                        i = u % CP
+                        v = u // CP % PI
+                    else:
+                        i = u // PI % CP
+                        v = u % PI
                     if direct:
                         micro_x(c, x, xp, wt, i * PANEL, 0, b, i * NR, v // OWT, v % OWT * MR, HP, WP, 0, cin,
                                 True, True, b)

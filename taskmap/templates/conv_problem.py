@@ -39,6 +39,9 @@ class ConvProblem:
     bias: bool
     #: the weights are constants (a compiled graph's): templates may take them pre-packed
     const_weights: bool = False
+    #: the output is read channels-last (a graph's epilogue permutes it to NHWC): the channel
+    #: kernel stores each pixel's channels together
+    channels_last: bool = False
 
     @property
     def oh(self) -> int:

@@ -418,6 +418,49 @@ def test_channel_scales_before_a_conv(case):
         assert not gemm_takes_prologue(conv, found.output.numel, host_cpu_target())
 
 
+class _PatchStem(nn.Module):
+    """A patch-embedding stem: a k x k stride-k conv, then channels last (ConvNeXt's permute, or
+    Swin's flatten and transpose) and a LayerNorm."""
+
+    def __init__(self, cout, k, swin):
+        super().__init__()
+        self.conv, self.norm, self.swin = nn.Conv2d(3, cout, k, k), nn.LayerNorm(cout), swin
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.norm(y.flatten(2).transpose(1, 2) if self.swin else y.permute(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize("swin", [False, True], ids=["permute", "flatten-transpose"])
+@pytest.mark.parametrize("n,cout,hw", [(1, 96, 64), (2, 40, 60)])
+def test_patch_stems_store_channels_last(monkeypatch, swin, n, cout, hw):
+    """The channel kernel under a permute to NHWC (or Swin's equivalent) stores each pixel's
+    channels together, a tile's panels in turn: matches eager, last panels and row tiles partial
+    (40 channels, 15 pixels a row), a batch of two."""
+    from taskmap.templates import conv_cpu
+
+    configs = []
+    config = conv_cpu.ConvCpuTemplate.config
+
+    def recording(self, p, t, s):
+        cfg = config(self, p, t, s)
+        configs.append(cfg)
+        return cfg
+    monkeypatch.setattr(conv_cpu.ConvCpuTemplate, "config", recording)
+    monkeypatch.setenv("TASKMAP_GRAPH_CACHE", "0")
+    torch.manual_seed(3)
+    model = _PatchStem(cout, 4, swin).eval()
+    x = torch.randn(n, 3, hw, hw)
+    with torch.no_grad():
+        want = model(x)
+    fast = taskmap.compile(model, progress=False)
+    torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-4)
+    chans = [c for c in configs if type(c).__name__ == "CvecConfig"]
+    if not chans:
+        pytest.skip("the cost model routed this stem to another kernel on this host")
+    assert any(c.channels_last and c.by_image and not c.planes for c in chans), chans
+
+
 def test_the_reanchoring_prices_a_gemm_that_packs_b():
     """``x * s`` runs in the GEMM's packing of B: the re-anchoring weighs the GEMM's schedules that
     pack B, not one that reads it in place, which the prologue would turn into a packing one

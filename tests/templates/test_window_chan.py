@@ -213,19 +213,31 @@ def test_compiled_convnext_block_runs_its_depthwise_conv_in_bands():
 
 
 def test_channels_last_only_before_a_permute_to_nhwc():
-    """The graph lowering plans a depthwise conv ``channels_last`` when its epilogue's first op
-    past the element-wise ones is a permute to NHWC, and only then."""
-    from taskmap.graph.lower_template import _channels_last
+    """The graph lowering plans a convolution ``channels_last`` when its epilogue's first op past
+    the element-wise ones is a permute to NHWC, or a flattening of the image's rows followed by a
+    transpose of the channels last (Swin's patch embedding), and only then."""
+    from taskmap.graph.lower_anchor import reads_channels_last
+
+    class _T:
+        def __init__(self, shape):
+            self.shape = shape
 
     class _Op:
-        def __init__(self, kind, category, dims=None):
+        def __init__(self, kind, category, dims=None, shapes=((), ())):
             self.kind, self.definition, self.attrs = kind, type("D", (), {"category": category}), \
                 type("A", (), {"dims": dims})
+            self.inputs, self.output = [_T(shapes[0])], _T(shapes[1])
 
     from taskmap.graph.kinds import OpCategory, OpKind
     scale = _Op(OpKind.BINARY, OpCategory.BROADCAST)
     nhwc, nwhc = _Op(OpKind.PERMUTE, OpCategory.INJECTIVE, (0, 2, 3, 1)), _Op(OpKind.PERMUTE, OpCategory.INJECTIVE,
                                                                             (0, 3, 2, 1))
-    assert _channels_last([nhwc]) and _channels_last([scale, nhwc])
-    assert not _channels_last([]) and not _channels_last([scale]) and not _channels_last([nwhc])
-    assert not _channels_last([_Op(OpKind.RESHAPE, OpCategory.INJECTIVE), nhwc])
+    assert reads_channels_last([nhwc]) and reads_channels_last([scale, nhwc])
+    assert not reads_channels_last([]) and not reads_channels_last([scale]) and not reads_channels_last([nwhc])
+    rows = _Op(OpKind.RESHAPE, OpCategory.INJECTIVE, shapes=((1, 96, 56, 56), (1, 96, 3136)))
+    other = _Op(OpKind.RESHAPE, OpCategory.INJECTIVE, shapes=((1, 96, 56, 56), (1, 96 * 56, 56)))
+    tokens, swap = _Op(OpKind.PERMUTE, OpCategory.INJECTIVE, (0, 2, 1)), _Op(OpKind.PERMUTE, OpCategory.INJECTIVE,
+                                                                          (1, 0, 2))
+    assert reads_channels_last([rows, tokens]) and reads_channels_last([scale, rows, tokens])
+    assert not reads_channels_last([rows, nhwc]) and not reads_channels_last([other, tokens])
+    assert not reads_channels_last([rows, swap]) and not reads_channels_last([rows])
