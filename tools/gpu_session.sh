@@ -61,6 +61,10 @@
 # LINEAR: squeeze-and-excitation); NVRTC builds the sources here, nothing ran them on a GPU:
 # "cuda_tests models" covers both.
 #
+# Session 43 (no GPU) taught the expression simplifier (x // y) * y + x % y -> x for a size y
+# (not only a constant), which changes the index code of every kernel with symbolic sizes, GPU
+# ones included; checked by the property tests and NVRTC builds only: "cuda_tests" first.
+#
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
 # defaults fit one 15-minute lease with room for one more call.  Session 17 (H200): tests 58 s,
