@@ -80,7 +80,7 @@ def target_lines() -> list[str]:
 
     t = host_cpu_target()
     lanes, cores = t.vector_bytes // 4, t.num_cores
-    unknown = "unknown (no AVX-512, or the probe could not run): the cost models' defaults"
+    unknown = "not measured on this host: the cost models' defaults"
     fma = f"{t.fma512_per_cycle:g} a cycle and core" if t.fma512_per_cycle else unknown
     llc = f"{t.llc_bandwidth / 1e9:.1f} GB/s a core" if t.llc_bandwidth else unknown
     in_place = (f"a matmul's K step {t.b_in_place_step:g}x packed B's, rows on a cache line; "

@@ -226,16 +226,24 @@ def round_step(ratio: float) -> float:
     return min(4.0, max(1.0, round(ratio * 4) / 4))
 
 
-def _override(name: str, hint: str) -> float | None:
+def _override_values(name: str, hint: str, count: int) -> tuple[float, ...] | None:
+    """``count`` (1 or 2) positive numbers from ``$name`` (comma-separated), None when unset; a
+    malformed value is refused by name, with ``hint``."""
     if not (text := os.environ.get(name, "").strip()):
         return None
     try:
-        value = float(text)
+        values = tuple(float(x) for x in text.split(","))
     except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise TaskmapError(f"{name}={text!r} is not a positive number: {hint}")
-    return value
+        values = ()
+    if len(values) != count or not all(0 < v < math.inf for v in values):
+        what = "a positive number" if count == 1 else "two positive numbers"
+        raise TaskmapError(f"{name}={text!r} is not {what}: {hint}")
+    return values
+
+
+def _override(name: str, hint: str) -> float | None:
+    values = _override_values(name, hint, 1)
+    return None if values is None else values[0]
 
 
 def _cached(what: str, field: str, cpu_identity: tuple[str, ...], measure: Any, parse: Any = float) -> Any:
@@ -289,17 +297,11 @@ def in_place_steps(cpu_identity: tuple[str, ...], cc: str = "gcc") -> tuple[floa
     environment's override (two numbers, comma-separated), else the cached measurement, else a
     fresh one (stored); ``(0, 0)`` (unknown: the matmul cost model's defaults) when it cannot be
     measured."""
-    text = os.environ.get(IN_PLACE_ENV_OVERRIDE, "").strip()
-    if text:
-        try:
-            values = [float(x) for x in text.split(",")]
-        except ValueError:
-            values = []
-        if len(values) != 2 or not all(0 < x < math.inf for x in values):
-            raise TaskmapError(f"{IN_PLACE_ENV_OVERRIDE}={text!r} is not two positive numbers: give a K step's "
-                               "time with B's rows in place on cache lines and off them, over its time with B "
-                               "packed (e.g. 1,1), or unset it to measure")
-        return round_step(values[0]), round_step(values[1])
+    override = _override_values(IN_PLACE_ENV_OVERRIDE, "give a K step's time with B's rows in place on cache "
+                                "lines and off them, over its time with B packed (e.g. 1,1), or unset it to "
+                                "measure", 2)
+    if override is not None:
+        return round_step(override[0]), round_step(override[1])
     measured = _cached("in-place-b-steps", "ratios", cpu_identity, lambda: measure_in_place_steps(cc),
                        lambda v: (float(v[0]), float(v[1])))
     return (0.0, 0.0) if measured is None else (round_step(measured[0]), round_step(measured[1]))
