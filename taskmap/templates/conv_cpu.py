@@ -135,12 +135,24 @@ CVEC_STORE_CYCLES = (0.25, 4.2)
 #: 1x1 layers 1024 -> 256 and 1024 -> 2048 (stride 2) to the channel kernel, which runs them in
 #: 0.19 / 0.42 ms against the implicit GEMM's 0.22 / 0.55 (exhaustive records, two cores).
 LLC_BANDWIDTH = 20e9
-#: On 1x1 layers the two models are not on one scale: measured on Zen 4 (ResNet-50's 1x1 layers,
-#: one core) the channel kernel takes 1.1-1.7x (median 1.22x) its cost relative to the implicit
-#: GEMM's, so it must win by this factor.  Strided 1x1 layers too (their img2col is a strided
-#: copy): on a Cascade Lake, two cores, ResNet-50's three stride-2 1x1 layers ran 1.5-2.1 ms on
-#: the channel kernel, 1.0-1.2 ms on the implicit GEMM, with the models 10% apart.
-POINTWISE_EDGE = 1.25
+#: On 1x1 layers the two models are not on one scale: the channel kernel must win by this factor,
+#: on cores with one full-width FMA a cycle (``Target.vector_fma_rate`` 1: Zen 4's two 256-bit
+#: halves) and with two (Cascade Lake, Zen 5).  One pipe, fitted on Zen 4 in session 44 (two cores;
+#: the model's channel-kernel and GEMM picks of 21 stride-1 1x1 layers of ResNet-50, ResNeXt-50 and
+#: MobileNetV2 at batch 1, 7x7 to 56x56, measured side by side): the channel kernel was faster on
+#: every layer whose estimate was under the GEMM's by 1.07x or more (ResNeXt-50's 1024 -> 512 at
+#: 14x14: 0.91 against 0.96 ms, ResNet-50's 1024 -> 256: 0.46 against 0.49) but ResNet-50's 256 ->
+#: 1024 at 14x14 (1.069: 2% slower), and slower on every one under 1.065x (MobileNetV2's 64 -> 384
+#: and 96 -> 576 at 14x14, 1.058 / 1.061: 56 against 50 us, 113 against 107); ResNet-50's stride-2
+#: 1x1 layers were all faster on it (1.02-1.34x; estimates 1.077-1.30 under).  Session 37's 1.25
+#: there (one core, 1.1-1.7x, median 1.22x) came from channel kernels that stored their planes
+#: through a division per element (fixed in session 43) against GEMMs priced with B's rows in place
+#: at the Cascade Lake's cost.  Two pipes: a Cascade Lake ran the stride-2 layers 1.5-2.1 ms on the
+#: channel kernel, 1.0-1.2 ms on the implicit GEMM, with the models 10% apart; a Zen 5 ran the 1x1
+#: layers at 28x28 and 56x56 7-13% faster on the GEMM (exhaustive records; measured before the
+#: session 43 fix too, so that edge may also be high).
+POINTWISE_EDGE = 1.065
+POINTWISE_EDGE_TWO_FMAS = 1.25
 #: Slow-down of the channel kernel's steps when a core's block of the weight panel does not
 #: fit half its L2 (streams from L3; measured ~15%).
 L2_SPILL = 1.15
@@ -433,9 +445,15 @@ def implicit_gemm_cost(p: ConvProblem, target: Target) -> float:
 
 def direct_cost(p: ConvProblem, target: Target, schedule: Schedule) -> float:
     """The direct template's estimate of ``schedule`` as weighed against the implicit GEMM: an
-    unpadded 1x1 layer's by :data:`POINTWISE_EDGE` (the GEMM's measured edge there)."""
+    unpadded 1x1 layer's by :func:`pointwise_edge` (the GEMM's measured edge there)."""
     unpadded_1x1 = (p.kh, p.kw, p.pt, p.pb, p.pl, p.pr) == (1, 1, 0, 0, 0, 0)
-    return CONV_CPU.cost(p, target, schedule) * (POINTWISE_EDGE if unpadded_1x1 else 1.0)
+    return CONV_CPU.cost(p, target, schedule) * (pointwise_edge(target) if unpadded_1x1 else 1.0)
+
+
+def pointwise_edge(target: Target) -> float:
+    """:data:`POINTWISE_EDGE` on cores with one full-width FMA a cycle, else
+    :data:`POINTWISE_EDGE_TWO_FMAS`."""
+    return POINTWISE_EDGE_TWO_FMAS if target.vector_fma_rate > 1.5 else POINTWISE_EDGE
 
 
 def select(p: ConvProblem, target: Target) -> Schedule | None:
@@ -451,4 +469,4 @@ def select(p: ConvProblem, target: Target) -> Schedule | None:
 
 
 __all__ = ["CONV_CPU", "ConvCpuTemplate", "best_gemm", "direct_cost", "gemm_cost", "gemm_space", "implicit_gemm_cost",
-           "select"]
+           "pointwise_edge", "select"]

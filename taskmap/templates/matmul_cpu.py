@@ -122,7 +122,7 @@ B_IN_PLACE, L1_SHARED = 0.04, 0.05
 #: 1232: 1.23 / 1.10 / 1.21).  The larger cost is taken: packing B costs little where in place
 #: would have won, and in place costs up to 1.7x where B should have been packed.  These are the
 #: defaults: where the host probe measured a K step with B in place (``Target.b_in_place_step``,
-#: ``b_off_line_step``) the two come from it (:func:`in_place_b_costs`).  On the Zen 4 of session
+#: ``b_off_line_step``) the two come from it, and ``B_IN_PLACE`` too (:func:`in_place_b_costs`).  On the Zen 4 of session
 #: 43 it measured no difference either way (1.0 and 1.0), and neither did the kernels (128 x 3072
 #: by 768 / 769 columns in place: 3.42 / 3.39 ms, packed 4.10 / 3.89), while the defaults priced
 #: in place at up to 1.84x and packed ResNet-50's 1024 -> 256 1x1 layers at 14x14 (0.80 ms in the
@@ -177,15 +177,19 @@ def rows_off_line(pitch: int, line: int = 64) -> float:
     return 1.0 - np.gcd(4 * pitch, line) / line
 
 
-def in_place_b_costs(target: Target) -> tuple[float, float]:
-    """``(B_ROW, B_MISALIGNED)`` on ``target``: from the K step ratios the host probe measured
-    (:func:`taskmap.backends.host_probe.in_place_steps`: a tile of two vectors a row of B, rows on a
-    line and 15 in 16 off one), less what :data:`B_IN_PLACE` already charges; else the defaults."""
+def in_place_b_costs(target: Target) -> tuple[float, float, float]:
+    """``(B_IN_PLACE, B_ROW, B_MISALIGNED)`` on ``target``: from the K step ratios the host probe
+    measured (:func:`taskmap.backends.host_probe.in_place_steps`: a tile of two vectors a row of B,
+    rows on a line and 15 in 16 off one) — the per-vector term at most what the step on a line
+    measured, the per-row term the rest of it —; else the defaults.  (Session 44, the Zen 4 whose
+    probe measures 1.0: the per-vector term alone had kept B packed on ResNet-50's and ResNeXt-50's
+    1x1 layers at 14x14, 1.02-1.22x slower than in place side by side.)"""
     on, off = target.b_in_place_step, target.b_off_line_step
     if not (on and off):
-        return B_ROW, B_MISALIGNED
+        return B_IN_PLACE, B_ROW, B_MISALIGNED
     n = IN_PLACE_PROBE_VECTORS
-    return (max(0.0, (on - 1.0 - B_IN_PLACE * n) * n),
+    per_vector = min(B_IN_PLACE, max(0.0, on - 1.0) / n)
+    return (per_vector, max(0.0, (on - 1.0 - per_vector * n) * n),
             max(0.0, (off - on) * n / rows_off_line(IN_PLACE_PROBE_PITCH)))
 
 
@@ -400,8 +404,8 @@ class MatmulCpuTemplate(KernelFamily):
             sets = min(L1_BYTES // L1_WAYS // 64, 4096 // np.gcd(p.k * 4, 4096))   # L1 sets the MR rows fall in
             step *= 1.03 + A_ALIASED_ROW * max(0, -(-mr // sets) - L1_WAYS)
         if not pack_b:            # B in place: its rows are apart, the hardware prefetcher lags; and
-            row, off_line = in_place_b_costs(target)
-            step *= 1.0 + B_IN_PLACE * nr / V + (row + off_line * rows_off_line(p.n)) * V / nr
+            per_vector, row, off_line = in_place_b_costs(target)
+            step *= 1.0 + per_vector * nr / V + (row + off_line * rows_off_line(p.n)) * V / nr
         if mr * kc * 4 > L1_BYTES // 2:  # the A micro-panel and the B stream share L1
             step *= 1.0 + L1_SHARED
         tile = p.k * step + kb * (5 * fmas + 40)
