@@ -31,7 +31,10 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   gcc vectorizes them).
 * **cores**: ``spatial(P).parallel()`` over contiguous ranges of the ``N x CP x PT`` tiles (``CP``
   channel panels, ``PT`` pixel tiles; pixel tiles innermost, so a core's weight panel stays in
-  cache); the packing is one parallel loop over the planes before.
+  cache); the packing is one parallel loop over the planes before — or, with ``pack_each`` (the
+  batch's planes larger than the caches), each core packs the planes of a group's input channels
+  (all of an image's with one group) when its tiles reach that group, into its own buffer of
+  ``xp``, where the group's tiles then read them from its caches rather than from memory.
 """
 from dataclasses import dataclass
 
@@ -65,6 +68,7 @@ class ConvCpuConfig(ConvKernelConfig):
     """The pixel-vectorized kernel's: ``mr`` output channels x ``nr`` pixels."""
 
     shift: bool = False     # planes per tap column (no padding columns computed; see the module doc)
+    pack_each: bool = False  # each core packs a group's planes (an image's with one group) as it reaches them
 
     @property
     def phases(self) -> tuple[int, int]:
@@ -88,9 +92,12 @@ class ConvCpuConfig(ConvKernelConfig):
         qh, qw = self.reach
         return oh + qh, ow if self.shift else ow + qw
 
-    def workspace(self, n: int, cin: int, oh: int, ow: int) -> int:
-        """Elements of ``xp`` (the packed input plus its zero tail)."""
+    def workspace(self, n: int, cin: int, oh: int, ow: int, groups: int = 1) -> int:
+        """Elements of ``xp``: the packed input plus its zero tail, or with ``pack_each`` per core
+        one group's planes plus their tail."""
         (nph, npc), (hq, wq) = self.planes, self.frame(oh, ow)
+        if self.pack_each:
+            return self.cores * (cin // groups * nph * npc * hq * wq + self.nr)
         return n * cin * nph * npc * hq * wq + self.nr
 
 
@@ -113,6 +120,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
     KH, KW, SH, SW, DH, DW, PT, PL = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.dh, cfg.dw, cfg.pt, cfg.pl
     (NPH, NPW), (QH, QW) = cfg.phases, cfg.reach
     SHIFT = cfg.shift
+    PACK_EACH = cfg.pack_each
     NPC = KW if SHIFT else NPW              # planes per row phase
     PAR = parallel if P > 1 else range
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
@@ -122,8 +130,8 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
     X_T, W_T, C_T, XP_T = f32[n, cin, h, w], f32[cout, cig, KH, KW], f32[n, cout, oh, ow], f32[wsx]
 
     @func
-    def pack(x: X_T, xp: f32[wsx], q: i32, hq: i32, wq: i32):
-        """Plane ``q`` = (b, ci, ph, pw) of ``xp``."""
+    def pack(x: X_T, xp: f32[wsx], q: i32, hq: i32, wq: i32, base: i32):
+        """Plane ``q`` = (b, ci, ph, pw) of the packed input, written at ``xp[base:]``."""
         pc = q % NPC
         pw = pc * DW if SHIFT else pc         # the plane's first column in the padded image
         ph = q // NPC % NPH
@@ -138,9 +146,9 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
         ihi = max(min((h + PT - ph + SH - 1) // SH, hq), ilo)
         for i in range(ilo):
             for j in range(wq):
-                xp[(q * hq + i) * wq + j] = 0.0
+                xp[base + i * wq + j] = 0.0
         for i in range(ilo, ihi):
-            row = (q * hq + i) * wq
+            row = base + i * wq
             for j in range(jlo):
                 xp[row + j] = 0.0
             for j in range(jlo, jhi):
@@ -149,17 +157,18 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
                 xp[row + j] = 0.0
         for i in range(ihi, hq):
             for j in range(wq):
-                xp[(q * hq + i) * wq + j] = 0.0
+                xp[base + i * wq + j] = 0.0
 
     @func
-    def micro(wt: W_T, c: C_T, xp: f32[wsx], b: i32, i: i32, t: i32, hq: i32, wq: i32):
-        """Output channels ``i*MR ..`` x pixels ``t*NR ..`` (frame numbering) of image ``b``."""
+    def micro(wt: W_T, c: C_T, xp: f32[wsx], b: i32, i: i32, t: i32, hq: i32, wq: i32, xg: i32):
+        """Output channels ``i*MR ..`` x pixels ``t*NR ..`` (frame numbering) of image ``b``; the
+        planes of their group's input channels at ``xp[xg:]``."""
         acc = register_tensor(f32, [MR, NR])
         co0 = i * MR
         p0 = t * NR
         plane = hq * wq
         cpl = NPH * NPC * plane
-        xb = (b * cin + co0 // (cout // (cin // cig)) * cig) * cpl + p0     # the group's first input channel
+        xb = xg + p0
         for r, s in tile.vectorize():
             acc[r, s] = 0.0
         if co0 + MR <= cout:
@@ -196,18 +205,34 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
     def conv_cpu(x: X_T, wt: W_T, c: C_T, xp: XP_T):
         WQ = ow if SHIFT else ow + QW
         HQ = oh + QH
-        planes = n * cin * NPH * NPC
-        for q in PAR(planes):
-            pack(x, xp, q, HQ, WQ)
-        for z in range(NR):
-            xp[planes * HQ * WQ + z] = 0.0
+        CPL = NPH * NPC * HQ * WQ              # elements of an input channel's planes
+        CPG = cout // (cin // cig)             # output channels a group
+        if not PACK_EACH:
+            planes = n * cin * NPH * NPC
+            for q in PAR(planes):
+                pack(x, xp, q, HQ, WQ, q * HQ * WQ)
+            for z in range(NR):
+                xp[planes * HQ * WQ + z] = 0.0
+        CORE = cig * CPL + NR                  # (pack_each) a core's planes of one group and their tail
         CP = (cout + MR - 1) // MR
         PTS = (oh * WQ + NR - 1) // NR
         for p in CORES:
             u0 = p * (n * CP * PTS) // P
             u1 = (p + 1) * (n * CP * PTS) // P
             for u in range(u0, u1):
-                micro(wt, c, xp, u // (CP * PTS), u // PTS % CP, u % PTS, HQ, WQ)
+                b = u // (CP * PTS)
+                i = u // PTS % CP
+                t = u % PTS
+                if PACK_EACH:
+                    if u == u0 or (t == 0 and i * MR % CPG == 0):     # a group reached: its planes
+                        for r in range(cig * NPH * NPC):
+                            pack(x, xp, (b * cin + i * MR // CPG * cig) * NPH * NPC + r, HQ, WQ,
+                                 p * CORE + r * HQ * WQ)
+                        for z in range(NR):
+                            xp[p * CORE + cig * CPL + z] = 0.0
+                    micro(wt, c, xp, b, i, t, HQ, WQ, p * CORE)
+                else:
+                    micro(wt, c, xp, b, i, t, HQ, WQ, (b * cin + i * MR // CPG * cig) * CPL)
 
     return conv_cpu
 

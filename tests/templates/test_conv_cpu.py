@@ -3,6 +3,7 @@ shapes (odd and prime sizes, kernels 1/3/5/7, strides 1/2, every padding, dilati
 edges), the routing between it and the implicit GEMM, a fused epilogue, and the hot loop's
 assembly."""
 import dataclasses
+import math
 import re
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from taskmap import ops
@@ -25,7 +26,7 @@ from taskmap.templates.base import Schedule
 from taskmap.templates.conv_cpu import CONV_CPU, select
 from taskmap.templates.conv_cpu_cvec import CvecConfig, pack_weights
 from taskmap.templates.conv_cpu_cvec import build_kernel as build_cvec
-from taskmap.templates.conv_cpu_kernel import ConvCpuConfig, build_kernel
+from taskmap.templates.conv_cpu_kernel import ConvCpuConfig, build_kernel, valid
 from taskmap.templates.conv_problem import ConvProblem
 from taskmap.testing import assert_close
 
@@ -544,6 +545,50 @@ def test_grouped_convolutions_on_the_pixel_kernel(window, n, groups, cig, cog, h
     t = torch.from_numpy
     want = torch.nn.functional.conv2d(t(x).double(), t(wt).double(), None, s, pad, d, groups).numpy()
     assert_close(c, want, rtol=1e-5, atol=2e-6 * cig * k * k + 1e-5, err_msg=f"{p} {sched}")
+
+
+@pytest.mark.parametrize("window", [(3, 1, 1, 1), (3, 2, 1, 1), (5, 2, 2, 1)], ids=lambda v: "k{}s{}p{}d{}".format(*v))
+@given(n=st.integers(1, 3), groups=st.sampled_from([1, 2, 4]), cig=st.integers(1, 5), cog=st.sampled_from([2, 4, 8]),
+       h=st.integers(5, 17), shift=st.booleans(), cores=st.sampled_from([1, 2, 3]))
+@FEW
+def test_each_core_packing_a_group_as_it_reaches_it_matches_torch(window, n, groups, cig, cog, h, shift, cores):
+    """``pack_each``: every core packs the planes of the group (the image, with one group) its
+    tiles reach into its own buffer — ranges of tiles that start inside a group, groups two cores
+    share, images split between cores, each read from a NaN-filled workspace (a plane read before
+    it is packed, or another core's, shows)."""
+    k, s, pad, d = window
+    p = ConvProblem(n, groups * cig, h, h + 3, groups * cog, k, k, s, s, pad, pad, pad, pad, d, d, groups, "float32",
+                    False)
+    sched = Schedule.of(mr=math.gcd(cog, 4), nr=CPU.vector_bytes // 4 * 2, cores=cores, shift=shift)
+    cfg = dataclasses.replace(CONV_CPU.config(p, CPU, sched), pack_each=True)
+    assume(valid(cfg))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(np.float32)
+    wt = rng.standard_normal((p.cout, cig, k, k)).astype(np.float32)
+    c = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)
+    xp = np.full(cfg.workspace(p.n, p.cin, p.oh, p.ow, groups), np.nan, np.float32)
+    build_kernel(cfg)(x, wt, c, xp)
+    t = torch.from_numpy
+    want = torch.nn.functional.conv2d(t(x).double(), t(wt).double(), None, s, pad, d, groups).numpy()
+    assert_close(c, want, rtol=1e-5, atol=2e-6 * cig * k * k + 1e-5, err_msg=f"{p} {cfg}")
+
+
+def test_pack_each_is_chosen_where_the_batch_planes_outgrow_the_last_level_cache():
+    """ResNeXt-50's grouped 3x3 layers at batch 8 on a 32 MB L3: stride 2 at 56x56 (27.6 MB of phase
+    planes) and 28x28 (14.7 MB) pack group by group; at 14x14 (8.4 MB), at batch 1, or where the
+    last-level cache is unknown, the batch is packed in one pass."""
+    from taskmap.templates.conv_cpu import PACK_EACH_LLC
+
+    l3 = dataclasses.replace(CASCADE, llc_bytes=32 << 20)
+    sched = Schedule.of(mr=8, nr=32, cores=2, shift=False)
+
+    def each(target, n, c, hw, stride):
+        p = ConvProblem(n, c, hw, hw, c, 3, 3, stride, stride, 1, 1, 1, 1, 1, 1, 32, "float32", True, True)
+        return CONV_CPU.config(p, target, sched).pack_each
+
+    assert each(l3, 8, 256, 56, 2) and each(l3, 8, 512, 28, 2)
+    assert not each(l3, 8, 1024, 14, 2) and not each(l3, 1, 512, 28, 2) and not each(dataclasses.replace(l3, llc_bytes=0), 8, 256, 56, 2)
+    assert PACK_EACH_LLC * l3.llc_bytes < 4 * 8 * 512 * 4 * 15 * 15
 
 
 def test_grouped_layers_route_by_the_cost_model_and_match_torch():
