@@ -65,6 +65,8 @@
 # (not only a constant), which changes the index code of every kernel with symbolic sizes, GPU
 # ones included; checked by the property tests and NVRTC builds only: "cuda_tests" first.
 #
+# Session 44 (no GPU) changed CPU cost models and the CPU pixel kernel only: nothing for a GPU.
+#
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
 # defaults fit one 15-minute lease with room for one more call.  Session 17 (H200): tests 58 s,
