@@ -125,10 +125,15 @@ PACK_EACH_LLC = 1 / 3
 #: panels, a quarter of the former two-loop transposition, whose constants fitted to the
 #: exhaustive records were 0.9 / 1.8 ns: scaled alike), into a block of the panel that stays in
 #: L2 and beyond; and the cycles of its stores (through a transposed tile: vector stores) per
-#: output element and per channel row of a tile (measured on Zen 4: 0.54 per element with 14-pixel
-#: rows, 0.84 with 7).
+#: output element and per channel row of a tile (measured on Zen 4, warm and alone: 0.54 per element
+#: with 14-pixel rows, 0.84 with 7, which a per-element 0.25 fitted).  The per-element cost is 1.25:
+#: fitted with :data:`POINTWISE_EDGE` on Zen 4 (session 44) to which of the channel kernel and the
+#: GEMM ran 42 1x1 layers faster side by side, batch 1 and 8: at 0.25 the channel kernel's estimate
+#: was too low where its stores outweigh a short reduction (MobileNetV2's 64 -> 384 at 14x14, K = 64,
+#: ran 1.2-1.3x slower on it in the model's flow) and no edge separated those from the wide layers
+#: it ran faster (ResNeXt-50's 1024 -> 512 at 14x14, batch 8: 7.3 against 8.0 ms).
 WEIGHT_PACK_COST = (0.25e-9, 0.5e-9)
-CVEC_STORE_CYCLES = (0.25, 4.2)
+CVEC_STORE_CYCLES = (1.25, 4.2)
 #: Bytes per second one core reads an input that does not stay in its L2 (from L3): the channel
 #: kernel sweeps the whole image once per channel panel, so a large input is streamed for every
 #: panel of a core, its first included (channel by channel, a row apart: the prefetchers lag).
@@ -145,21 +150,21 @@ CVEC_STORE_CYCLES = (0.25, 4.2)
 LLC_BANDWIDTH = 20e9
 #: On 1x1 layers the two models are not on one scale: the channel kernel must win by this factor,
 #: on cores with one full-width FMA a cycle (``Target.vector_fma_rate`` 1: Zen 4's two 256-bit
-#: halves) and with two (Cascade Lake, Zen 5).  One pipe, fitted on Zen 4 in session 44 (two cores;
-#: the model's channel-kernel and GEMM picks of 21 stride-1 1x1 layers of ResNet-50, ResNeXt-50 and
-#: MobileNetV2 at batch 1, 7x7 to 56x56, measured side by side): the channel kernel was faster on
-#: every layer whose estimate was under the GEMM's by 1.07x or more (ResNeXt-50's 1024 -> 512 at
-#: 14x14: 0.91 against 0.96 ms, ResNet-50's 1024 -> 256: 0.46 against 0.49) but ResNet-50's 256 ->
-#: 1024 at 14x14 (1.069: 2% slower), and slower on every one under 1.065x (MobileNetV2's 64 -> 384
-#: and 96 -> 576 at 14x14, 1.058 / 1.061: 56 against 50 us, 113 against 107); ResNet-50's stride-2
-#: 1x1 layers were all faster on it (1.02-1.34x; estimates 1.077-1.30 under).  Session 37's 1.25
-#: there (one core, 1.1-1.7x, median 1.22x) came from channel kernels that stored their planes
-#: through a division per element (fixed in session 43) against GEMMs priced with B's rows in place
-#: at the Cascade Lake's cost.  Two pipes: a Cascade Lake ran the stride-2 layers 1.5-2.1 ms on the
-#: channel kernel, 1.0-1.2 ms on the implicit GEMM, with the models 10% apart; a Zen 5 ran the 1x1
-#: layers at 28x28 and 56x56 7-13% faster on the GEMM (exhaustive records; measured before the
-#: session 43 fix too, so that edge may also be high).
-POINTWISE_EDGE = 1.065
+#: halves) and with two (Cascade Lake, Zen 5).  One pipe, fitted on Zen 4 in session 44 with the
+#: stores' cost above (two cores; the model's channel-kernel and GEMM picks of 42 1x1 layers of
+#: ResNet-50, ResNeXt-50 and MobileNetV2, 7x7 to 56x56, batch 1 and 8, stride 1 and 2, each pair
+#: measured side by side): ranked by the GEMM's estimate over the channel kernel's, every layer
+#: above 0.985 but two ran faster on the channel kernel (ResNeXt-50's 1024 -> 512 at 14x14: 0.91
+#: against 0.96 ms at batch 1, 7.3 against 8.0 at batch 8; the stride-2 1x1 layers 1.02-1.34x),
+#: every one below but two on the GEMM (MobileNetV2's 96 -> 576 and 64 -> 384 at 14x14, at 0.937
+#: and 0.899: 113 against 107 us, 56 against 50); the four exceptions are within 2-3.6%.  Session
+#: 37's 1.25 came from channel kernels that stored their planes through a division per element
+#: (fixed in session 43) against GEMMs priced with B's rows in place at the Cascade Lake's cost.
+#: Two pipes: a Cascade Lake ran ResNet-50's stride-2 layers 1.5-2.1 ms on the channel kernel,
+#: 1.0-1.2 ms on the implicit GEMM, with the models 10% apart; a Zen 5 ran the 1x1 layers at 28x28
+#: and 56x56 7-13% faster on the GEMM (exhaustive records; measured before the session 43 fix too,
+#: so that edge may also be high).
+POINTWISE_EDGE = 0.985
 POINTWISE_EDGE_TWO_FMAS = 1.25
 #: Slow-down of the channel kernel's steps when a core's block of the weight panel does not
 #: fit half its L2 (streams from L3; measured ~15%).
