@@ -223,16 +223,16 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
                 b = u // (CP * PTS)
                 i = u // PTS % CP
                 t = u % PTS
+                first = b * cin + i * MR // CPG * cig     # image b's first input channel of the tile's group
                 if PACK_EACH:
                     if u == u0 or (t == 0 and i * MR % CPG == 0):     # a group reached: its planes
                         for r in range(cig * NPH * NPC):
-                            pack(x, xp, (b * cin + i * MR // CPG * cig) * NPH * NPC + r, HQ, WQ,
-                                 p * CORE + r * HQ * WQ)
+                            pack(x, xp, first * NPH * NPC + r, HQ, WQ, p * CORE + r * HQ * WQ)
                         for z in range(NR):
                             xp[p * CORE + cig * CPL + z] = 0.0
                     micro(wt, c, xp, b, i, t, HQ, WQ, p * CORE)
                 else:
-                    micro(wt, c, xp, b, i, t, HQ, WQ, (b * cin + i * MR // CPG * cig) * CPL)
+                    micro(wt, c, xp, b, i, t, HQ, WQ, first * CPL)
 
     return conv_cpu
 

@@ -122,11 +122,11 @@ B_IN_PLACE, L1_SHARED = 0.04, 0.05
 #: 1232: 1.23 / 1.10 / 1.21).  The larger cost is taken: packing B costs little where in place
 #: would have won, and in place costs up to 1.7x where B should have been packed.  These are the
 #: defaults: where the host probe measured a K step with B in place (``Target.b_in_place_step``,
-#: ``b_off_line_step``) the two come from it, and ``B_IN_PLACE`` too (:func:`in_place_b_costs`).  On the Zen 4 of session
-#: 43 it measured no difference either way (1.0 and 1.0), and neither did the kernels (128 x 3072
-#: by 768 / 769 columns in place: 3.42 / 3.39 ms, packed 4.10 / 3.89), while the defaults priced
-#: in place at up to 1.84x and packed ResNet-50's 1024 -> 256 1x1 layers at 14x14 (0.80 ms in the
-#: flow, 0.61 in place).
+#: ``b_off_line_step``) the two come from it, and ``B_IN_PLACE`` too (:func:`in_place_b_costs`).
+#: On the Zen 4 of session 43 it measured no difference either way (1.0 and 1.0), and neither did
+#: the kernels (128 x 3072 by 768 / 769 columns in place: 3.42 / 3.39 ms, packed 4.10 / 3.89), while
+#: the defaults priced in place at up to 1.84x and packed ResNet-50's 1024 -> 256 1x1 layers at
+#: 14x14 (0.80 ms in the flow, 0.61 in place).
 B_ROW, B_MISALIGNED = 0.4, 1.2
 #: L1 associativity (8 ways of 4 KiB on Zen 4 and most x86 cores).  Rows of A read in place whose
 #: pitch is a multiple of 4 KiB all fall in one L1 set (a pitch of 2 KiB: two sets, ...); the rows
