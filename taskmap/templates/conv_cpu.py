@@ -215,12 +215,22 @@ def grouped_tiles(cog: int, regs: int) -> tuple[tuple[int, int], ...]:
     return tuple(t for t in tiles if t[0] * t[1] >= 16 and t[0] >= tall) or tuple(tiles[-1:])
 
 
+def grouped_cvec_tiles(cog: int, regs: int, lanes: int) -> tuple[tuple[int, int], ...]:
+    """The channel kernel's register tiles for a grouped convolution of ``cog`` output channels
+    a group: ``NV`` vectors of channels dividing ``cog`` (a panel's channels in one group, whose
+    input channels its broadcasts read) — :data:`CVEC_TILES`, and one vector of ``MR`` = 4-16
+    pixels (ResNeXt-50's 16 channels a group at 14x14)."""
+    tiles = CVEC_TILES[regs] + tuple((mr, 1) for mr in range(4, 17) if mr + 2 <= regs)
+    return tuple((mr, nv) for mr, nv in tiles if cog % (nv * lanes) == 0)
+
+
 class ConvCpuTemplate(KernelFamily):
-    """f32 2-D convolution (any kernel / stride / padding / groups — groups on the pixel kernel
-    only; dilation with stride 1 or where every stride phase is used) on the CPU."""
+    """f32 2-D convolution (any kernel / stride / padding / groups — groups on the pixel kernel,
+    and on the channel kernel where a group's output channels are whole vectors; dilation with
+    stride 1 or where every stride phase is used) on the CPU."""
 
     name = "conv_cpu"
-    version = 16  # keys the tuning cache: bump when the kernels change (16: the pixel kernel packs groups as reached)
+    version = 17  # keys the tuning cache: bump when the kernels change (17: grouped channel kernel)
 
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
@@ -244,8 +254,10 @@ class ConvCpuTemplate(KernelFamily):
         tiles = TILES[regs] if p.groups == 1 else grouped_tiles(p.cout // p.groups, regs)
         pixels = [Schedule.of(mr=mr, nr=nv * V, cores=c, shift=sh) for mr, nv in tiles
                   for c in cores for sh in shifts] if valid(self._window(p, 1, V, V, 1)) and not p.pointwise else []
-        if p.groups > 1:       # the channel and Winograd kernels are for groups of all channels
-            return pixels
+        if p.groups > 1:       # the channel kernel where a group's channels are whole vectors
+            return pixels + [Schedule.of(vec="channels", mr=mr, nr=nv * V, cores=c, kc=0, packed=p.const_weights)
+                             for mr, nv in grouped_cvec_tiles(p.cout // p.groups, regs, V)
+                             if mr <= max(p.ow, 7) for c in cores]
         # reduction blocks only for pre-packed panels that overflow half the L2 (packing per call
         # in blocks measured slower: C10 / C12 of TVM's Table 2, one core)
         half_l2 = l2_per_core(target) // 2
@@ -310,9 +322,10 @@ class ConvCpuTemplate(KernelFamily):
         spills = cfg.stage(p.cin) * 4 > l2_per_core(target) // 2
         if spills:
             step *= L2_SPILL
-        blocks = -(-p.cin // cfg.kc) if cfg.kc else 1
+        k = p.cin // p.groups          # a panel's reduction: its group's input channels
+        blocks = -(-k // cfg.kc) if cfg.kc else 1
         stores = CVEC_STORE_CYCLES[0] * mr * nr + CVEC_STORE_CYCLES[1] * nr
-        tile = p.cin * cfg.taps * step + stores + (blocks - 1) * 3 * fmas + 40
+        tile = k * cfg.taps * step + stores + (blocks - 1) * 3 * fmas + 40
         panels = -(-p.cout // nr)
         tiles = panels * p.n * p.oh * -(-p.ow // mr)
         # whole planes: the cores share (image, panel) units, each all of its rows
@@ -323,9 +336,10 @@ class ConvCpuTemplate(KernelFamily):
         if not direct:
             seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
         # the image's rows the tiles read (whole rows: the lines hold every column), once per panel:
-        # every core streams the whole image for each of its panels, from L3 when it does not
-        # stay in L2 (channel by channel, a row apart: the prefetchers lag), its first pass too
-        image = 4 * p.n * p.cin * min(hp, p.oh * p.kh) * wp
+        # every core streams the whole image (a group's channels of it) for each of its panels, from
+        # L3 when it does not stay in L2 (channel by channel, a row apart: the prefetchers lag), its
+        # first pass too
+        image = 4 * p.n * k * min(hp, p.oh * p.kh) * wp
         passes = -(-panels // cores)
         if image + 4 * cfg.stage(p.cin) > l2_per_core(target) // 2:
             seconds += passes * image / (target.llc_bandwidth or LLC_BANDWIDTH)
@@ -377,7 +391,7 @@ class ConvCpuTemplate(KernelFamily):
                              p.pt, p.pl, s["kc"], s["packed"], by_image,
                              by_image and p.n >= PAD_EACH_IMAGES * s["cores"], pf=PREFETCH_BYTES // 4,
                              pf_c=4 * p.n * p.cout * p.oh * p.ow > l2_per_core(target),
-                             channels_last=p.channels_last)
+                             channels_last=p.channels_last, groups=p.groups)
             return replace(cfg, planes=_planes(p, cfg) and not p.channels_last)
         cfg = self._window(p, s["mr"], s["nr"], lanes_of(target), s["cores"], s.get("shift", False))
         return replace(cfg, pack_each=4 * cfg.workspace(p.n, p.cin, p.oh, p.ow) > PACK_EACH_LLC * target.llc_bytes > 0)

@@ -84,14 +84,17 @@ def test_densenet121(batch, side):
 @pytest.mark.parametrize("batch", [1, 2])
 def test_resnext50(batch):
     """32 groups in every 3x3 conv (4 to 32 channels a group): on the direct kernel's pixel tiles,
-    whose channels stay in one group, the batch norm and ReLU in their stores."""
+    whose channels stay in one group, or where a group's channels are whole vectors on the channel
+    kernel's panels, the batch norm and ReLU in their stores."""
     torch.manual_seed(0)
     fast = compare(resnext50_32x4d(), torch.randn(batch, 3, 160 if batch > 1 else 224, 160 if batch > 1 else 224))
     assert "fallback" not in fast.summary()
     (entry,) = fast.entries.values()
     steps = entry.ready(False).steps
     kernels = [st.kernels[0].__name__ for st in steps if st.kernels and "conv2d" in st.name]
-    assert len(steps) == 56 and kernels.count("conv_cpu") >= 8
+    # the pixel kernel: the 3x3 layers of 4 and 8 channels a group (7), and those of 16 at stride 1 where
+    # the model prefers it (up to 5); the 32-channel groups and the stride-2 16-channel one: channel kernel
+    assert len(steps) == 56 and 7 <= kernels.count("conv_cpu") <= 12
 
 
 @pytest.mark.slow

@@ -591,11 +591,57 @@ def test_pack_each_is_chosen_where_the_batch_planes_outgrow_the_last_level_cache
     assert PACK_EACH_LLC * l3.llc_bytes < 4 * 8 * 512 * 4 * 15 * 15
 
 
+@pytest.mark.parametrize("window", [(3, 1, 1, 1), (3, 2, 1, 1), (1, 2, 0, 1), (3, 1, 0, 2)],
+                         ids=lambda v: "k{}s{}p{}d{}".format(*v))
+@pytest.mark.parametrize("mr, nv, packed", [(7, 1, True), (5, 1, False), (6, 2, True)],
+                         ids=["7x1v-packed", "5x1v", "6x2v-packed"])
+@given(n=st.integers(1, 5), groups=st.sampled_from([2, 3]), cig=st.integers(1, 6), panels=st.sampled_from([1, 2]),
+       h=st.integers(1, 16), w=st.integers(1, 19), cores=st.sampled_from([1, 2, 3]))
+@FEW
+def test_grouped_channel_kernel_matches_torch(window, mr, nv, packed, n, groups, cig, panels, h, w, cores):
+    """Groups whose output channels are whole panels of the channel kernel (ResNeXt-50's 16 and 32
+    channels a group): each panel's broadcasts read its own group's input channels — a wrong
+    group reads other channels, compared against torch in float64 — with the weights packed
+    beforehand or per call, a batch image by image, each core padding its images, whole planes
+    (rows shorter than a vector), all from a NaN-filled workspace."""
+    k, s, pad, d = window
+    span = d * (k - 1) + 1 - 2 * pad
+    h, w = max(h, span), max(w, span)
+    cog = nv * V * panels
+    p = ConvProblem(n, groups * cig, h, w, groups * cog, k, k, s, s, pad, pad, pad, pad, d, d, groups, "float32",
+                    False, packed)
+    sched = channel_schedule(mr, nv, packed=packed, cores=cores)
+    cfg = CONV_CPU.config(p, CPU, sched)
+    assert cfg.groups == groups and cfg.panel(p.cin) == cig * k * k * nv * V
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(np.float32)
+    wt = rng.standard_normal((p.cout, cig, k, k)).astype(np.float32)
+    c = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)
+    args = CONV_CPU.arguments(p, [x, wt], [c], sched, CPU)
+    args[3] = np.full(CONV_CPU.workspace_size(p, sched, CPU), np.nan, np.float32)
+    CONV_CPU.instantiate(p, CPU, sched)(*args)
+    t = torch.from_numpy
+    want = torch.nn.functional.conv2d(t(x).double(), t(wt).double(), None, s, pad, d, groups).numpy()
+    assert_close(c, want, rtol=1e-5, atol=2e-6 * cig * k * k + 1e-5, err_msg=f"{p} {cfg}")
+
+
+def test_grouped_channel_tiles_keep_a_panel_in_one_group():
+    """The channel kernel takes a grouped layer where a group's output channels are whole vectors:
+    its panels (``NR`` dividing them) never straddle two groups, and take no reduction blocks."""
+    for cog in (V // 2, V, 3 * V // 2, 2 * V, 3 * V):
+        p = ConvProblem(1, 4 * cog, 14, 14, 4 * cog, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 4, "float32", False, True)
+        channels = [sc for sc in CONV_CPU.space(p, CPU) if sc.get("vec") == "channels"]
+        assert bool(channels) == (cog % V == 0), cog
+        assert all(cog % sc["nr"] == 0 and not sc["kc"] for sc in channels)
+        assert not channels or V in {sc["nr"] for sc in channels}
+
+
 def test_grouped_layers_route_by_the_cost_model_and_match_torch():
-    """ResNeXt-50's first 3x3 layer (32 groups of 4 channels) and a RegNet-like one: ``ops.conv2d``
-    (whichever route the model takes, the direct kernel among them) against torch."""
+    """ResNeXt-50's first 3x3 layer (32 groups of 4 channels), its stride-2 one of 16 channels a group,
+    a RegNet-like one and one of two vectors of channels a group at 7x7: ``ops.conv2d`` (whichever
+    route the model takes, the pixel or the channel kernel among them) against torch."""
     rng = np.random.default_rng(2)
-    for cin, hw, groups, stride in [(128, 20, 32, 1), (96, 14, 4, 2)]:
+    for cin, hw, groups, stride in [(128, 20, 32, 1), (96, 14, 4, 2), (512, 14, 32, 2), (8 * V, 7, 4, 1)]:
         x = rng.standard_normal((1, cin, hw, hw)).astype(np.float32)
         w = rng.standard_normal((cin, cin // groups, 3, 3)).astype(np.float32)
         b = rng.standard_normal(cin).astype(np.float32)
