@@ -439,10 +439,11 @@ class Splicer(IRRewriter):
 
     def _prefetch(self, call: PrimCall) -> S.Stmt:
         """A prefetch of an epilogue's parameter becomes prefetches of what its store touches there:
-        the output element (through the inverse index map) and the elements of the definition's
-        inputs as large as the output (a residual; smaller ones — a bias, a scale — are re-read
-        across a tile and stay in cache).  A prefetch of a prologue's parameter is dropped (its
-        reads may be gathers whose index arithmetic would cost more than the hint saves)."""
+        the output element (through the inverse index map; not for a ``beside`` prefetch, whose
+        kernel's stores bypass the caches) and the elements of the definition's inputs as large as
+        the output (a residual; smaller ones — a bias, a scale — are re-read across a tile and stay
+        in cache).  A prefetch of a prologue's parameter is dropped (its reads may be gathers whose
+        index arithmetic would cost more than the hint saves)."""
         f = self.fused[id(call.args[0].tensor)]
         if not f.epilogue:
             return S.seq()
@@ -456,8 +457,9 @@ class Splicer(IRRewriter):
                 refs.append(ld)
         # the output keeps the hint's write intent; the inputs beside it are read
         writes = [call.args[2]] + [E.const(0)] * (len(refs) - 1)
-        return S.seq(*(S.Evaluate(PrimCall(Prim.PREFETCH, (r, call.args[1], w), call.type))
-                       for r, w in zip(refs, writes)))
+        fetch = list(zip(refs, writes))[1 if int(call.args[3].value) else 0:]
+        return S.seq(*(S.Evaluate(PrimCall(Prim.PREFETCH, (r, call.args[1], w, E.const(0)), call.type))
+                       for r, w in fetch))
 
     @staticmethod
     def _expand_transpose(call: PrimCall) -> S.Stmt:

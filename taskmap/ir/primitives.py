@@ -123,10 +123,12 @@ class Prim(enum.Enum):
     #: bf16 along K (``a``) times n such pairs (``b``, interleaved), summed into f32 ``c`` (products
     #: exact; AVX-512 BF16's ``vdpbf16ps`` for n = 16 on the CPU, which flushes subnormals)
     DOT2_BF16 = PrimSpec("dot2_bf16", PrimKind.MEMORY, 4, refs=(0, 1, 2), writes=(0,), consts=(3,), value=False)
-    #: (ref, level, write): a hint to bring the cache line of ``ref`` into the cache of ``level``
-    #: (1 or 2), owned for writing when ``write`` is 1; no effect on results, and ``ref`` may lie
-    #: past the tensor's end (a prefetch never faults)
-    PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 3, refs=(0,), consts=(1, 2), value=False)
+    #: (ref, level, write, beside): a hint to bring the cache line of ``ref`` into the cache of
+    #: ``level`` (1 or 2), owned for writing when ``write`` is 1; no effect on results, and ``ref``
+    #: may lie past the tensor's end (a prefetch never faults).  ``beside`` 1: not the line of
+    #: ``ref`` but those a fused epilogue reads beside a store to ``ref`` (a residual) — nothing
+    #: where no epilogue is spliced (for stores that bypass the caches)
+    PREFETCH = PrimSpec("prefetch", PrimKind.MEMORY, 4, refs=(0,), consts=(1, 2, 3), value=False)
     #: (i,) -> i: an integer whose value the C compiler may not see (no constant propagated
     #: through it): the same result, another program — see ``taskmap.lang.opaque``; GPUs: ``i``
     OPAQUE = PrimSpec("opaque", PrimKind.MEMORY, 1)
@@ -346,6 +348,8 @@ def _memory_problem(call: PrimCall, op: Prim, name: str, args: tuple[Expr, ...])
             return 1, f"prefetch() fetches into the cache level 1 or 2, got {_int_const(args[1])}"
         if _int_const(args[2]) not in (0, 1):
             return 2, f"prefetch()'s write is a compile-time bool, got {args[2]}"
+        if _int_const(args[3]) not in (0, 1):
+            return 3, f"prefetch()'s beside is a compile-time bool, got {args[3]}"
     return None
 
 

@@ -270,13 +270,15 @@ def _dot2_bf16(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
 
 
 def _prefetch(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
-    ref_v, level_v, write_v = take_args(ctx, node, "prefetch", args, kwargs, ("ref", "level", "write"), 1,
-                                        {"level": 1, "write": False})
+    ref_v, level_v, write_v, beside_v = take_args(ctx, node, "prefetch", args, kwargs,
+                                                  ("ref", "level", "write", "beside"), 1,
+                                                  {"level": 1, "write": False, "beside": False})
     ref = element_ref(ctx, node, 0, ref_v, "prefetch")
     level = const_arg(ctx, node, 1, level_v, "the cache level of prefetch()", PREFETCH_LEVELS, "level")
     write = const_arg(ctx, node, 2, write_v, "prefetch()'s write", (0, 1), "write")
-    return S.Evaluate(finish(ctx, node, PrimCall(Prim.PREFETCH, (ref, E.const(level), E.const(write))),
-                             {1: "level", 2: "write"}))
+    beside = const_arg(ctx, node, 3, beside_v, "prefetch()'s beside", (0, 1), "beside")
+    call = PrimCall(Prim.PREFETCH, (ref, E.const(level), E.const(write), E.const(beside)))
+    return S.Evaluate(finish(ctx, node, call, {1: "level", 2: "write", 3: "beside"}))
 
 
 def _cp_async(ctx: Any, node: ast.Call, args: list, kwargs: dict) -> S.Stmt:
@@ -320,13 +322,17 @@ dot2_bf16 = Builtin("dot2_bf16", _dot2_bf16,
                     "b[k + 2l + 1]`` — a pair of bf16 along K times n interleaved pairs, summed into f32 (the "
                     "products are exact).  On a CPU with AVX-512 BF16 and n = 16 one ``vdpbf16ps`` (subnormals "
                     "flushed to zero); elsewhere a loop.")
-prefetch = Builtin("prefetch", _prefetch, "``prefetch(t[i], level=1, write=False)``: a hint to bring the cache "
-                                          "line holding t[i] (global or shared memory) into the L1 (``level=1``) "
-                                          "or L2 cache (``level=2``) ahead of its use — owned for writing with "
-                                          "``write=True`` (a line the kernel is about to store); results do not "
-                                          "change, and t[i] may lie past the end of t (a prefetch never faults).  "
-                                          "The CPU's prefetch instructions (``prefetchw`` for writes, where the "
-                                          "CPU has it); on CUDA ``prefetch.L1`` / ``.L2``; nothing on HIP.")
+prefetch = Builtin("prefetch", _prefetch, "``prefetch(t[i], level=1, write=False, beside=False)``: a hint to "
+                                          "bring the cache line holding t[i] (global or shared memory) into the "
+                                          "L1 (``level=1``) or L2 cache (``level=2``) ahead of its use — owned for "
+                                          "writing with ``write=True`` (a line the kernel is about to store); "
+                                          "results do not change, and t[i] may lie past the end of t (a prefetch "
+                                          "never faults).  ``beside=True``: instead of t[i]'s line, the lines "
+                                          "that an epilogue fused into the stores to t reads beside t[i] (a "
+                                          "residual), and nothing where none is fused — for a kernel whose stores "
+                                          "to t bypass the caches.  The CPU's prefetch instructions (``prefetchw`` "
+                                          "for writes, where the CPU has it); on CUDA ``prefetch.L1`` / ``.L2``; "
+                                          "nothing on HIP.")
 cp_async = Builtin("cp_async", _cp_async, "``cp_async(smem[i], gmem[j], nbytes, src_bytes=nbytes)``: an "
                                           "asynchronous global -> shared copy of 4, 8 or 16 bytes; bytes past "
                                           "src_bytes are zero-filled (predication).")

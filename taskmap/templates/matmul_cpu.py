@@ -263,7 +263,7 @@ class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 15  # keys the tuning cache: bump when the kernels or the space change (15: narrow GEMV tiles)
+    version = 16  # keys the tuning cache: bump when the kernels or the space change (16: residual prefetch, C streamed)
 
 
     def applies(self, problem: Any, target: Target) -> bool:
@@ -462,8 +462,7 @@ class MatmulCpuTemplate(KernelFamily):
                          mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
                          problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b,
                          edge_lanes(problem.n * (problem.batch if fold else 1), s["nr"], V), PREFETCH_BYTES // 4,
-                         stream, fold, 4 * problem.batch * problem.m * problem.n > l2 and not problem.trans_c
-                         and not stream)
+                         stream, fold, 4 * problem.batch * problem.m * problem.n > l2 and not problem.trans_c)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)

@@ -17,7 +17,8 @@ and ``NP = ceil(n / NR)`` column panels of B:
   from memory when a model runs) are prefetched ``pf`` elements ahead in the K loop (``prefetch``),
   where the hardware prefetchers would stop at each 4 KiB page; B read in place, the lines of its
   row :data:`B_ROWS_AHEAD` steps of K ahead; the final tile of C (and what a fused epilogue
-  reads with it) before its last K loop, where C does not fit a core's L2 (``pf_c``).
+  reads with it; only that where C is streamed) before its last K loop, where C does not fit a
+  core's L2 (``pf_c``).
 * **cores**: ``spatial(P).parallel()``; ``split="m"`` gives each core a contiguous range of the
   ``batch * MP`` row panels (B packed once, in parallel, before; each core packs its own A
   panels while it first uses them), ``split="n"`` a range of the ``batch * NP`` column panels
@@ -73,12 +74,15 @@ PACK_CHUNK = 256
 #: as a producer kernel would): MobileNetV2's 144 -> 24 1x1 conv at 56x56 244 -> 210 us (warm
 #: 130), its 32 -> 16 at 112x112 204 -> 175 us; the whole model 1.01-1.02x.
 B_ROWS_AHEAD = 8
-# With ``pf_c`` set (C larger than a core's L2, stored plainly, neither streamed nor transposed:
-# ``MatmulCpuTemplate.config``) the last K block prefetches its tile of C into L1 before its K
-# loop: the tile's ``MR`` rows are a row of C apart, each on another page, and a fused epilogue's
-# prefetches cover what it reads there too (a residual: see
-# :meth:`taskmap.fusion.splice.Splicer._prefetch`).  In a model's flow those lines are in L3 or
-# the other core's caches.  Measured (Xeon, two cores, whole model A/B in one process): ResNet-50
+# With ``pf_c`` set (C larger than a core's L2, not transposed: ``MatmulCpuTemplate.config``) the
+# last K block prefetches its tile of C into L1 before its K loop: the tile's ``MR`` rows are a row
+# of C apart, each on another page, and a fused epilogue's prefetches cover what it reads there too
+# (a residual: see :meth:`taskmap.fusion.splice.Splicer._prefetch`).  In a model's flow those lines
+# are in L3 or the other core's caches.  Where C is streamed past the caches its own lines are not
+# fetched, only what an epilogue reads beside them (``prefetch(..., beside=True)``; nothing without
+# one): ResNeXt-50's 128 -> 256 1x1 layers at 56x56 with their residual add, batch 8 (25.7 MB of C,
+# streamed), 0.92-0.96x the time in the model's flow, 0.92-0.93x alone (Zen 4, two cores; into L2
+# rather than L1 no gain in the flow).  Measured (Xeon, two cores, whole model A/B in one process): ResNet-50
 # at batch 8 (its 1x1 convs with a residual add write 3.2 MB an image) 1.04-1.08x, batch 1 1.01x;
 # into L2 rather than L1 0.93x of that.  Prefetching every product's C, GPT-2 and BERT at batch 1
 # ran 0.92-0.99x (their C, 0.4-1.5 MB, stays in L2): hence the size test.  The lines of C are
@@ -111,7 +115,8 @@ class CpuConfig:
     pf: int = 0             # elements ahead the micro-kernel prefetches the ``pre_a`` / ``pre_b`` panels (0: none)
     stream: bool = False    # whole tiles of C stored past the caches (C does not fit them: :data:`STREAM_C`)
     fold: bool = False      # the batch folded into the columns (B batched and packed, A shared: see the doc)
-    pf_c: bool = False      # the last K block prefetches its tile of C (see the comment above ``CpuConfig``)
+    pf_c: bool = False      # the last K block prefetches its tile of C, or with ``stream`` what an epilogue reads
+                            # beside it (see the comment above ``CpuConfig``)
 
     def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
         """Elements of the two workspace buffers (packed A, packed B) — for ``pre_a`` / ``pre_b``,
@@ -275,7 +280,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
             if PF_C and last:                     # before the K loop: its lines arrive while it runs
                 for r in unroll(MR):
                     for q in unroll(-(-W // LINE) + 1):
-                        prefetch(c[ci, min(r0 + r, m - 1), c0 + min(q * LINE, W - 1)], write=True)
+                        prefetch(c[ci, min(r0 + r, m - 1), c0 + min(q * LINE, W - 1)], write=True, beside=STREAM)
             if PACK_B or n < NR:                  # B packed (or narrower than one panel)
                 if PACK_A:
                     for kk in range(kc):

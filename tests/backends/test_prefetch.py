@@ -1,9 +1,9 @@
-"""``prefetch(t[i], level=1, write=False)``: a cache hint.  It changes no result, may point past the
+"""``prefetch(t[i], level=1, write=False, beside=False)``: a cache hint.  It changes no result, may point past the
 end of its tensor (a prefetch never faults), and renders as the CPU's prefetch instructions (gcc's
 ``__builtin_prefetch``, for reading or writing), CUDA's ``prefetch.L1`` / ``prefetch.L2`` and nothing on HIP; the DSL's
 argument errors; fusion dropping the hint on a tensor a prologue replaces and turning one on an epilogue's output into
 hints on what the epilogue touches there (the output's hint keeping its write intent, the
-inputs' read)."""
+inputs' read; a ``beside`` hint only the inputs', and nothing without an epilogue)."""
 from __future__ import annotations
 
 import numpy as np
@@ -116,12 +116,13 @@ def test_register_tensors_have_nothing_to_fetch():
 
 def test_ir_checks():
     a = Var("a", tensor_type(f32, (64,)))
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(0)))) is None
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(2), const(1)))) is None
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(3), const(0))))[0] == 1
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], Var("k", i32), const(0))))[0] == 1
-    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(2))))[0] == 2
-    assert problem(PrimCall(Prim.PREFETCH, (a[0],)))[0] is None
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(0), const(0)))) is None
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(2), const(1), const(1)))) is None
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(3), const(0), const(0))))[0] == 1
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], Var("k", i32), const(0), const(0))))[0] == 1
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(2), const(0))))[0] == 2
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(0), const(2))))[0] == 3
+    assert problem(PrimCall(Prim.PREFETCH, (a[0], const(1), const(0))))[0] is None
 
 
 # ----------------------------------------------------------------------------- fusion
@@ -174,3 +175,32 @@ def test_fusion_prefetches_what_an_epilogue_touches():
     y = np.full((64, 8), np.nan, np.float32)
     k(x, res, bias, y)
     np.testing.assert_allclose(y, 2.0 * x.T + res + bias, rtol=1e-6)
+
+
+@taskmap.kernel
+def streamer(a: lf32[8, 64], c: lf32[8, 64]):
+    """c = 2 a; before each row, a hint for what an epilogue reads beside the row's first element
+    (a kernel whose stores to c would bypass the caches)."""
+    for r in range(8):
+        prefetch(c[r, 0], write=True, beside=True)
+        for s in range(64):
+            c[r, s] = a[r, s] * 2.0
+
+
+def test_a_beside_hint_fetches_only_what_an_epilogue_reads():
+    """``beside=True``: alone, no prefetch at all; with an epilogue (a residual the size of the
+    output, a bias per row) one read hint on the residual where the store writes, none on the
+    output or the bias; results unchanged."""
+    rng = np.random.default_rng(7)
+    x, res, bias = (rng.standard_normal(s).astype(np.float32) for s in ((8, 64), (8, 64), (8,)))
+    assert "__builtin_prefetch" not in streamer.build("cpu").source
+    c = tensor_input("c", "float32", [8, 64])
+    r_in, b_in = tensor_input("res", "float32", [8, 64]), tensor_input("bias", "float32", [8])
+    out = compute("out", [8, 64], lambda i, j: c[i, j] + r_in[i, j] + b_in[i])
+    k = fuse(streamer, epilogues={"c": out})
+    source = k.build("cpu").source
+    hints = [line.strip() for line in source.splitlines() if "__builtin_prefetch" in line]
+    assert len(hints) == 1 and "&res[" in hints[0] and hints[0].endswith(", 0, 3);"), hints
+    y = np.full((8, 64), np.nan, np.float32)
+    k(x, res, bias, y)
+    np.testing.assert_allclose(y, 2.0 * x + res + bias[:, None], rtol=1e-6)

@@ -772,3 +772,32 @@ def test_tiles_of_a_large_c_are_prefetched_with_the_residual():
     fused(*(arrays[q.name] for q in fused.func.params))
     expect = np.maximum(reference(p, a, b, None) + arrays["eb"][None, :, None] + arrays["res"], 0.0)
     assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
+
+
+def test_a_streamed_c_prefetches_only_what_its_epilogue_reads():
+    """C streamed past the caches (larger than half the last-level cache): the last K block's hints
+    fetch no line of C (its stores do not read them) — nothing unfused — and, fused into a residual
+    epilogue, the residual's lines at the tile's elements (not the output's, nor the bias).
+    Results unchanged."""
+    target = dataclasses.replace(CPU, l2_bytes=CPU.num_cores * (256 << 10), llc_bytes=512 << 10)
+    s = sched(mr=6, nr=64, kc=64, ncb=2, split="n", cores=2)
+    p = MatmulProblem(2, 40, 1000, 70, a_batched=False)                                   # 320 KB
+    cfg = MATMUL_CPU.config(p, target, s)
+    assert cfg.stream and cfg.pf_c
+    assert "__builtin_prefetch((&c[" not in MATMUL_CPU.instantiate(p, target, s).build("cpu").source
+    cs = p.c_shape
+    c_in, res, eb = (tensor_input("c", "float32", list(cs)), tensor_input("res", "float32", list(cs)),
+                     tensor_input("eb", "float32", [cs[1]]))
+    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + eb[i] + res[b, i, j], 0.0))
+    fused = fuse(MATMUL_CPU.instantiate(p, target, s), {}, {"c": y}, {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k})
+    hints = [line.strip() for line in fused.build("cpu").source.splitlines() if "__builtin_prefetch" in line]
+    assert any("&res[" in h and h.endswith(", 0, 3);") for h in hints), hints
+    assert not any("&y[" in h or "&eb[" in h for h in hints), hints
+    a, b, _ = operands(p)
+    wa, wb = MATMUL_CPU.workspace_sizes(p, s, target)
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
+              "res": RNG.standard_normal(cs).astype(np.float32), "y": np.full(cs, np.nan, np.float32),
+              "cw": np.full(cs, np.nan, np.float32), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
+    fused(*(arrays[q.name] for q in fused.func.params))
+    expect = np.maximum(reference(p, a, b, None) + arrays["eb"][None, :, None] + arrays["res"], 0.0)
+    assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)

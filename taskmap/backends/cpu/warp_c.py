@@ -515,6 +515,8 @@ def render_prim_c(g: Any, e: PrimCall) -> str:
     if op is Prim.DOT2_BF16:
         return f"tm_dot2_bf16({ref(a[0])}, {ref(a[1])}, {ref(a[2])}, {x(a[3])})"
     if op is Prim.PREFETCH:      # gcc's locality 3: all levels (prefetcht0), 2: L2 and beyond (prefetcht1)
+        if int(a[3].value):      # beside a store with no epilogue spliced in: nothing to fetch
+            return "(void)0"
         return f"__builtin_prefetch({ref(a[0])}, {int(a[2].value)}, {4 - int(a[1].value)})"
     if op is Prim.OPAQUE:        # an empty asm that "changes" the value in its register
         return f"({{ {g.ctype(e.dtype)} tm_o = ({x(a[0])}); __asm__(\"\" : \"+r\"(tm_o)); tm_o; }})"
