@@ -69,6 +69,7 @@ def _families() -> dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Ten
                                                        use_cache=False)), ids),
         "convnext": lambda: (tf.ConvNextModel(tf.ConvNextConfig(hidden_sizes=[96, 192, 384, 768], depths=[3, 3, 9, 3])),
                              image),
+        "regnet": lambda: (tf.RegNetModel(tf.RegNetConfig()), image),      # RegNetY: SE, groups of 64 channels
         "swin": lambda: (tf.SwinModel(tf.SwinConfig(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                                                     window_size=7)), image),
         "whisper_encoder": lambda: (tf.WhisperModel(tf.WhisperConfig(

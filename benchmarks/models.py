@@ -65,7 +65,7 @@ CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 1e-
 #: (An H200, session 27: BERT, GPT-2 and ViT on the wgmma template 1.4-2.2e-3 from eager's TF32.)
 TF32_CHECK_TOLERANCE = 5e-3
 MODELS = ("resnet50", "mobilenet_v2", "inception_v3", "bert", "gpt2", "vit", "efficientnet_b0", "unet",
-          "densenet121", "resnext50", "llama", "convnext", "swin")
+          "densenet121", "resnext50", "llama", "convnext", "swin", "regnet")
 
 
 def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -84,10 +84,12 @@ def make_model(name: str, batch: int, device: str) -> tuple[torch.nn.Module, tup
         from tests.models.vit_def import ViT
         model = ViT(image=224, patch=16, dim=768, depth=12, heads=12, classes=1000)     # ViT-Base/16
         args = (torch.randn(batch, 3, 224, 224),)
-    elif name in ("convnext", "swin"):     # ConvNeXt-T and Swin-T (transformers' classes, random weights)
+    elif name in ("convnext", "swin", "regnet"):     # ConvNeXt-T, Swin-T, RegNetY-4.0GF (transformers' classes)
         import transformers as tf
         if name == "convnext":
             model = tf.ConvNextModel(tf.ConvNextConfig(hidden_sizes=[96, 192, 384, 768], depths=[3, 3, 9, 3]))
+        elif name == "regnet":     # the default config: RegNetY-4.0GF (SE blocks, 3x3 convs of 64-channel groups)
+            model = tf.RegNetModel(tf.RegNetConfig())
         else:
             model = tf.SwinModel(tf.SwinConfig(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                                                window_size=7))
