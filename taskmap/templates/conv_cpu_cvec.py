@@ -54,7 +54,10 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
   Measured on Zen 4 in MobileNetV2's flow (both compiled graphs in one process, per step,
   alternating): its stem 3 -> 32 at 224x224 0.82-0.87x the time (0.92x with a read prefetch),
   0.91x at batch 8; ResNet-50's 7x7 stem 0.96-0.97x; the other channel-kernel layers, whose
-  outputs fit L2, unchanged.
+  outputs fit L2, unchanged.  With whole planes (``pf_next``: 1x1 layers at 7x7), the first
+  :data:`PF_NEXT_ROWS` rows of a unit also prefetch the panel of the core's next unit into L2,
+  a share of its lines per reduction step, so that the next unit's first row does not wait on
+  it (:data:`taskmap.templates.conv_cpu.PF_NEXT_PIXELS`).
 * **Groups** (``groups``; ResNeXt's 3x3 layers of 16 and 32 channels a group): ``NR`` divides a
   group's output channels, so each panel is of one group and its reduction runs over that group's
   input channels alone (``C_in / groups`` of them, from the group's first; the packed panels are
@@ -112,6 +115,7 @@ class CvecConfig(ConvKernelConfig):
     pf_c: bool = False        # a tile prefetches its lines of the output, for writing (see the doc)
     channels_last: bool = False  # stores each pixel's channels together (the output read channels-last)
     groups: int = 1           # a panel's channels are of one group; its reduction, that group's input channels
+    pf_next: bool = False     # (planes) the rows of a unit prefetch the panel of the core's next unit into L2
 
     @property
     def tb(self) -> int:
@@ -164,6 +168,11 @@ class CvecConfig(ConvKernelConfig):
         return images * cin * hp * wp + self.cores * per_core + planes
 
 
+#: With ``pf_next``, the first this many rows of a unit prefetch the next unit's panel (their
+#: reduction steps each a share of its lines).
+PF_NEXT_ROWS = 4
+
+
 def pack_weights(w: np.ndarray, nr: int) -> np.ndarray:
     """NCHW weights ``(C_out, C_in / groups, kh, kw)`` as the kernel's panels: ``[C_out / NR
     (rounded up), C_in / groups, kh, kw, NR]`` flat, zeros past ``C_out`` (what ``prepacked``
@@ -176,6 +185,8 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     MR, NR, V, P, KC, PRE = cfg.mr, cfg.nr, cfg.lanes, cfg.cores, cfg.kc, cfg.prepacked
     KH, KW, SH, SW, DH, DW, PT, PL = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.dh, cfg.dw, cfg.pt, cfg.pl
     TAPS = cfg.taps
+    PF_N = cfg.pf_next and cfg.planes and cfg.prepacked and not cfg.kc
+    PN_LINES = -(-TAPS * NR // (16 * PF_NEXT_ROWS))     # the next panel's lines a reduction step
     G = cfg.groups                                     # a panel's channels are of one group
     assert G == 1 or not KC, "grouped panels take no reduction blocks"
     LINE = 64 // 4
@@ -274,13 +285,15 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
 
     def make_micro(DIRECT: bool) -> func:
         def micro(c: C_T, x: X_T, xp: XP_T, wq: WQ_T, woff: i32, cwoff: i32, b: i32, co0: i32, ho: i32,
-                  wo0: i32, hp: i32, wp: i32, c0: i32, c1: i32, first: bool_, last: bool_, bx: i32):
+                  wo0: i32, hp: i32, wp: i32, c0: i32, c1: i32, first: bool_, last: bool_, bx: i32, pn: i32):
             """Output channels ``co0 ..`` x pixels ``wo0 ..`` of row ``ho`` of image ``b``, input
             channels ``c0 .. c1``: from zero (``first``) or the partial sums at ``xp[cwoff:]``, to
             ``c`` (``last``) or back there.  The input from ``x`` itself (``DIRECT``: no padding
             read) or from its padded copy (image ``bx`` of ``xp``).  ``PLANES``: the tile is the
             whole row ``ho``, written (``MRP`` pixels, plainly) into the planes at ``xp[cwoff:]``.
-            Grouped (``G``): input channel ``ci`` of the reduction is ``ci`` of the panel's group."""
+            Grouped (``G``): input channel ``ci`` of the reduction is ``ci`` of the panel's group.
+            ``pn`` >= 0 (``PF_N``): each reduction step prefetches ``PN_LINES`` lines of the next
+            unit's panel from ``wq[pn:]`` into L2."""
             acc = register_tensor(f32, [MR, NR])
             plane = hp * wp
             if G > 1:
@@ -300,6 +313,10 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                 for r, s in tile.vectorize():
                     acc[r, s] = xp[cwoff + r * NR + s]
             for ci in range(c0, c1):
+                if PF_N:
+                    if pn >= 0:
+                        for q in range(PN_LINES):
+                            prefetch(wq[pn + ((ci - c0) * PN_LINES + q) * LINE], level=2)
                 if PF_X:
                     for kh in range(KH):
                         for q in range(SEG_LINES):
@@ -399,12 +416,15 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                     i = u % CP if BY_IMAGE else u // n
                     if PAD_EACH and not direct and (u == u0 or u % CP == 0):    # as it is reached
                         pad_image(x, xp, b, HP, WP, p)
+                    inext = (u + 1) % CP if BY_IMAGE else (u + 1) // n
+                    pn0 = inext * PANEL if PF_N and u + 1 < u1 and inext != i else -1
                     for ho in range(oh):
                         if direct:
-                            micro_x(c, x, xp, wt, i * PANEL, pb, b, i * NR, ho, 0, HP, WP, 0, CG, True, True, b)
+                            micro_x(c, x, xp, wt, i * PANEL, pb, b, i * NR, ho, 0, HP, WP, 0, CG, True, True, b,
+                                    pn0 + ho * CG * PN_LINES * LINE if pn0 >= 0 and ho < PF_NEXT_ROWS else -1)
                         else:
                             micro_xp(c, x, xp, wt, i * PANEL, pb, b, i * NR, ho, 0, HP, WP, 0, CG, True, True,
-                                     p if PAD_EACH else b)
+                                     p if PAD_EACH else b, pn0 + ho * CG * PN_LINES * LINE if pn0 >= 0 and ho < PF_NEXT_ROWS else -1)
                     store_planes(c, xp, pb, b, i * NR)
             elif BY_IMAGE:
                 PI = oh * OWT                  # tiles of a panel in one image
@@ -418,15 +438,15 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                         v = u % PI
                     if direct:
                         micro_x(c, x, xp, wt, i * PANEL, 0, b, i * NR, v // OWT, v % OWT * MR, HP, WP, 0, CG,
-                                True, True, b)
+                                True, True, b, -1)
                     elif PAD_EACH:             # this core's copy of image b, padded as it is reached
                         if u == u0 or u % (CP * PI) == 0:
                             pad_image(x, xp, b, HP, WP, p)
                         micro_xp(c, x, xp, wt, i * PANEL, 0, b, i * NR, v // OWT, v % OWT * MR, HP, WP, 0, CG,
-                                 True, True, p)
+                                 True, True, p, -1)
                     else:
                         micro_xp(c, x, xp, wt, i * PANEL, 0, b, i * NR, v // OWT, v % OWT * MR, HP, WP, 0, CG,
-                                 True, True, b)
+                                 True, True, b, -1)
             wb = n * cin * HP * WP + p * (0 if PRE else STAGE)
             cwb = n * cin * HP * WP + P * (0 if PRE else STAGE) + p * PU * MR * NR
             if u1 > u0 and not BY_IMAGE and not PLANES:
@@ -443,12 +463,12 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                             if direct:
                                 micro_x(c, x, xp, wt if PRE else xp, i * PANEL + k0 * TAPS * NR if PRE else wb,
                                         cwb + (u - lo) * MR * NR, v // (oh * OWT), i * NR, v // OWT % oh,
-                                        v % OWT * MR, HP, WP, k0, k1, kb == 0, kb == KB - 1, 0)
+                                        v % OWT * MR, HP, WP, k0, k1, kb == 0, kb == KB - 1, 0, -1)
                             else:
                                 micro_xp(c, x, xp, wt if PRE else xp, i * PANEL + k0 * TAPS * NR if PRE else wb,
                                          cwb + (u - lo) * MR * NR, v // (oh * OWT), i * NR, v // OWT % oh,
                                          v % OWT * MR, HP, WP, k0, k1, kb == 0, kb == KB - 1,
-                                         v // (oh * OWT))
+                                         v // (oh * OWT), -1)
 
     return conv_cpu_cvec
 

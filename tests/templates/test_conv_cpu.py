@@ -671,13 +671,15 @@ def test_channel_kernel_whole_planes(window, hw, n, cores, target):
     """Rows shorter than a vector, one tile each: a unit is a channel panel of one image, its rows
     written into the core's planes, then each channel's plane stored by one vector loop with a
     fused bias + SiLU — in place or from the padded copy, image by image and padded per core
-    (``n`` 5), the last panel partial (85 channels), against torch in float64; 16 and 8 lanes."""
+    (``n`` 5), the last panel partial (85 channels), the 1x1 layers' rows prefetching the panel of
+    the core's next unit, against torch in float64; 16 and 8 lanes."""
     k, s, pad, d = window
     lanes = max(4, target.vector_bytes // 4)
     p = ConvProblem(n, 6, hw, hw, 85, k, k, s, s, pad, pad, pad, pad, d, d, 1, "float32", False, True)
     sched = Schedule.of(vec="channels", mr=7, nr=lanes, cores=cores, kc=0, packed=True)
     cfg = CONV_CPU.config(p, target, sched)
     assert cfg.planes and cfg.workspace(p.n, p.cin, p.oh, p.ow) >= cores * cfg.nr * (p.oh * p.ow + cfg.mrp)
+    assert cfg.pf_next == (k == 1)          # 1x1 on planes of 7x7 and less: the next panel prefetched
     x, w, b = data(p, seed=n + hw)
     plain = np.full((p.n, p.cout, p.oh, p.ow), np.nan, np.float32)     # the kernel alone
     kernel = CONV_CPU.instantiate(p, target, sched)
@@ -732,3 +734,24 @@ def test_whole_planes_store_in_vector_loops():
                             capture_output=True, text=True, check=True).stderr
     vectorized = [int(m.group(1)) for m in re.finditer(r":(\d+):\d+: optimized: loop vectorized using 64 byte", report)]
     assert any(loop < line < loop + 10 for line in vectorized), report
+
+
+def test_whole_plane_units_prefetch_the_next_panel_into_l2():
+    """``pf_next``: a 1x1 layer on whole planes of at most :data:`PF_NEXT_PIXELS` prefetches, in
+    its first rows' reduction steps, the panel of the core's next unit into L2 (``prefetcht1``);
+    3x3 layers and larger planes do not (measured slower there: the hints cost more than the
+    first row's wait for the panel)."""
+    from taskmap.templates.conv_cpu import PF_NEXT_PIXELS
+
+    sched = Schedule.of(vec="channels", mr=7, nr=V, cores=2, kc=0, packed=True)
+
+    def config(k, hw):
+        p = ConvProblem(1, 64, hw, hw, 8 * V, k, k, 1, 1, k // 2, k // 2, k // 2, k // 2, 1, 1, 1, "float32", False,
+                        True)
+        return CONV_CPU.config(p, CPU, sched)
+
+    assert PF_NEXT_PIXELS == 49 and config(1, 7).pf_next and config(1, 5).pf_next
+    assert not config(3, 7).pf_next and not config(1, 14).pf_next
+    on = build_cvec(config(1, 7)).build("cpu").source
+    off = build_cvec(dataclasses.replace(config(1, 7), pf_next=False)).build("cpu").source
+    assert on.count(", 0, 2)") > off.count(", 0, 2)")       # level 2: prefetcht1
