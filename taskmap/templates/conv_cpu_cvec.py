@@ -216,16 +216,10 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     WQ_T = W_T if PRE else XP_T            # where the micro-kernel reads the packed panel
 
     @func
-    def pad_row(x: X_T, xp: XP_T, r: i32, hp: i32, wp: i32, dst: i32):
-        """Row ``r`` = (b, ci, i) of the zero-padded input, written as row ``dst`` of ``xp`` (rows,
-        not planes, are the parallel tasks: a 3-channel image is 3 planes for any number of cores)."""
-        q = r // hp
-        i = r % hp
-        b = q // cin
-        ci = q % cin
+    def pad_line(x: X_T, xp: XP_T, b: i32, ci: i32, i: i32, wp: i32, row: i32):
+        """Row ``i`` of plane ``ci`` of image ``b`` zero-padded (``wp`` columns), at ``xp[row:]``."""
         jlo = min(PL, wp)
         jhi = max(min(w + PL, wp), jlo)
-        row = dst * wp
         if i < PT or i >= h + PT:              # rows above / below the image (see conv_cpu_kernel)
             for j in range(wp):
                 xp[row + j] = 0.0
@@ -238,25 +232,20 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                 xp[row + j] = 0.0
 
     @func
+    def pad_row(x: X_T, xp: XP_T, r: i32, hp: i32, wp: i32, dst: i32):
+        """Row ``r`` = (b, ci, i) of the zero-padded input, written as row ``dst`` of ``xp`` (rows,
+        not planes, are the parallel tasks: a 3-channel image is 3 planes for any number of cores)."""
+        q = r // hp
+        pad_line(x, xp, q // cin, q % cin, r % hp, wp, dst * wp)
+
+    @func
     def pad_image(x: X_T, xp: XP_T, b: i32, hp: i32, wp: i32, dst: i32):
-        """Image ``b`` zero-padded, written as image ``dst`` of ``xp``: :func:`pad_row`'s rows,
-        plane by plane without a division or a call per row (a grouped layer's planes of 14x14 at
-        batch 8: a fifth of its time went to those)."""
-        jlo = min(PL, wp)
-        jhi = max(min(w + PL, wp), jlo)
+        """Image ``b`` zero-padded, written as image ``dst`` of ``xp``: plane by plane, row by row,
+        without :func:`pad_row`'s divisions (a grouped layer's planes of 14x14 at batch 8: a fifth
+        of its time went to those)."""
         for ci in range(cin):
             for i in range(hp):
-                row = ((dst * cin + ci) * hp + i) * wp
-                if i < PT or i >= h + PT:
-                    for j in range(wp):
-                        xp[row + j] = 0.0
-                else:
-                    for j in range(jlo):
-                        xp[row + j] = 0.0
-                    for j in range(jlo, jhi):
-                        xp[row + j] = x[b, ci, i - PT, j - PL]
-                    for j in range(jhi, wp):
-                        xp[row + j] = 0.0
+                pad_line(x, xp, b, ci, i, wp, ((dst * cin + ci) * hp + i) * wp)
 
     @func
     def pack_panel(wt: W_T, xp: XP_T, base: i32, co0: i32, c0: i32, c1: i32):

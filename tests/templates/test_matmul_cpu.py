@@ -746,6 +746,28 @@ def test_a_fold_that_cannot_be_built_is_refused_by_name():
     check(fourteen, folded(), seed=14)
 
 
+def _residual_epilogue(p: MatmulProblem, target, s):
+    """The matmul of ``p`` with ``y = relu(c + eb[row] + res)`` fused into its stores."""
+    cs = p.c_shape
+    c_in, res, eb = (tensor_input("c", "float32", list(cs)), tensor_input("res", "float32", list(cs)),
+                     tensor_input("eb", "float32", [cs[1]]))
+    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + eb[i] + res[b, i, j], 0.0))
+    return fuse(MATMUL_CPU.instantiate(p, target, s), {}, {"c": y}, {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k})
+
+
+def _check_residual(fused, p: MatmulProblem, target, s) -> None:
+    """``fused`` (:func:`_residual_epilogue`) on random operands against numpy."""
+    cs = p.c_shape
+    a, b, _ = operands(p)
+    wa, wb = MATMUL_CPU.workspace_sizes(p, s, target)
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
+              "res": RNG.standard_normal(cs).astype(np.float32), "y": np.full(cs, np.nan, np.float32),
+              "cw": np.full(cs, np.nan, np.float32), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
+    fused(*(arrays[q.name] for q in fused.func.params))
+    expect = np.maximum(reference(p, a, b, None) + arrays["eb"][None, :, None] + arrays["res"], 0.0)
+    assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
+
+
 def test_tiles_of_a_large_c_are_prefetched_with_the_residual():
     """Where C does not fit a core's L2 (``pf_c``) the last K block prefetches its tile of C, and
     fused into a residual epilogue those hints cover the output and the residual at the same
@@ -755,23 +777,11 @@ def test_tiles_of_a_large_c_are_prefetched_with_the_residual():
     assert not MATMUL_CPU.config(MatmulProblem(1, 32, 1000, 64), small_l2, s).pf_c        # 128 KB
     p = MatmulProblem(2, 40, 1000, 70, a_batched=False)                                   # 320 KB
     assert MATMUL_CPU.config(p, small_l2, s).pf_c
-    cs = p.c_shape
-    c_in, res, eb = (tensor_input("c", "float32", list(cs)), tensor_input("res", "float32", list(cs)),
-                     tensor_input("eb", "float32", [cs[1]]))
-    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + eb[i] + res[b, i, j], 0.0))
-    sizes = {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k}
-    fused = fuse(MATMUL_CPU.instantiate(p, small_l2, s), {}, {"c": y}, sizes)
+    fused = _residual_epilogue(p, small_l2, s)
     source = fused.build("cpu").source
     assert "__builtin_prefetch((&y[" in source and "__builtin_prefetch((&res[" in source
     assert "__builtin_prefetch((&eb[" not in source
-    a, b, _ = operands(p)
-    wa, wb = MATMUL_CPU.workspace_sizes(p, s, small_l2)
-    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
-              "res": RNG.standard_normal(cs).astype(np.float32), "y": np.full(cs, np.nan, np.float32),
-              "cw": np.full(cs, np.nan, np.float32), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
-    fused(*(arrays[q.name] for q in fused.func.params))
-    expect = np.maximum(reference(p, a, b, None) + arrays["eb"][None, :, None] + arrays["res"], 0.0)
-    assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
+    _check_residual(fused, p, small_l2, s)
 
 
 def test_a_streamed_c_prefetches_only_what_its_epilogue_reads():
@@ -785,19 +795,8 @@ def test_a_streamed_c_prefetches_only_what_its_epilogue_reads():
     cfg = MATMUL_CPU.config(p, target, s)
     assert cfg.stream and cfg.pf_c
     assert "__builtin_prefetch((&c[" not in MATMUL_CPU.instantiate(p, target, s).build("cpu").source
-    cs = p.c_shape
-    c_in, res, eb = (tensor_input("c", "float32", list(cs)), tensor_input("res", "float32", list(cs)),
-                     tensor_input("eb", "float32", [cs[1]]))
-    y = compute("y", list(cs), lambda b, i, j: E.maximum(c_in[b, i, j] + eb[i] + res[b, i, j], 0.0))
-    fused = fuse(MATMUL_CPU.instantiate(p, target, s), {}, {"c": y}, {"batch": p.batch, "m": p.m, "n": p.n, "k": p.k})
+    fused = _residual_epilogue(p, target, s)
     hints = [line.strip() for line in fused.build("cpu").source.splitlines() if "__builtin_prefetch" in line]
     assert any("&res[" in h and h.endswith(", 0, 3);") for h in hints), hints
     assert not any("&y[" in h or "&eb[" in h for h in hints), hints
-    a, b, _ = operands(p)
-    wa, wb = MATMUL_CPU.workspace_sizes(p, s, target)
-    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
-              "res": RNG.standard_normal(cs).astype(np.float32), "y": np.full(cs, np.nan, np.float32),
-              "cw": np.full(cs, np.nan, np.float32), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
-    fused(*(arrays[q.name] for q in fused.func.params))
-    expect = np.maximum(reference(p, a, b, None) + arrays["eb"][None, :, None] + arrays["res"], 0.0)
-    assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
+    _check_residual(fused, p, target, s)
