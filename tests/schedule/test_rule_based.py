@@ -148,21 +148,54 @@ def test_cpu_vector_loop_stops_at_a_per_channel_broadcast(c, h, w, inner):
     np.testing.assert_array_equal(out, xs * ss)
 
 
-@pytest.mark.parametrize("cols, partials", [(49, 16), (7, 2), (300, 64), (1, 1)])
-def test_cpu_inner_reduction_sums_its_partials_in_halves(cols, partials):
+@pytest.mark.parametrize("rows, cols, partials", [(8, 49, 16), (8, 7, 2), (64, 300, 64), (8, 1, 1)])
+def test_cpu_inner_reduction_sums_its_partials_in_halves(rows, cols, partials):
     """A power-of-two count of partial results per output (up to four vectors, at most half of
     the row), combined in halves — vector steps of partials / 2, ..., 1 lanes — not one after the
-    other (a global pool's 49 partials did: 2.6x PyTorch's time).  Numerics: test_inner_reduction."""
-    x = tensor_input("x", f32, [64, cols])
-    s = reduce("s", [64], lambda i, k: x[i, k], [cols], "sum")
+    other (a global pool's 49 partials did: 2.6x PyTorch's time): long rows, and short ones with
+    fewer outputs than a block (test_cpu_short_rows_in_blocks_of_outputs).  Numerics:
+    test_inner_reduction."""
+    x = tensor_input("x", f32, [rows, cols])
+    s = reduce("s", [rows], lambda i, k: x[i, k], [cols], "sum")
     loops = collect(build_module(s, "cpu").entry_function.body, MappingFor)
     widths = [math.prod(lp.mapping.task_shape) for lp in loops if lp.kind is MappingLoopKind.VECTORIZE]
     halves = [partials >> j for j in range(1, partials.bit_length())]
     assert widths[0] == partials and widths[len(widths) - len(halves):] == halves, widths
-    xs = _rand((64, cols))
-    out = np.empty(64, np.float32)
+    xs = _rand((rows, cols))
+    out = np.empty(rows, np.float32)
     schedule(s, "cpu")(xs, out)
     assert_close(out, xs.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("outputs, cols", [(37, 49), (64, 7), (16, 1), (1088, 49), (40, 64), (33, 17)])
+@pytest.mark.parametrize("op", ["sum", "max", "mean"])
+def test_cpu_short_rows_in_blocks_of_outputs(outputs, cols, op):
+    """Rows of at most four vectors, at least a block of outputs: blocks of ``SHORT_BLOCK`` outputs
+    in parallel (a partial block after them), each row folded into one vector of partials (its
+    last step masked), then a vector loop over the block's outputs sums each one's lanes — no
+    halving per output.  Sums, maxima (NaN rows included) and means with their epilogue, against
+    numpy."""
+    from taskmap.schedule.rule_based import PARALLEL_MIN_WORK, SHORT_BLOCK, SHORT_ROW_VECTORS
+
+    lanes = max(4, host_cpu_target().vector_bytes // 4)
+    assert cols <= SHORT_ROW_VECTORS * lanes and outputs >= SHORT_BLOCK
+    x = tensor_input("x", f32, [outputs, cols])
+    r = reduce("r", [outputs], lambda i, k: x[i, k], [cols], "max" if op == "max" else "sum")
+    node = compute("m", [outputs], lambda i: r[i] / float(cols)) if op == "mean" else r
+    fn = build_module(node, "cpu").entry_function
+    vector = [lp for lp in collect(fn.body, S.For) if lp.kind is S.ForKind.VECTORIZE]
+    width = min(lanes, 1 << (cols.bit_length() - 1))
+    assert {int(lp.stop.value) - int(lp.start.value) for lp in vector} <= {width, SHORT_BLOCK, outputs % SHORT_BLOCK}
+    parallel = [lp for lp in collect(fn.body, MappingFor) if lp.kind is MappingLoopKind.PARALLEL]
+    assert bool(parallel) == (outputs * cols >= PARALLEL_MIN_WORK and outputs >= 2 * SHORT_BLOCK
+                              and host_cpu_target().num_cores > 1)
+    xs = _rand((outputs, cols))
+    if op == "max":
+        xs[3, cols // 2] = np.nan
+    out = np.full(outputs, np.nan, np.float32)
+    schedule(node, "cpu")(xs, out)
+    ref = {"sum": np.sum, "max": np.max, "mean": np.mean}[op](xs.astype(np.float64), axis=1)
+    assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_gpu_schedules_build_for_cuda_and_hip():
