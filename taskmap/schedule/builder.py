@@ -17,14 +17,14 @@ lanes, because the backend resolves ``warp_size()`` per target.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..compute.nodes import ReduceOp
 from ..ir import expr as E
 from ..ir import stmt as S
 from ..ir.dtypes import ScalarType, u32
 from ..ir.expr import Expr, Special, SpecialReg, Var
-from ..ir.mapping import MappingLoop, MappingLoopKind, MappingOn, TaskMapping
+from ..ir.mapping import MappingLoop, MappingLoopKind, MappingOn, TaskMapping, spatial
 from ..ir.primitives import Prim, PrimCall
 from ..ir.types import MemScope, TensorType
 
@@ -189,4 +189,42 @@ class Builder:
         self.sync()
 
 
-__all__ = ["Builder", "FULL_MASK", "MAX_WARP", "MIN_WARP", "lane_id", "warp_id", "warp_size"]
+def reduce_rows_in_blocks(b: Builder, outputs: int, block: int, parallel: bool, k: int, width: int,
+                          acc_t: ScalarType, op: ReduceOp, value: Callable[[Expr, Expr], Expr],
+                          store: Callable[[Expr, Expr], None]) -> None:
+    """``outputs`` results, each the ``op`` of a row of ``k`` values (``value(o, j)``: output
+    ``o``'s ``j``-th), in blocks of ``block`` outputs (a parallel task each where ``parallel``; the
+    last, partial block after them): each row folded into ``width`` lanes (``width <= k``; a last
+    partial step masked) held in a register tile, then one vector loop over the block's outputs
+    combining each one's lanes in turn and ``store(o, total)`` — no horizontal reduction per
+    output (short rows: a global pool's 7 x 7 planes)."""
+    full, rest = divmod(k, width)
+
+    def rows(first: Expr, count: int) -> None:
+        part = b.register("part", acc_t, [count, width])
+        with b.loop("q", 0, count) as q:
+            with b.loop("l", 0, width, S.ForKind.VECTORIZE) as l:
+                acc = b.let("acc", value(first + q, l), acc_t)
+                for t in range(1, full):
+                    b.assign(acc, op.combine(acc, E.cast(value(first + q, l + t * width), acc_t)))
+                if rest:
+                    v = b.let("v", value(first + q, E.minimum(l, rest - 1) + full * width), acc_t)
+                    b.assign(acc, E.select(E.compare(E.CmpOp.LT, l, rest), op.combine(acc, v), acc))
+                b.store(part, (q, l), acc)
+        with b.loop("q", 0, count, S.ForKind.VECTORIZE) as q:
+            total = b.let("total", E.Load(part, (q, E.const(0))), acc_t)
+            with b.loop("l", 1, width) as l:
+                b.assign(total, op.combine(total, E.Load(part, (q, l))))
+            store(first + q, total)
+
+    blocks = outputs // block
+    if blocks:
+        workers = spatial(blocks)
+        with b.mapping(workers.parallel() if parallel and blocks > 1 else workers.sequential(), "g") as (g,):
+            rows(g * block, block)
+    if outputs % block:
+        rows(E.const(blocks * block), outputs % block)
+
+
+__all__ = ["Builder", "FULL_MASK", "MAX_WARP", "MIN_WARP", "lane_id", "reduce_rows_in_blocks", "warp_id",
+           "warp_size"]

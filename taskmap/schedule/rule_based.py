@@ -49,7 +49,7 @@ from ..ir.functor import IRRewriter, collect, substitute
 from ..ir.mapping import repeat, spatial
 from ..ir.types import TensorType
 from ..runtime.kernel import Kernel
-from .builder import Builder, MIN_WARP
+from .builder import Builder, MIN_WARP, reduce_rows_in_blocks
 from .fastmath import helpers_for
 
 #: Below this many elements of work a CPU kernel runs on one core (OpenMP's fork costs more).
@@ -381,35 +381,13 @@ def _cpu_reduce_short(p: Plan, lanes: int, par: bool, b: Builder) -> None:
     assert red is not None
     acc_t, op, K = red.node.acc_dtype, red.op, red.extent
     width = min(lanes, 1 << (K.bit_length() - 1))
-    full, rest = divmod(K, width)
-    total_outputs = math.prod(p.shape)
 
-    def block(first: Expr, count: int) -> None:
-        part = b.register("part", acc_t, [count, width])
-        with b.loop("q", 0, count) as q:
-            o = unflatten(first + q, p.shape)
-            with b.loop("l", 0, width, S.ForKind.VECTORIZE) as l:
-                acc = b.let("acc", p.reduce_value(o, l), acc_t)
-                for t in range(1, full):
-                    b.assign(acc, op.combine(acc, p.reduce_value(o, l + t * width)))
-                if rest:
-                    v = b.let("v", p.reduce_value(o, E.minimum(l, rest - 1) + full * width), acc_t)
-                    b.assign(acc, E.select(E.compare(E.CmpOp.LT, l, rest), op.combine(acc, v), acc))
-                b.store(part, (q, l), acc)
-        with b.loop("q", 0, count, S.ForKind.VECTORIZE) as q:
-            total = b.let("total", E.Load(part, (q, E.const(0))), acc_t)
-            with b.loop("l", 1, width) as l:
-                b.assign(total, op.combine(total, E.Load(part, (q, l))))
-            o = unflatten(first + q, p.shape)
-            b.store(p.out, o, p.at(o, total))
+    def store(o: Expr, total: Expr) -> None:
+        idx = unflatten(o, p.shape)
+        b.store(p.out, idx, p.at(idx, total))
 
-    blocks = total_outputs // SHORT_BLOCK
-    if blocks:
-        workers = spatial(blocks)
-        with b.mapping(workers.parallel() if par and blocks > 1 else workers.sequential(), "g") as (g,):
-            block(g * SHORT_BLOCK, SHORT_BLOCK)
-    if total_outputs % SHORT_BLOCK:
-        block(E.const(blocks * SHORT_BLOCK), total_outputs % SHORT_BLOCK)
+    reduce_rows_in_blocks(b, math.prod(p.shape), SHORT_BLOCK, par, K, width, acc_t, op,
+                          lambda o, j: p.reduce_value(unflatten(o, p.shape), j), store)
 
 
 # ----------------------------------------------------------------------------- GPU rules

@@ -38,7 +38,7 @@ from ..ir.expr import Expr, Var, blockIdx, threadIdx
 from ..ir.func import FuncKind, Function, LaunchConfig, Module
 from ..ir.mapping import spatial
 from ..ir.types import TensorType
-from ..schedule.builder import Builder
+from ..schedule.builder import Builder, reduce_rows_in_blocks
 
 if TYPE_CHECKING:
     from .window import WindowProblem
@@ -407,39 +407,17 @@ def cpu_global(p: WindowProblem, lanes: int, parallel: bool) -> Module:
     one lane per plane sums its partial vector — no horizontal reduction per plane."""
     k = _Kernel(p)
     b = Builder()
-    K, P, G = p.h * p.w, p.n * p.c_out, GLOBAL_PLANES
+    K, P = p.h * p.w, p.n * p.c_out
     x = Var("x", TensorType(k.x_t, (E.const(P), E.const(K))))
     y = Var("y", TensorType(k.y_t, (E.const(P),)))
     width = min(lanes, 1 << (K.bit_length() - 1))
-    full, rest = divmod(K, width)
     ct, rop = k.ct, k.rop
     scale = E.const(1.0 / (p.divisor if p.divisor is not None else K), ct) if p.op == "avg" else None
 
-    def planes(first: Expr, count: int) -> None:
-        part = b.register("part", ct, [count, width])
-        with b.loop("q", 0, count) as q:
-            plane = first + q
-            with b.loop("l", 0, width, S.ForKind.VECTORIZE) as l:
-                acc = b.let("acc", E.Load(x, (plane, l)), ct)
-                for t in range(1, full):
-                    b.assign(acc, rop.combine(acc, E.cast(E.Load(x, (plane, l + t * width)), ct)))
-                if rest:
-                    v = b.let("v", E.cast(E.Load(x, (plane, E.minimum(l, rest - 1) + full * width)), ct))
-                    b.assign(acc, E.select(E.compare(E.CmpOp.LT, l, rest), rop.combine(acc, v), acc))
-                b.store(part, (q, l), acc)
-        with b.loop("q", 0, count, S.ForKind.VECTORIZE) as q:
-            total = b.let("total", E.Load(part, (q, E.const(0))), ct)
-            with b.loop("l", 1, width) as l:
-                b.assign(total, rop.combine(total, E.Load(part, (q, l))))
-            b.store(y, (first + q,), E.cast(total * scale if scale is not None else total, k.y_t))
+    def store(o: Expr, total: Expr) -> None:
+        b.store(y, (o,), E.cast(total * scale if scale is not None else total, k.y_t))
 
-    blocks = P // G
-    if blocks:
-        workers = spatial(blocks)
-        with b.mapping(workers.parallel() if parallel and blocks > 1 else workers.sequential(), "g") as (g,):
-            planes(g * G, G)
-    if P % G:
-        planes(E.const(blocks * G), P % G)
+    reduce_rows_in_blocks(b, P, GLOBAL_PLANES, parallel, K, width, ct, rop, lambda o, j: E.Load(x, (o, j)), store)
     name = f"global_{p.op}_pool_cpu"
     return Module((Function(name, FuncKind.CPU_KERNEL, (x, y), b.finish()),), name)
 
