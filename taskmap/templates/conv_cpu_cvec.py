@@ -185,8 +185,6 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     MR, NR, V, P, KC, PRE = cfg.mr, cfg.nr, cfg.lanes, cfg.cores, cfg.kc, cfg.prepacked
     KH, KW, SH, SW, DH, DW, PT, PL = cfg.kh, cfg.kw, cfg.sh, cfg.sw, cfg.dh, cfg.dw, cfg.pt, cfg.pl
     TAPS = cfg.taps
-    PF_N = cfg.pf_next and cfg.planes and cfg.prepacked and not cfg.kc
-    PN_LINES = -(-TAPS * NR // (16 * PF_NEXT_ROWS))     # the next panel's lines a reduction step
     G = cfg.groups                                     # a panel's channels are of one group
     assert G == 1 or not KC, "grouped panels take no reduction blocks"
     LINE = 64 // 4
@@ -198,6 +196,8 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
     BY_IMAGE = cfg.by_image and PRE and not KC
     PAD_EACH = BY_IMAGE and cfg.pad_each
     PLANES = cfg.planes and PRE and not KC and not cfg.channels_last
+    PF_N = cfg.pf_next and PLANES
+    PN_LINES = -(-TAPS * NR // (LINE * PF_NEXT_ROWS))   # the next panel's lines a reduction step
     NHWC = cfg.channels_last
     PF_C = cfg.pf_c and not PLANES and not NHWC     # (NHWC: prefetching a pixel's lines measured no gain)
     C_LINES = -(-MR // LINE) + 1                       # lines a tile's row of MR pixels may touch
@@ -408,12 +408,12 @@ def build_kernel(cfg: CvecConfig) -> Kernel:
                     inext = (u + 1) % CP if BY_IMAGE else (u + 1) // n
                     pn0 = inext * PANEL if PF_N and u + 1 < u1 and inext != i else -1
                     for ho in range(oh):
+                        pn = pn0 + ho * CG * PN_LINES * LINE if pn0 >= 0 and ho < PF_NEXT_ROWS else -1
                         if direct:
-                            micro_x(c, x, xp, wt, i * PANEL, pb, b, i * NR, ho, 0, HP, WP, 0, CG, True, True, b,
-                                    pn0 + ho * CG * PN_LINES * LINE if pn0 >= 0 and ho < PF_NEXT_ROWS else -1)
+                            micro_x(c, x, xp, wt, i * PANEL, pb, b, i * NR, ho, 0, HP, WP, 0, CG, True, True, b, pn)
                         else:
                             micro_xp(c, x, xp, wt, i * PANEL, pb, b, i * NR, ho, 0, HP, WP, 0, CG, True, True,
-                                     p if PAD_EACH else b, pn0 + ho * CG * PN_LINES * LINE if pn0 >= 0 and ho < PF_NEXT_ROWS else -1)
+                                     p if PAD_EACH else b, pn)
                     store_planes(c, xp, pb, b, i * NR)
             elif BY_IMAGE:
                 PI = oh * OWT                  # tiles of a panel in one image
