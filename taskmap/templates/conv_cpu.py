@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Target, TargetKind, host_cpu_target
+from ..errors import UnsupportedError
 from ..runtime.args import view
 from ..runtime.kernel import Kernel
 from .attention_cpu import l2_per_core
@@ -393,6 +394,10 @@ class ConvCpuTemplate(KernelFamily):
             return WinoConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], 3, 3, 1, 1, 1, 1, p.pt, p.pl, s["m"],
                               s["packed"], PREFETCH_BYTES // 4)
         if s.get("vec") == "channels":
+            if p.groups > 1 and ((p.cout // p.groups) % s["nr"] or s["kc"]):
+                raise UnsupportedError(f"conv_cpu: the channel kernel's panels of {s['nr']} channels (kc={s['kc']}) "
+                                       f"do not divide the {p.cout // p.groups} output channels of a group of {p}: "
+                                       "a panel must hold one group's channels, without reduction blocks")
             by_image = s["packed"] and not s["kc"] and (p.n > 1 or p.channels_last)
             cfg = CvecConfig(s["mr"], s["nr"], lanes_of(target), s["cores"], p.kh, p.kw, p.sh, p.sw, p.dh, p.dw,
                              p.pt, p.pl, s["kc"], s["packed"], by_image,

@@ -19,6 +19,7 @@ from taskmap import ops
 from taskmap.backends.base import host_cpu_target
 from taskmap.backends.cpu.build import CFLAGS
 from taskmap.compute.nodes import compute, tensor_input
+from taskmap.errors import UnsupportedError
 from taskmap.fusion import fuse
 from taskmap.ir.expr import maximum, minimum
 from taskmap.ops.conv import _plan, direct_sizes
@@ -634,6 +635,9 @@ def test_grouped_channel_tiles_keep_a_panel_in_one_group():
         assert bool(channels) == (cog % V == 0), cog
         assert all(cog % sc["nr"] == 0 and not sc["kc"] for sc in channels)
         assert not channels or V in {sc["nr"] for sc in channels}
+    p = ConvProblem(1, 4 * V, 14, 14, 4 * V, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 8, "float32", False, True)
+    with pytest.raises(UnsupportedError, match="one group's channels"):       # V / 2 channels a group
+        CONV_CPU.instantiate(p, CPU, channel_schedule(7, 1, packed=True))
 
 
 def test_grouped_layers_route_by_the_cost_model_and_match_torch():
