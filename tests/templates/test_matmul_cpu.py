@@ -317,6 +317,26 @@ def test_b_in_place_is_prefetched_rows_ahead():
           sched(mr=8, nr=48, kc=256, split="n", pack_b=False))
 
 
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+@pytest.mark.parametrize("m", [1, 3])
+def test_thin_tiles_prefetch_the_packed_weights_into_l2(m):
+    """A linear's weights packed beforehand under thin tiles (A read in place, GEMV-like): each
+    step of K prefetches the panel's lines ``2 pf`` elements on into L2 (``prefetcht1``), one per
+    line of its 128 columns beside the FMAs (whole and edge tiles); results unchanged."""
+    p = MatmulProblem(1, m, 1000, 300, trans_b=True, bias=True, const_b=True)
+    s = sched(mr=m, nr=128, kc=128, ncb=4, split="n", pack_a=False)
+    cfg = MATMUL_CPU.config(p, CPU, s)
+    assert (cfg.pack_a, cfg.pre_b, cfg.pf) == (False, True, 1024)
+    src = MATMUL_CPU.instantiate(p, CPU, s).build("cpu")
+    assert src.source.count("+ 2048)]), 0, 2);") == 2           # whole tiles and the edge's: into L2
+    asm = subprocess.run(["gcc", *ASM_FLAGS, "-S", src.source_path, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    loops = [body for body in re.split(r"\n\.L\d+:\n", asm) if body.count("vfmadd231ps") == 8 * m]
+    assert loops, f"no loop with {8 * m} FMAs (the {m} x 128 register tile)"
+    assert {body.split("\n\t j")[0].count("prefetcht1") for body in loops} == {8}
+    check(p, s)
+
+
 def test_a_c_larger_than_l2_is_prefetched_for_writing():
     """C larger than a core's L2 (a 1x1 conv's 256 x 3136 output): the last K block prefetches its
     tile's lines of C for writing (``prefetchw``) before its loop; a C that fits, none.  Results
