@@ -120,6 +120,13 @@ CVEC_KCS = (64, 128)
 #: as it reaches it, into that core's one padded copy (which stays in its caches), when every core
 #: gets at least this many images: an image two cores share is padded by both.
 PAD_EACH_IMAGES = 2
+#: ... and that padding costs this share of a pass through memory (``PACK_BANDWIDTH``): its copy is
+#: written and read in the core's caches.  Measured on Zen 4 in ResNeXt-50's flow at batch 8 (both
+#: compiled graphs in one process, alternating): its 3x3 layers of 16-channel groups at 14x14, a
+#: tie for the model without it (the pixel kernel's whole-batch pass through memory against the
+#: channel kernel's pass charged the same), 1.9-2.1 ms on the pixel kernel, 1.38-1.47 on the channel
+#: kernel (1.3x).
+PAD_EACH_SHARE = 0.5
 #: The pixel kernel packs the whole batch's stride-phase planes in a parallel pass before its tiles;
 #: where those exceed this share of the last-level cache, each core packs instead the planes of a
 #: group (an image with one group) as it reaches its tiles, into one buffer that stays in its caches
@@ -320,7 +327,8 @@ class ConvCpuTemplate(KernelFamily):
         """The channel kernel: micro-kernel steps (``NV`` aligned loads and ``MR`` broadcasts
         per ``MR x NV`` FMAs) over whole tiles (a row's last tile padded to ``MR`` pixels, the
         last panel to ``NR`` channels), the transposed stores, partial sums between reduction
-        blocks, the input's padding pass and — unless the weights come packed — their packing."""
+        blocks, the input's padding pass (``PAD_EACH_SHARE`` of it where each core pads its
+        images in its caches) and — unless the weights come packed — their packing."""
         cfg = self.config(p, target, schedule)
         mr, nr, cores, V = cfg.mr, cfg.nr, cfg.cores, lanes_of(target)
         clock = target.clock_hz or 2.5e9
@@ -342,7 +350,7 @@ class ConvCpuTemplate(KernelFamily):
         direct = cfg.direct(p.h, p.w, p.oh, p.ow)
         hp, wp = (p.h, p.w) if direct else cfg.padded(p.oh, p.ow)
         if not direct:
-            seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores)
+            seconds += 8 * p.n * p.cin * hp * wp / (PACK_BANDWIDTH * cores) * (PAD_EACH_SHARE if cfg.pad_each else 1)
         # the image's rows the tiles read (whole rows: the lines hold every column), once per panel:
         # every core streams the whole image (a group's channels of it) for each of its panels, from
         # L3 when it does not stay in L2 (channel by channel, a row apart: the prefetchers lag), its
