@@ -114,6 +114,12 @@ PLANE_BALANCE = 1.1
 #: at batch 1 0.92-0.94x the time, RegNetY's 1088 -> 1088 0.93-1.0x, MobileNetV2's 0.96-1.0x; the
 #: 14x14 ones (512 -> 512) and the 3x3 layers ran 1.01-1.10x slower with it (the hints cost more).
 PF_NEXT_PIXELS = 49
+#: The pixel kernel's cost on a grouped layer, against the channel kernel's, is multiplied by this:
+#: where the two tie alone they do not in a model's flow.  Measured on Zen 4 (both compiled graphs
+#: in one process, alternating, batch 1): ResNeXt-50's 16-channel groups at 14x14 0.37-0.40 ms on
+#: the pixel kernel, 0.32-0.34 on the channel kernel (alone 0.188 and 0.191); RegNetY's 128
+#: channels of 64-channel groups at 56x56 2.42 against 2.25 (the model's costs 0.998 and 0.999 to 1).
+GROUPED_PIXEL_FLOW = 1.05
 #: Reduction blocks (input channels) of the channel kernel, besides 0 (all of C_in).
 CVEC_KCS = (64, 128)
 #: The channel kernel sweeping a batch image by image pads each image on the core that works on it,
@@ -321,7 +327,7 @@ class ConvCpuTemplate(KernelFamily):
         seconds = -(-tiles // cores) * tile / clock
         packed = p.n * p.cin * nph * npc * hq * wq
         seconds += 8 * packed / (PACK_BANDWIDTH * cores) * (1 if p.sw == 1 else STRIDED_PACK)
-        return seconds + FORK_COST * 2 * (cores > 1) + CALL_COST
+        return (seconds + FORK_COST * 2 * (cores > 1) + CALL_COST) * (GROUPED_PIXEL_FLOW if p.groups > 1 else 1.0)
 
     def _cvec_cost(self, p: ConvProblem, target: Target, schedule: Schedule) -> float:
         """The channel kernel: micro-kernel steps (``NV`` aligned loads and ``MR`` broadcasts
