@@ -337,6 +337,25 @@ def test_thin_tiles_prefetch_the_packed_weights_into_l2(m):
     check(p, s)
 
 
+def test_thin_tiles_take_all_of_k_as_one_block():
+    """Thin tiles over a constant B^T packed once (a classifier's weights at batch 1): all of K is
+    one more block of the space (each core's panels one run of memory), the model's choice where A's
+    row fits L1; it computes the right thing.  Other problems keep the K blocks of ``KCS``."""
+    from taskmap.templates.matmul_cpu import KCS, L1_BYTES
+
+    for m, k, n in [(1, 2048, 1000), (1, 1280, 1000), (2, 1000, 600)]:
+        p = MatmulProblem(1, m, n, k, trans_b=True, bias=True, const_b=True)
+        kcs = {s["kc"] for s in MATMUL_CPU.space(p, ZEN4) if not s.get("dot")}
+        assert k in kcs and k not in KCS
+        best = choose(MATMUL_CPU, p, ZEN4, mode="model")
+        assert best["kc"] == k and not best["pack_a"], best
+        check(p, best)
+    wide = MatmulProblem(1, 1, 256, L1_BYTES, trans_b=True, const_b=True)     # A's row past L1: blocks
+    assert max(s["kc"] for s in MATMUL_CPU.space(wide, ZEN4) if not s.get("dot")) == max(KCS)
+    plain = MatmulProblem(1, 64, 256, 2048)
+    assert {s["kc"] for s in MATMUL_CPU.space(plain, ZEN4) if "kc" in s.as_dict()} <= set(KCS)
+
+
 def test_a_c_larger_than_l2_is_prefetched_for_writing():
     """C larger than a core's L2 (a 1x1 conv's 256 x 3136 output): the last K block prefetches its
     tile's lines of C for writing (``prefetchw``) before its loop; a C that fits, none.  Results
