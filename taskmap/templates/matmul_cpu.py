@@ -27,7 +27,7 @@ Small-M problems (GEMV-like, a side of at most :data:`SMALL_SIDE`) add more kind
 * ``trans_b`` with a constant B (a linear layer's weights in a compiled graph), M up to
   :data:`THIN_SIDE`: thin register tiles (:data:`SMALL_TILES`) over B packed once into column
   panels — one contiguous stream per panel where the dot kernel streams ``nr`` rows side by side
-  (1.2-1.3x faster at M = 1);
+  (1.2-1.3x faster at M = 1), and all of K one more block (:data:`WHOLE_K`);
 * plain B: register tiles with ``MR`` in 1..4 and a wide ``NR`` (:data:`SMALL_TILES`), B read in
   place whatever its row pitch (copying B costs as much as the whole product).
 
