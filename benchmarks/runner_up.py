@@ -12,7 +12,6 @@ the flow leaves it — which isolated timings (the tuner's) do not show.  Sessio
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 PENALTY = 1.0      # seconds: more than any layer's cost
@@ -20,8 +19,8 @@ PENALTY = 1.0      # seconds: more than any layer's cost
 
 def runner_up(template: type, kind: Callable[[Any], Any], applies: Callable[[Any], bool] = lambda p: True) -> None:
     """Make ``template``'s cost model pick, for the problems ``applies`` accepts, the best point of
-    a kind (``kind(schedule)``) other than the one it picks unwrapped; the in-process memo of its
-    choices is cleared."""
+    a kind (``kind(schedule)``) other than the one it picks unwrapped (``ab_steps.py`` clears the
+    memos of earlier choices before compiling B)."""
     cost = template.cost
     chosen: dict[Any, Any] = {}
 
@@ -36,4 +35,3 @@ def runner_up(template: type, kind: Callable[[Any], Any], applies: Callable[[Any
         return c + (PENALTY if chosen[problem] is not None and kind(schedule) == chosen[problem] else 0.0)
 
     template.cost = penalized
-    sys.modules["taskmap.schedule.tune"]._model_memo.clear()

@@ -189,15 +189,17 @@ class Builder:
         self.sync()
 
 
-def reduce_rows_in_blocks(b: Builder, outputs: int, block: int, parallel: bool, k: int, width: int,
+def reduce_rows_in_blocks(b: Builder, outputs: int, block: int, parallel: bool, k: int, lanes: int,
                           acc_t: ScalarType, op: ReduceOp, value: Callable[[Expr, Expr], Expr],
                           store: Callable[[Expr, Expr], None]) -> None:
     """``outputs`` results, each the ``op`` of a row of ``k`` values (``value(o, j)``: output
     ``o``'s ``j``-th), in blocks of ``block`` outputs (a parallel task each where ``parallel``; the
-    last, partial block after them): each row folded into ``width`` lanes (``width <= k``; a last
-    partial step masked) held in a register tile, then one vector loop over the block's outputs
-    combining each one's lanes in turn and ``store(o, total)`` — no horizontal reduction per
-    output (short rows: a global pool's 7 x 7 planes)."""
+    last, partial block after them): each row folded into ``width`` lanes (the largest power of two
+    within the row and a vector of ``lanes``; a last partial step masked) held in a register tile,
+    then one vector loop over the block's outputs combining each one's lanes in turn and
+    ``store(o, total)`` — no horizontal reduction per output (short rows: a global pool's 7 x 7
+    planes)."""
+    width = min(lanes, 1 << (k.bit_length() - 1))
     full, rest = divmod(k, width)
 
     def rows(first: Expr, count: int) -> None:

@@ -380,13 +380,12 @@ def _cpu_reduce_short(p: Plan, lanes: int, par: bool, b: Builder) -> None:
     red = p.reduction
     assert red is not None
     acc_t, op, K = red.node.acc_dtype, red.op, red.extent
-    width = min(lanes, 1 << (K.bit_length() - 1))
 
     def store(o: Expr, total: Expr) -> None:
         idx = unflatten(o, p.shape)
         b.store(p.out, idx, p.at(idx, total))
 
-    reduce_rows_in_blocks(b, math.prod(p.shape), SHORT_BLOCK, par, K, width, acc_t, op,
+    reduce_rows_in_blocks(b, math.prod(p.shape), SHORT_BLOCK, par, K, lanes, acc_t, op,
                           lambda o, j: p.reduce_value(unflatten(o, p.shape), j), store)
 
 

@@ -163,10 +163,10 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     # (one prefetch per step of K for A's MR elements, one per cache line of B's NR).
     PF, LINE = cfg.pf, 64 // 4
     PF_A, PF_B = PF and PRE_A, PF and PRE_B
-    # ... A read in place (GEMV-like thin tiles, B a constant): one FMA per element of B, which
-    # streams from memory at the cores' bandwidth; its lines are prefetched into L2, twice as far
-    # ahead (8 KiB), so that more of them are in flight than L1's miss buffers hold.
-    PF_THIN = 2 * PF
+    # With A read in place (GEMV-like thin tiles, B a constant) there is one FMA per element of B,
+    # which streams from memory at the cores' bandwidth: its lines go into L2, twice as far ahead
+    # (8 KiB), so that more of them are in flight than L1's miss buffers hold.
+    B_AHEAD, B_LEVEL = (PF, 1) if PACK_A else (2 * PF, 2)
     B_LINES = -(-NR // LINE)
     PF_ROWS = B_ROWS_AHEAD if PF and not PACK_B else 0
     PF_C = cfg.pf_c                                  # the final tile's lines of C (see the comment on pf_c)
@@ -294,21 +294,21 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                             prefetch(wa[aoff + kk * MR + PF])
                         if PF_B:
                             for q in unroll(B_LINES):
-                                prefetch(wb[boff + kk * NR + PF + q * LINE])
+                                prefetch(wb[boff + kk * NR + B_AHEAD + q * LINE], level=B_LEVEL)
                         for r, s in tile.vectorize():
                             acc[r, s] += wa[aoff + kk * MR + r] * wb[boff + kk * NR + s]
                 elif FULL and i < m // MR:
                     for kk in range(kc):
                         if PF_B:
                             for q in unroll(B_LINES):
-                                prefetch(wb[boff + kk * NR + PF_THIN + q * LINE], level=2)
+                                prefetch(wb[boff + kk * NR + B_AHEAD + q * LINE], level=B_LEVEL)
                         for r, s in tile.vectorize():
                             acc[r, s] += a[ai, r0 + r, k0 + kk] * wb[boff + kk * NR + s]
                 else:
                     for kk in range(kc):
                         if PF_B:
                             for q in unroll(B_LINES):
-                                prefetch(wb[boff + kk * NR + PF_THIN + q * LINE], level=2)
+                                prefetch(wb[boff + kk * NR + B_AHEAD + q * LINE], level=B_LEVEL)
                         for r, s in tile.vectorize():
                             acc[r, s] += a[ai, min(r0 + r, m - 1), k0 + kk] * wb[boff + kk * NR + s]
             elif PACK_A:                          # B in place: whole vectors of its rows

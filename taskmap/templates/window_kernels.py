@@ -410,14 +410,13 @@ def cpu_global(p: WindowProblem, lanes: int, parallel: bool) -> Module:
     K, P = p.h * p.w, p.n * p.c_out
     x = Var("x", TensorType(k.x_t, (E.const(P), E.const(K))))
     y = Var("y", TensorType(k.y_t, (E.const(P),)))
-    width = min(lanes, 1 << (K.bit_length() - 1))
     ct, rop = k.ct, k.rop
     scale = E.const(1.0 / (p.divisor if p.divisor is not None else K), ct) if p.op == "avg" else None
 
     def store(o: Expr, total: Expr) -> None:
         b.store(y, (o,), E.cast(total * scale if scale is not None else total, k.y_t))
 
-    reduce_rows_in_blocks(b, P, GLOBAL_PLANES, parallel, K, width, ct, rop, lambda o, j: E.Load(x, (o, j)), store)
+    reduce_rows_in_blocks(b, P, GLOBAL_PLANES, parallel, K, lanes, ct, rop, lambda o, j: E.Load(x, (o, j)), store)
     name = f"global_{p.op}_pool_cpu"
     return Module((Function(name, FuncKind.CPU_KERNEL, (x, y), b.finish()),), name)
 
