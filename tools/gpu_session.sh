@@ -74,6 +74,8 @@
 # Session 46 (no GPU) changed the CPU matmul kernel's thin tiles and CPU cost models only: nothing
 # for a GPU.
 #
+# Session 47 (no GPU) changed the CPU-only pointwise + depthwise kernel: nothing for a GPU.
+#
 # Session 13 (H200): the CUDA tests took 49 s, the six models at batch 1 and 8 with eager and
 # torch.compile 227 s, the profile of two models ~50 s, a fresh machine's start ~30 s: the
 # defaults fit one 15-minute lease with room for one more call.  Session 17 (H200): tests 58 s,
