@@ -109,3 +109,16 @@ def test_images_under_a_vector_are_not_taken():
     target = host_cpu_target()
     p = PwDwProblem(1, 4, 2, 3, 8, 3, 3, 1, 1, 1, 1, 1, 1, "relu")
     assert not PWDW_CPU.applies(p, target) and PWDW_CPU.space(p, target) == []
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("p", [
+    PwDwProblem(1, 5, 9, 12, 20, 3, 3, 1, 2, 1, 1, 1, 1, "none"),
+    PwDwProblem(2, 3, 4, 5, 13, 3, 3, 1, 1, 1, 1, 1, 1, "none"),        # masked tiles (bands under a tile)
+])
+def test_every_activation_at_the_stores(p, act):
+    """The activation is applied as the expansion's tile is stored, whole tiles and masked ones."""
+    p = PwDwProblem(**{**p.__dict__, "act": act})
+    for schedule in PWDW_CPU.space(p, host_cpu_target()):
+        got, want = run(p, schedule)
+        assert_close(got, want, rtol=1e-4, atol=1e-4 * (p.cin + p.kh * p.kw))
