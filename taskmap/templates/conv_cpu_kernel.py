@@ -22,7 +22,8 @@ window: kernel size, stride, dilation, top / left padding); the image sizes are 
 * **register tile** ``MR`` output channels x ``NR`` pixels: ``repeat(MR, NR // V) * spatial(1, V)``
   (lanes along the pixels); per input channel and tap, ``NR / V`` vector loads of ``xp``, ``MR``
   broadcasts of the weights (read in place: ``w[co, ci, kh, kw]``) and ``MR * NR / V`` FMAs.  The
-  taps are unrolled (a big window's rows stay a loop: :data:`UNROLLED_FMAS`); the reduction runs
+  taps are unrolled (a big window's rows, a very wide one's taps, stay loops:
+  :data:`UNROLLED_FMAS`); the reduction runs
   over all of the group's ``C_in / G`` in registers, so there are no partial sums: **each output element is stored exactly once and the output is never read**
   (post-scheduling fusion splices epilogues into these stores, :mod:`taskmap.fusion`).
 * **stores**: a tile inside one output row stores whole vectors; other tiles (across rows, or
@@ -101,9 +102,11 @@ class ConvCpuConfig(ConvKernelConfig):
         return n * cin * nph * npc * hq * wq + self.nr
 
 
-#: The taps are unrolled, the window's rows too while that makes at most this many FMAs per input
-#: channel: gcc's alias analysis is quadratic in an unrolled block's loads and stores (a 7x7 window
-#: on an 8x48 tile, 1176 FMAs, took gcc 29 s per kernel; a loop over its rows, 1 s).
+#: A row's taps are unrolled while that makes at most this many FMAs, the window's rows too while
+#: all its taps do: gcc's alias analysis is quadratic in an unrolled block's loads and stores (a
+#: 7x7 window on an 8x48 tile, 1176 FMAs, took gcc 29 s per kernel; a loop over its rows, 1 s; a
+#: 1x128 window, wav2vec2's positional convolution, 3072 FMAs in a row, 34 s; a loop over its taps,
+#: under 1 s).
 UNROLLED_FMAS = 256
 
 
@@ -126,6 +129,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     tile = repeat(MR, NR // V) * spatial(1, V)
     ROWS = unroll if KH * KW * MR * NR // V <= UNROLLED_FMAS else range   # the window's rows
+    COLS = unroll if KW * MR * NR // V <= UNROLLED_FMAS else range        # a row's taps
     n, cin, cig, h, w, cout, oh, ow, wsx = (symbol(s) for s in ("n", "cin", "cig", "h", "w", "cout", "oh", "ow", "wsx"))
     X_T, W_T, C_T, XP_T = f32[n, cin, h, w], f32[cout, cig, KH, KW], f32[n, cout, oh, ow], f32[wsx]
 
@@ -174,7 +178,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
         if co0 + MR <= cout:
             for ci in range(cig):
                 for kh in ROWS(KH):
-                    for kw in unroll(KW):
+                    for kw in COLS(KW):
                         for r, s in tile.vectorize():
                             acc[r, s] += wt[co0 + r, ci, kh, kw] * xp[
                                 xb + ci * cpl + (kh * DH % SH * NPC + (kw if SHIFT else kw * DW % SW)) * plane
@@ -182,7 +186,7 @@ def build_kernel(cfg: ConvCpuConfig) -> Kernel:
         else:
             for ci in range(cig):
                 for kh in ROWS(KH):
-                    for kw in unroll(KW):
+                    for kw in COLS(KW):
                         for r, s in tile.vectorize():
                             acc[r, s] += wt[min(co0 + r, cout - 1), ci, kh, kw] * xp[
                                 xb + ci * cpl + (kh * DH % SH * NPC + (kw if SHIFT else kw * DW % SW)) * plane

@@ -24,6 +24,7 @@ from .matmul_cpu import CALL_COST, FORK_COST, MICRO_EFFICIENCY, SMALL_FLOPS, lan
 from .matmul_problem import WORKSPACE
 from .pwdw_kernel import ACTIVATIONS, PwDwConfig, build_kernel
 from .pwdw_problem import PwDwProblem
+from .window_kernels import MAX_UNROLLED_TAPS
 
 #: Register tiles of the expansion (MR channels, NR in vectors) with AVX-512 / AVX2.
 TILES = {32: ((6, 4), (8, 3), (12, 2)), 16: ((6, 2), (4, 3), (8, 1))}
@@ -83,7 +84,8 @@ class PwDwCpuTemplate(KernelFamily):
     def applies(self, problem: Any, target: Target) -> bool:
         p = problem
         return (isinstance(p, PwDwProblem) and target.kind is TargetKind.CPU and p.dtype == "float32"
-                and p.act in ACTIVATIONS and p.oh > 0 and p.ow > 0 and p.h * p.w >= lanes_of(target))
+                and p.act in ACTIVATIONS and p.oh > 0 and p.ow > 0 and p.h * p.w >= lanes_of(target)
+                and p.kh * p.kw <= MAX_UNROLLED_TAPS)      # (the taps are unrolled)
 
     def space(self, problem: PwDwProblem, target: Target) -> list[Schedule]:
         if not self.applies(problem, target):

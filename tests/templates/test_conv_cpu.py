@@ -193,6 +193,19 @@ def test_a_big_window_unrolls_one_row_of_taps():
     assert max(fmas) < 2 * 7 * 24, "more than a row of the window unrolled"
 
 
+@pytest.mark.skipif("avx512f" not in CPU.features or shutil.which("gcc") is None, reason="needs gcc and AVX-512")
+def test_a_very_wide_window_keeps_its_taps_a_loop():
+    """A 1x128 window (wav2vec2's positional convolution): its 128 taps unrolled on the 8 x 48 tile
+    made 3072 FMAs in one block and took gcc 34 s; they stay a loop, and still match torch."""
+    src = build_kernel(ConvCpuConfig(8, 48, 16, 1, 1, 128, 1, 1, 1, 1, 0, 64)).build("cpu").source_path
+    asm = subprocess.run(["gcc", *ASM_FLAGS, "-S", src, "-o", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    fmas = [body.count("vfmadd") for body in re.split(r"\n\.L\d+:\n", asm)]
+    assert 24 <= max(fmas) < 8 * 24, "the taps are unrolled"
+    p = ConvProblem(2, 3, 2, 150, 19, 1, 128, 1, 1, 0, 0, 64, 64, 1, 1, 1, "float32", False)
+    run_direct(p, SMALL)
+
+
 # ----------------------------------------------------------------------------- channel kernel
 
 def channel_schedule(mr, nv, kc=0, packed=False, cores=CPU.num_cores):

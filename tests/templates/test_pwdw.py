@@ -111,6 +111,13 @@ def test_images_under_a_vector_are_not_taken():
     assert not PWDW_CPU.applies(p, target) and PWDW_CPU.space(p, target) == []
 
 
+def test_windows_of_more_taps_than_are_unrolled_are_not_taken():
+    """The depthwise taps are unrolled: a 1 x 65 window is left to the two kernels."""
+    target = host_cpu_target()
+    assert PWDW_CPU.applies(PwDwProblem(1, 4, 4, 80, 8, 1, 64, 1, 1, 0, 0, 32, 31, "relu"), target)
+    assert not PWDW_CPU.applies(PwDwProblem(1, 4, 4, 80, 8, 1, 65, 1, 1, 0, 0, 32, 32, "relu"), target)
+
+
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("p", [
     PwDwProblem(1, 5, 9, 12, 20, 3, 3, 1, 2, 1, 1, 1, 1, "none"),
