@@ -106,7 +106,7 @@ def build_kernel(cfg: PlaneConfig) -> Kernel:
     SET = KW * COPY                       # one channel's copies
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     plane = repeat(NV, 1) * spatial(1, V)
-    whole = repeat(HW // V, 1) * spatial(1, V)
+    whole = repeat(HW // V, 1) * spatial(1, V) if HW >= V else None    # (a plane under a vector: none)
     X_T, W_T, Y_T = f32[N, C, H, W], f32[C, TAPS], f32[N, C, H, W]
     B_T = f32[C] if BIAS else W_T         # without a bias the weights stand in (never read as one)
 
@@ -130,8 +130,9 @@ def build_kernel(cfg: PlaneConfig) -> Kernel:
                 for k, l in plane.vectorize():
                     acc[k * V + l] += (xs[s * SET + j * COPY + FRONT + (i * DH - PT) * W + j * DW - PL + k * V + l]
                                        * wt[ch, i * KW + j])
-        for k, l in whole.vectorize():    # stored from the registers: the whole vectors, then lane by lane
-            y[u // C, ch, (k * V + l) // W, (k * V + l) % W] = acc[k * V + l]
+        if HW >= V:     # stored from the registers: the whole vectors, then lane by lane
+            for k, l in whole.vectorize():
+                y[u // C, ch, (k * V + l) // W, (k * V + l) % W] = acc[k * V + l]
         for t in unroll(HW % V):
             y[u // C, ch, (HW // V * V + t) // W, (HW // V * V + t) % W] = acc[HW // V * V + t]
 

@@ -59,6 +59,8 @@ def _run(cfg, seed=0, x=None):
     (1, 7, 5, 5, 1, None),           # a window as wide as the image: the shifts reach a whole row
     (1, 9, 6, 3, 1, 10),             # a wide plane, rows not a multiple of anything
     (1, 1, 12, 3, 1, None),          # one channel: one core idles; 144 lanes, whole vectors
+    (1, 8, 2, 3, 1, None),           # planes under one vector (EfficientNet at 64x64: 2x2, 3x3)
+    (2, 5, 3, 3, 1, None),
 ])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_torch(n, c, hw, k, d, w, bias):
