@@ -1,8 +1,13 @@
 """Capturing a model for ``taskmap.compile`` stays cheap: the fx trace records only the model's
 source line per node (without importing ``torch._dynamo``), and the model is not run eagerly —
-unless ``TASKMAP_DEBUG=shapes`` asks for every inferred shape to be checked against PyTorch's."""
+unless ``TASKMAP_DEBUG=shapes`` asks for every inferred shape to be checked against PyTorch's.
+A forward that fx traces and that returns a dict subclass (transformers' ``ModelOutput``) returns
+that type compiled too (fx records a plain dict)."""
+import collections
 import subprocess
 import sys
+
+import pytest
 
 import torch
 from torch import nn
@@ -76,3 +81,37 @@ def test_many_models_sharing_a_forward_that_only_dynamo_captures():
         fast = taskmap.compile(m, progress=False, capture="dynamo")
         torch.testing.assert_close(fast(x), m(x), rtol=1e-4, atol=1e-5)
         assert next(iter(fast.entries.values())).capture.tracer == "torch._dynamo.export"
+
+
+class Result(collections.OrderedDict):
+    """A result type of a forward, as transformers' ``ModelOutput`` is (a dict subclass)."""
+
+
+class Keyed(nn.Module):
+    def __init__(self, wrap) -> None:
+        super().__init__()
+        self.lin, self.wrap = nn.Linear(8, 4), wrap
+
+    def forward(self, x):
+        return self.wrap(torch.relu(self.lin(x)), x * 2.0)
+
+
+def _model_output(y, z):
+    from transformers.modeling_outputs import BaseModelOutput
+    return BaseModelOutput(last_hidden_state=y, hidden_states=(z,))
+
+
+@pytest.mark.parametrize("kind", ["ordered-dict", "model-output", "dict"])
+def test_a_traced_forward_returns_its_dict_type(kind):
+    if kind == "model-output":
+        pytest.importorskip("transformers")
+    wrap = {"ordered-dict": lambda y, z: Result(y=y, z=z), "model-output": _model_output,
+            "dict": lambda y, z: {"y": y, "z": z}}[kind]
+    model = Keyed(wrap).eval()
+    assert try_symbolic_trace(model) is not None
+    x = torch.randn(3, 8)
+    fast = taskmap.compile(model, x, progress=False)
+    got, want = fast(x), model(x)
+    assert type(got) is type(want) and list(got.keys()) == list(want.keys())
+    for g, w in zip(torch.utils._pytree.tree_leaves(dict(got)), torch.utils._pytree.tree_leaves(dict(want))):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

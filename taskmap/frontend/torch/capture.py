@@ -85,7 +85,21 @@ class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return super().is_leaf_module(m, module_qualified_name) and lookup("call_module", m) is not None
 
+    #: the type of the dict the forward returns when it is a subclass (a ``ModelOutput``), which
+    #: fx records as a plain dict: set by :meth:`create_arg`, kept by :meth:`create_node`
+    output_type: type | None = None
+    _dict_type: type | None = None
+
+    def create_arg(self, a: Any) -> Any:
+        if isinstance(a, dict) and type(a) is not dict:
+            self._dict_type = type(a)
+        return super().create_arg(a)
+
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        kind = args[0] if args else kwargs.get("kind")
+        if kind == "output":     # its argument was the last one made: the forward's result
+            self.output_type = self._dict_type if isinstance(args[2][0] if len(args) > 2 else None, dict) else None
+        self._dict_type = None
         node = super().create_node(*args, **kwargs)
         frame, torch_line = sys._getframe(1), None
         while frame is not None:
@@ -156,7 +170,13 @@ def try_symbolic_trace(model: torch.nn.Module, constants: dict[str, Any] | None 
         raise _state_error(type(model).__name__, changed)
     if constants:
         _drop_guards(graph, set(forward_signature(model).names) - set(constants))
-    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm.meta[OUTPUT_TYPE] = tracer.output_type
+    return gm
+
+
+#: Where :func:`try_symbolic_trace` keeps the type of the dict the forward returns (``GraphModule.meta``).
+OUTPUT_TYPE = "taskmap_output_type"
 
 
 _GUARDS = (torch._assert, torch.fx._symbolic_trace._assert_is_none)
@@ -240,7 +260,9 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
             if debug_enabled("shapes"):
                 with torch.no_grad():
                     ShapeProp(traced).propagate(*examples)
-            return _stateless(import_fx(traced, examples, fallback=fallback, name=name), name), cap
+            imported = import_fx(traced, examples, fallback=fallback, name=name)
+            imported.output_type = traced.meta.get(OUTPUT_TYPE)
+            return _stateless(imported, name), cap
     fs = forward_signature(model)
     args, kwargs = call_arguments(fs, arguments)
     _transformers_caches(model)

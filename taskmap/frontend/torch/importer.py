@@ -20,7 +20,7 @@ from __future__ import annotations
 import operator
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, is_dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -51,10 +51,15 @@ class Imported:
     #: tensors the forward changes in place, and the graph output holding their new value:
     #: ``("input", placeholder index, output)`` or ``("attr", get_attr target, output)``
     mutated: tuple[tuple[str, Any, int], ...] = ()
+    #: the forward's result type where fx traced it as a plain dict (a ``ModelOutput``: rebuilt)
+    output_type: type | None = None
 
     def outputs(self, values: Sequence[Any]) -> Any:
         flat = [values[v] if k == "out" else v for k, v in self.leaves]
-        return pytree.tree_unflatten(flat, self.out_spec)
+        out = pytree.tree_unflatten(flat, self.out_spec)
+        if self.output_type is not None and type(out) is dict:
+            return self.output_type(**out) if is_dataclass(self.output_type) else self.output_type(out)
+        return out
 
     def write_back(self, values: Sequence[Any], inputs: Sequence[Any],
                    attr: Callable[[str], Any] | None = None) -> None:
