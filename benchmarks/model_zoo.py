@@ -9,7 +9,9 @@ value), then both are timed in alternating rounds (reverse order every other rou
 the median of the rounds' ratios (eager / taskmap).  The table also gives the time of
 ``taskmap.compile`` and the first call (with the cache directory as it is: cold on a fresh one),
 the compiled graph's steps and its slowest step.  Sizes: 6 layers of width 768 with 12 heads (sequence 128) for the
-text models, 224 x 224 images for ConvNeXt-T / Swin-T, 1500 frames for Whisper's encoder; the
+text models and wav2vec2's encoder (over one second of 16 kHz audio: its feature convolutions and
+its 128-tap positional convolution), 224 x 224 images for ConvNeXt-T / Swin-T / RegNetY /
+PoolFormer-S12 / SegFormer-B0 / LeViT-128S, 1500 frames for Whisper's encoder; the
 recurrent nets (``nn.LSTM``, a bidirectional ``nn.GRU``) two layers of 512 over 64 steps of 256
 features (``lstm_long``: 1000 steps), unrolled by taskmap's frontend.
 """
@@ -77,6 +79,10 @@ def _families() -> dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Ten
             decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80,
             max_source_positions=750, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             decoder_start_token_id=1)).encoder, (torch.randn(1, 80, 1500),)),
+        "wav2vec2": lambda: (tf.Wav2Vec2Model(tf.Wav2Vec2Config(**TEXT)), (torch.randn(1, 16000),)),
+        "poolformer": lambda: (tf.PoolFormerModel(tf.PoolFormerConfig()), image),      # s12
+        "segformer": lambda: (tf.SegformerModel(tf.SegformerConfig()), image),         # MiT-b0
+        "levit": lambda: (tf.LevitModel(tf.LevitConfig()), image),                     # LeViT-128S
         "lstm": lambda: (Recurrent(torch.nn.LSTM), (torch.randn(1, 64, 256),)),
         "gru_bidirectional": lambda: (Recurrent(torch.nn.GRU, bidirectional=True), (torch.randn(1, 64, 256),)),
         "lstm_long": lambda: (Recurrent(torch.nn.LSTM), (torch.randn(1, 1000, 256),)),
