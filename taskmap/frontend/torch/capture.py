@@ -98,7 +98,8 @@ class _Tracer(torch.fx.Tracer):
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
         kind = args[0] if args else kwargs.get("kind")
         if kind == "output":     # its argument was the last one made: the forward's result
-            self.output_type = self._dict_type if isinstance(args[2][0] if len(args) > 2 else None, dict) else None
+            result = (args[2] if len(args) > 2 else kwargs.get("args", (None,)))[0]
+            self.output_type = self._dict_type if isinstance(result, dict) else None
         self._dict_type = None
         node = super().create_node(*args, **kwargs)
         frame, torch_line = sys._getframe(1), None
