@@ -133,10 +133,6 @@ class FusionError(TaskmapError, ValueError):
     an anchor kernel; the message says why.  Callers fall back to separate kernels."""
 
 
-class ComplexTensorError(UnsupportedError):
-    """An op whose result is a complex tensor: graphs have no complex dtype."""
-
-
 class CaptureError(UnsupportedError):
     """A PyTorch model that cannot be captured as one graph (``taskmap.compile`` needs its whole
     forward: data-dependent control flow, ``.item()`` / ``.tolist()`` feeding Python, ...)."""

@@ -274,8 +274,8 @@ class AttentionAttrs:
 class TorchAttrs:
     """An op run by PyTorch (fallback): ``target`` is a torch callable, or a method name for
     ``method=True``; ``args``/``kwargs`` are templates in which :class:`InputRef` ``k`` stands
-    for input tensor ``k``.  ``num_outputs`` tensors come out (a tuple result when ``> 1`` or
-    ``tuple_result``)."""
+    for input tensor ``k``.  A complex tensor among its results comes out as its real view
+    (graphs have no complex dtype; :class:`InputRef` reads one back)."""
 
     target: Any
     args: tuple[Any, ...]
@@ -286,9 +286,12 @@ class TorchAttrs:
 
 @dataclass(frozen=True)
 class InputRef:
-    """Input ``index`` of a :class:`TorchAttrs` op, inside its argument templates."""
+    """Input ``index`` of a :class:`TorchAttrs` op, inside its argument templates.  With
+    ``complex``, the input holds a complex tensor as its real view (``torch.view_as_real``: a
+    last axis of 2, real and imaginary parts) and the op reads it as the complex tensor."""
 
     index: int
+    complex: bool = False
 
 
 __all__ = ["AdaptivePoolAttrs", "AttentionAttrs", "AxisAttrs", "BinaryAttrs", "BinaryFn", "CastAttrs",

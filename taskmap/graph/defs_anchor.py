@@ -7,7 +7,7 @@ import sys
 from typing import Any, Sequence
 
 from .. import ops
-from ..errors import ComplexTensorError, OpError
+from ..errors import OpError
 from ..ir.dtypes import ScalarType, i64, scalar_type
 from .attrs import (AdaptivePoolAttrs, AttentionAttrs, AxisAttrs, Conv2dAttrs, InputRef, MatmulAttrs, NormAttrs,
                     Pool2dAttrs, ReduceAttrs, ReduceFn, ScatterAttrs, TopkAttrs, TorchAttrs)
@@ -159,9 +159,11 @@ def _run_attention(arrays: Sequence[Any], a: AttentionAttrs) -> Any:
 
 
 def fill_refs(template: Any, arrays: Sequence[Any]) -> Any:
-    """``template`` with every :class:`InputRef` replaced by its array (tuples, lists, dicts)."""
+    """``template`` with every :class:`InputRef` replaced by its array (tuples, lists, dicts);
+    a complex one by the complex tensor its real view holds."""
     if isinstance(template, InputRef):
-        return arrays[template.index]
+        x = arrays[template.index]
+        return sys.modules["torch"].view_as_complex(x) if template.complex else x
     if isinstance(template, tuple):
         return tuple(fill_refs(t, arrays) for t in template)
     if isinstance(template, list):
@@ -172,12 +174,20 @@ def fill_refs(template: Any, arrays: Sequence[Any]) -> Any:
 
 
 def _run_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool = False) -> Any:
-    """The op's result: a tensor, or the tensors of a (nested) tuple or list in order."""
+    """The op's result: a tensor, or the tensors of a (nested) tuple or list in order; complex
+    ones as their real views."""
+    torch = sys.modules["torch"]
     out = _call_torch(arrays, a, on_meta)
     if isinstance(out, (tuple, list)) and any(isinstance(o, (tuple, list, dict)) for o in out):
-        torch = sys.modules["torch"]   # (nn.LSTM's (output, (h, c)))
-        return tuple(v for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor))
-    return out
+        out = tuple(v for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor))  # (nn.LSTM's)
+    return tuple(map(real_view, out)) if isinstance(out, (tuple, list)) else real_view(out)
+
+
+def real_view(t: Any) -> Any:
+    """A complex tensor as the real tensor of its parts (a last axis of 2); others as they are."""
+    if getattr(t, "is_complex", None) is None or not t.is_complex():
+        return t
+    return sys.modules["torch"].view_as_real(t.resolve_conj())
 
 
 def _call_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool) -> Any:
@@ -213,17 +223,14 @@ def _infer_torch(xs: Sequence[Any], a: TorchAttrs) -> Spec:
     """Shapes by running the op on meta tensors (the frontend usually knows them already)."""
     torch = sys.modules["torch"]
     out = torch_meta(xs, a)
-    outs = [v for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor)] \
-        if isinstance(out, (tuple, list)) else (out,)
+    outs = [real_view(v) for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor)] \
+        if isinstance(out, (tuple, list)) else (real_view(out),)
     from_torch = {getattr(torch, t.name): t for t in (x.dtype for x in xs)}
     return [(tuple(o.shape), from_torch.get(o.dtype) or _scalar_of(o.dtype)) for o in outs]
 
 
 def _scalar_of(dtype: Any) -> ScalarType:
-    name = str(dtype).replace("torch.", "")
-    if name.startswith("complex"):
-        raise ComplexTensorError(f"the op's result is a {name} tensor")
-    return scalar_type(name)
+    return scalar_type(str(dtype).replace("torch.", ""))
 
 
 def _scan_shape(x: Any, a: AxisAttrs, what: str) -> tuple[int, ...]:

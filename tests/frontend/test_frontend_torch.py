@@ -249,40 +249,6 @@ def test_fallback_op_reading_one_tensor_twice():
     assert "run by PyTorch: torch.igamma" in fast.summary()
 
 
-class ComplexRope(nn.Module):
-    """Meta-LLaMA's rotary embedding: complex multiplication by a complex buffer, and a second
-    complex op made inside the forward."""
-
-    def __init__(self):
-        super().__init__()
-        f = torch.outer(torch.arange(8.0), torch.ones(4))
-        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(f), f))     # complex64
-
-    def forward(self, x):
-        y = torch.view_as_real(torch.view_as_complex(x.reshape(8, 4, 2)) * self.freqs_cis).flatten(1)
-        z = torch.view_as_real(torch.complex(x, x)).sum(-1)
-        return torch.relu(y) + z
-
-
-@pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])
-def test_complex_tensors_are_named_not_crashed_on(capture):
-    """Graphs have no complex dtype: each op where complex values start is named with its line,
-    with or without ``fallback`` (the complex values could not cross the graph either way);
-    under torch.compile the graph runs in PyTorch, with the same reasons in the warning."""
-    x = torch.randn(8, 8)
-    for fallback in (False, True):
-        with pytest.raises(UnsupportedOpsError) as e:
-            taskmap.compile(ComplexRope(), progress=False, fallback=fallback, capture=capture)(x)
-        text = str(e.value)
-        assert len(e.value.ops) == 2 and "complex tensors" in text and "cannot run these in PyTorch" in text
-        assert "view_as_complex" in text and "complex" in e.value.ops[1][0]
-        assert "in forward: y = torch.view_as_real(" in text and "in forward: z = torch.view_as_real(" in text
-    model = ComplexRope()
-    with pytest.warns(EagerFallbackWarning, match="complex tensors"):
-        got = torch.compile(model, backend="taskmap")(x)
-    torch.testing.assert_close(got, model(x))
-
-
 class RandomShuffle(nn.Module):
     """ViT-MAE's random masking: noise drawn in the forward (with sizes only: foldable but random)."""
 

@@ -21,12 +21,13 @@ VIEW_METHODS = frozenset({
     "expand_as", "narrow", "select", "flatten", "unflatten", "split", "chunk", "unbind", "diagonal", "movedim",
     "moveaxis", "swapaxes", "swapdims", "as_strided", "detach", "contiguous", "__getitem__", "real", "imag",
     "tensor_split", "split_with_sizes", "unfold", "type_as", "to", "float", "half", "double", "int", "long", "type",
-    "T", "mT", "H", "mH"})
+    "T", "mT", "H", "mH", "conj", "resolve_conj", "resolve_neg"})
 VIEW_FUNCTIONS = frozenset({
     operator.getitem, getattr, torch.reshape, torch.transpose, torch.permute, torch.t, torch.unsqueeze, torch.squeeze,
     torch.narrow, torch.select, torch.flatten, torch.unflatten, torch.split, torch.chunk, torch.unbind,
     torch.diagonal, torch.movedim, torch.moveaxis, torch.swapaxes, torch.swapdims, torch.detach, torch.tensor_split,
-    torch.as_strided})
+    torch.as_strided, torch.view_as_complex, torch.view_as_real, torch.real, torch.imag, torch.conj,
+    torch.resolve_conj, torch.resolve_neg})
 
 
 #: Ops that return a tuple of tensors of their own (``values, indices = x.topk(k)``): an item of

@@ -258,7 +258,7 @@ class DynamoGraph:
             return self.gm(*args)
         imported, cg = hit
         live = self._live(args)
-        tensors = [a for a, k in zip(live, imported.input_kinds) if k == "tensor"]
+        tensors = imported.graph_inputs(live)
         values = cg(*tensors)
         if imported.mutated:       # in place on an input, or on a frozen buffer (the module's own)
             imported.write_back(values, live, self.attrs.get if self.attrs is not None else

@@ -28,13 +28,15 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ...errors import ComplexTensorError, IRError, UnsupportedError, UnsupportedOpsError
+from ...errors import IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from ...graph.defs_anchor import torch_meta
 from . import (ops_bag, ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math,  # noqa: F401
                ops_nn, ops_rnn, ops_sample, ops_scatter, ops_search, ops_tensor, ops_upsample)
 from . import aten, autocast, precision
+from . import complex as cx
 from .aliasing import Aliases
+from .complex import Complex
 from .registry import Converter, NotConvertible, Unavailable, from_torch_dtype, lookup, to_torch, torch_dtype
 
 
@@ -44,7 +46,7 @@ class Imported:
     ``leaves[k]`` is ``("out", i)`` (graph output ``i``) or ``("value", v)``."""
 
     graph: Graph
-    input_kinds: list[str]  # per placeholder: "tensor" or "value"
+    input_kinds: list[str]  # per placeholder: "tensor", "complex" (a graph input of its real view) or "value"
     out_spec: Any
     leaves: list[tuple[str, Any]]
     unsupported: list[tuple[str, str, str]] = field(default_factory=list)
@@ -54,8 +56,14 @@ class Imported:
     #: the forward's result type where fx traced it as a plain dict (a ``ModelOutput``: rebuilt)
     output_type: type | None = None
 
+    def graph_inputs(self, flat: Sequence[Any]) -> list[Any]:
+        """The graph's inputs of the forward's flat inputs (one per placeholder)."""
+        return [v if k == "tensor" else torch.view_as_real(v.resolve_conj())
+                for v, k in zip(flat, self.input_kinds) if k != "value"]
+
     def outputs(self, values: Sequence[Any]) -> Any:
-        flat = [values[v] if k == "out" else v for k, v in self.leaves]
+        flat = [values[v] if k == "out" else torch.view_as_complex(values[v]) if k == "complex" else v
+                for k, v in self.leaves]
         out = pytree.tree_unflatten(flat, self.out_spec)
         if self.output_type is not None and type(out) is dict:
             return self.output_type(**out) if is_dataclass(self.output_type) else self.output_type(out)
@@ -69,7 +77,7 @@ class Imported:
         for kind, key, out in self.mutated:
             target = inputs[key] if kind == "input" else attr(key) if attr is not None else None
             if target is not None:
-                target.copy_(values[out])
+                target.copy_(torch.view_as_complex(values[out]) if target.is_complex() else values[out])
 
 
 def target_name(node: torch.fx.Node) -> str:
@@ -111,7 +119,7 @@ def where(node: torch.fx.Node) -> str:
 
 
 def _is_dynamic(v: Any) -> bool:
-    return isinstance(v, Tensor) and not v.is_constant
+    return isinstance(v, (Tensor, Complex)) and not v.is_constant
 
 
 def _has_dynamic(args: Any) -> bool:
@@ -126,28 +134,17 @@ RANDOM_OPS = frozenset({
     "poisson", "native_dropout"})
 
 
-class _ComplexValue:
-    """The value of an op that computes with complex tensors: a graph has no complex dtype, so
-    it (and what depends on it) is not imported; the ops are named in one error at the end."""
-
-
-_COMPLEX = _ComplexValue()
-COMPLEX_REASON = "complex tensors: taskmap's graphs have no complex dtype"
-COMPLEX_HINT = ("taskmap's graphs have no complex dtype, so fallback=True cannot run these in PyTorch either: "
-                "write the complex arithmetic in real tensors (a rotary embedding as x1 * cos - x2 * sin, "
-                "x1 * sin + x2 * cos), or use torch.compile(model, backend=\"taskmap\"), which runs such a graph "
-                "in PyTorch.")
-
-
-def _complex(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and v.is_complex() or getattr(v, "dtype", None) in (
-        torch.complex32, torch.complex64, torch.complex128)
+COMPLEX_REASON = ("it computes with complex tensors, which taskmap builds from real ops for elementwise "
+                  "arithmetic, views and conversions only; fallback=True runs it in PyTorch")
 
 
 def _touches_complex(node: torch.fx.Node, args: Any) -> bool:
-    """Whether the op reads a complex constant or its result (per PyTorch's metadata) is complex."""
-    return any(_complex(v) for v in pytree.tree_leaves(args)) or \
-        any(_complex(m) for m in _meta_leaves(_meta(node) if _meta(node) is not None else node.meta.get("val")))
+    """Whether the op reads a complex value, makes one (``view_as_complex``, ``torch.complex``)
+    or (per PyTorch's metadata) returns one."""
+    return any(cx.is_complex(v) for v in pytree.tree_leaves(args)) or \
+        cx.name_of(node.op, node.target) in ("view_as_complex", "complex", "polar") or \
+        any(cx.is_complex(getattr(m, "dtype", None)) for m in _meta_leaves(
+            _meta(node) if _meta(node) is not None else node.meta.get("val")))
 
 
 def _random(target: Any) -> bool:
@@ -175,7 +172,6 @@ class Importer:
         self.env: dict[torch.fx.Node, Any] = {}
         self.consts: dict[int, tuple[Any, Tensor]] = {}
         self.unsupported: list[tuple[str, str, str]] = []
-        self.complex_ops: list[tuple[str, str, str]] = []     # ops computing with complex tensors
         self.aliases: Aliases | None = None          # built at the first in-place op
 
     def run(self) -> Imported:
@@ -188,7 +184,11 @@ class Importer:
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 ex = self.examples[placeholders.index(node)]
-                if isinstance(ex, torch.Tensor):
+                if isinstance(ex, torch.Tensor) and ex.is_complex():
+                    self.env[node] = first[node] = Complex(self.builder.input(
+                        (*ex.shape, 2), from_torch_dtype(cx.PARTS[ex.dtype]), node.name), ex.dtype)
+                    kinds.append("complex")
+                elif isinstance(ex, torch.Tensor):
                     self.env[node] = first[node] = self.builder.input(tuple(ex.shape), from_torch_dtype(ex.dtype),
                                                                       node.name)
                     kinds.append("tensor")
@@ -206,9 +206,6 @@ class Importer:
                 if isinstance(self.env[node], Unavailable) and node.users:
                     raise UnsupportedOpsError([(target_name(node), where(node), self.env[node].reason)])
                 self._check_meta(node)
-        if self.complex_ops:
-            raise UnsupportedOpsError(self.complex_ops + [u for u in self.unsupported if not self.fallback],
-                                      hint=COMPLEX_HINT)
         if self.unsupported and not self.fallback:
             raise UnsupportedOpsError(self.unsupported)
         assert out_node is not None
@@ -217,17 +214,21 @@ class Importer:
         outs: list[Tensor] = []
         leaves: list[tuple[str, Any]] = []
         for v in flat:
-            if isinstance(v, Tensor):
-                leaves.append(("out", len(outs)))
-                outs.append(v)
+            if isinstance(v, (Tensor, Complex)):
+                leaves.append(("out" if isinstance(v, Tensor) else "complex", len(outs)))
+                outs.append(v if isinstance(v, Tensor) else v.data)
+            elif isinstance(v, torch.Tensor) and v.is_complex():          # a constant
+                leaves.append(("complex", len(outs)))
+                outs.append(self._const(torch.view_as_real(v.resolve_conj())))
             else:
                 leaves.append(("value", v))
         mutated = []
         for node, value in first.items():           # changed in place (the functional graph rebound them)
-            if self.env[node] is not value and isinstance(self.env[node], Tensor):
+            new = self.env[node]
+            if new is not value and isinstance(new, (Tensor, Complex)):
                 key = placeholders.index(node) if node.op == "placeholder" else str(node.target)
                 mutated.append(("input" if node.op == "placeholder" else "attr", key, len(outs)))
-                outs.append(self.env[node])
+                outs.append(new.data if isinstance(new, Complex) else new)
         return Imported(self.builder.build(outs), kinds, spec, leaves, self.unsupported, tuple(mutated))
 
     # ------------------------------------------------------------------ nodes
@@ -243,8 +244,8 @@ class Importer:
         obj: Any = self.gm
         for part in str(node.target).split("."):
             obj = getattr(obj, part)
-        if _complex(obj):
-            return obj                  # read by folded ops only (else the op is named as complex)
+        if cx.is_complex(obj):
+            return obj                  # a constant as it is: folded ops read it, others their parts
         return self._const(obj, str(node.target)) if isinstance(obj, torch.Tensor) else obj
 
     def _call(self, node: torch.fx.Node) -> Any:
@@ -260,12 +261,14 @@ class Importer:
             raise UnsupportedError(f"{where(node)}: {target_name(node)}: dynamo traced a torch.vmap (or another "
                                    "torch.func transform) into this graph; taskmap's graph ops cannot hold "
                                    "functorch's batching levels")
-        if any(v is _COMPLEX for v in pytree.tree_leaves((args, kwargs))):
-            return _COMPLEX             # downstream of a complex op (named there)
         dynamic = _has_dynamic((args, kwargs))
         if dynamic and _touches_complex(node, (args, kwargs)):
-            self.complex_ops.append((target_name(node), where(node), COMPLEX_REASON))
-            return _COMPLEX
+            result = cx.lower(self._converter(node), cx.name_of(node.op, target), args, kwargs)
+            if result is None:
+                self.unsupported.append((target_name(node), where(node), COMPLEX_REASON))
+                result = self._torch_op(node, _FUNCTIONAL.get(target, target), args, kwargs)
+            self._rebind_inplace(node, target, result)
+            return result
         if not dynamic and not _random(target):
             result = self._fold(node, target, args, kwargs)
             self._rebind_inplace(node, target, result)
@@ -331,9 +334,9 @@ class Importer:
     def _rebind_inplace(self, node: torch.fx.Node, target: Any, result: Any) -> None:
         """After an in-place op (``x.add_(y)``, ``x += y``, ``relu(x, inplace=True)``) later uses
         of ``x`` read the result: graph ops are functional, the mutation becomes a rebinding."""
-        if not isinstance(result, Tensor) or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        if not isinstance(result, (Tensor, Complex)) or not node.args or not isinstance(node.args[0], torch.fx.Node):
             return
-        if writes_in_place(node, target) and isinstance(self.env.get(node.args[0]), Tensor):
+        if writes_in_place(node, target) and isinstance(self.env.get(node.args[0]), (Tensor, Complex)):
             if self.aliases is None:
                 self.aliases = Aliases(self.gm.graph)
             self.aliases.check_write(node, where(node))
@@ -353,16 +356,19 @@ class Importer:
             out = getattr(a[0], target)(*a[1:], **kw)
         else:
             out = _FUNCTIONAL.get(target, target)(*a, **kw)
-        return pytree.tree_map(lambda v: self._const(v) if isinstance(v, torch.Tensor) and not _complex(v) else v, out)
+        return pytree.tree_map(lambda v: self._const(v) if isinstance(v, torch.Tensor) and not v.is_complex() else v,
+                               out)
 
     def _torch_op(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
         """An opaque op run by PyTorch, with the node's recorded output shapes."""
         inputs: list[Tensor] = []
 
         def ref(v: Any) -> Any:
-            if isinstance(v, Tensor):
-                inputs.append(v)
-                return InputRef(len(inputs) - 1)
+            if isinstance(v, torch.Tensor) and v.is_complex():     # a complex constant: its real view
+                v = Complex(self._const(torch.view_as_real(v.resolve_conj())), v.dtype)
+            if isinstance(v, (Tensor, Complex)):
+                inputs.append(v if isinstance(v, Tensor) else v.data)
+                return InputRef(len(inputs) - 1, isinstance(v, Complex))
             return v
         targs = pytree.tree_map(ref, tuple(args))
         # run functionally: in-place variants mutate a copy (their input may be a weight or a reused buffer)
@@ -372,14 +378,13 @@ class Importer:
         try:
             if meta is None:     # no recorded shapes: how PyTorch's result on meta tensors nests them
                 probe = torch_meta(inputs, attrs)
-                meta = probe if _nests(probe) else None
+                meta = probe if _nests(probe) or any(cx.is_complex(m) for m in _meta_leaves(probe)) else None
             leaves = _meta_leaves(meta)
-            specs = [(tuple(m.shape), from_torch_dtype(m.dtype)) for m in leaves] if leaves else None
+            specs = [_spec(m) for m in leaves] if leaves else None
             outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=specs)
-        except ComplexTensorError:
-            self.unsupported.pop()                   # named once, as complex
-            self.complex_ops.append((target_name(node), where(node), COMPLEX_REASON))
-            return _COMPLEX
+            # complex results: their real views, read as complex (dtypes from a probe where sizes are symbolic)
+            dtypes = [m.dtype for m in leaves or _meta_leaves(torch_meta(inputs, attrs))]
+            outs = [Complex(o, d) if d in cx.PARTS else o for o, d in zip(outs, dtypes)] + list(outs[len(dtypes):])
         except (NotImplementedError, RuntimeError) as e:   # no meta kernel, or `.item()`: sizes from values
             if not isinstance(e, NotImplementedError) and "meta tensors" not in str(e) and \
                     "data-dependent" not in str(e):
@@ -398,14 +403,21 @@ class Importer:
         meta, got = _meta(node), self.env[node]
         if meta is None:
             return
-        got_leaves = [got] if isinstance(got, Tensor) else [g for g in pytree.tree_leaves(got)]
+        got_leaves = [got] if isinstance(got, (Tensor, Complex)) else [g for g in pytree.tree_leaves(got)]
         for m, g in zip(_meta_leaves(meta, symbolic=True), got_leaves):
-            if isinstance(g, Tensor) and all(isinstance(d, int) for d in m.shape) and tuple(m.shape) != g.shape:
+            if isinstance(g, (Tensor, Complex)) and all(isinstance(d, int) for d in m.shape) and tuple(m.shape) != g.shape:
                 raise IRError(f"frontend bug: {target_name(node)} at {where(node)} gives shape {g.shape}, PyTorch "
                               f"{tuple(m.shape)}")
 
 
 _AS_STRIDED = {torch.as_strided, "as_strided", torch.ops.aten.as_strided.default}
+
+
+def _spec(m: torch.Tensor) -> tuple[tuple[int, ...], Any]:
+    """A graph tensor's shape and dtype for a PyTorch result's (a complex one's real view)."""
+    if m.dtype in cx.PARTS:
+        return (*m.shape, 2), from_torch_dtype(cx.PARTS[m.dtype])
+    return tuple(m.shape), from_torch_dtype(m.dtype)
 
 
 def _storage_positions(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:

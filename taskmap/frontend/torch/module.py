@@ -83,7 +83,7 @@ class Entry:
     def run(self, arguments: dict[str, Any], progress: bool | None) -> Any:
         cg = self.ready(progress)
         flat = self.capture.flat_inputs(arguments)
-        tensors = [v for v, k in zip(flat, self.imported.input_kinds) if k == "tensor"]
+        tensors = self.imported.graph_inputs(flat)
         self.calls += 1
         values = cg(*tensors)
         if self.imported.mutated:
@@ -199,7 +199,7 @@ class CompiledModule:
         entry = self._entry(arguments)
         cg = entry.ready(self.progress)
         flat = entry.capture.flat_inputs(arguments)
-        tensors = [v for v, k in zip(flat, entry.imported.input_kinds) if k == "tensor"]
+        tensors = entry.imported.graph_inputs(flat)
         rows = cg.profile(*tensors, rounds=rounds)
         total = sum(r[2] for r in rows) or 1.0
         kernels = {s.name: "+".join(k.__name__ for k in s.kernels) or "runner" for s in cg.steps}
