@@ -241,3 +241,21 @@ def test_complex_double_and_promotions_match():
     fast = taskmap.compile(Mixed(), progress=False, fallback=True)
     _close(fast(x, y), Mixed()(x, y), rtol=1e-12, atol=1e-12)
     assert len(_pytorch_ops(fast)) == 1                 # complex128 * float32 only
+
+
+def test_fnet_from_transformers():
+    """transformers' FNet mixes tokens with ``torch.fft.fftn(h, dim=(1, 2)).real``: the FFT runs
+    in PyTorch, everything else in taskmap's kernels, by either entry point."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.FNetModel(transformers.FNetConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                                           intermediate_size=128)).eval()
+    ids = torch.randint(0, 100, (2, 32))
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+        fast = taskmap.compile(model, progress=False, fallback=True)
+        _close(fast(ids).last_hidden_state, want, rtol=1e-3, atol=1e-4)
+        assert [op.attrs.description for op in _pytorch_ops(fast)] == ["torch.fft.fftn"] * 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _close(torch.compile(model, backend="taskmap")(ids).last_hidden_state, want, rtol=1e-3, atol=1e-4)
