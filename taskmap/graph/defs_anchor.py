@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence
 
+import numpy as np
+
 from .. import ops
 from ..errors import OpError
 from ..ir.dtypes import ScalarType, i64, scalar_type
@@ -213,10 +215,28 @@ def _call_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool) -> Any:
 
 
 def torch_meta(xs: Sequence[Any], a: TorchAttrs) -> Any:
-    """The op's result on meta tensors of the inputs' shapes, as it returns it (nested too)."""
+    """The op's result on meta tensors of the inputs' shapes, as it returns it (nested too); for
+    an op without a meta kernel (``istft`` checks its window with ``aten::equal``), its result on
+    zeros on the CPU, constants with their values (a data-dependent size would then differ at run
+    time, where it is checked)."""
     torch = sys.modules["torch"]
     metas = [torch.empty(x.shape, dtype=getattr(torch, x.dtype.name), device="meta") for x in xs]
-    return _call_torch(metas, a, on_meta=True)
+    try:
+        return _call_torch(metas, a, on_meta=True)
+    except NotImplementedError as no_meta:
+        try:
+            out = _call_torch([_probe(x) for x in xs], a, on_meta=False)
+        except Exception:
+            raise no_meta from None
+        return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), out)
+
+
+def _probe(x: Any) -> Any:
+    torch = sys.modules["torch"]
+    data = getattr(x, "data", None)
+    if isinstance(data, np.ndarray) and data.dtype.kind in "fiub":
+        return torch.from_numpy(np.array(data))
+    return torch.zeros(x.shape, dtype=getattr(torch, x.dtype.name))
 
 
 def _infer_torch(xs: Sequence[Any], a: TorchAttrs) -> Spec:

@@ -259,3 +259,20 @@ def test_fnet_from_transformers():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             _close(torch.compile(model, backend="taskmap")(ids).last_hidden_state, want, rtol=1e-3, atol=1e-4)
+
+
+class Spectrogram(nn.Module):
+    """A log power spectrogram and the signal rebuilt from the STFT (``istft`` has no meta
+    kernel: its output's shape comes from running it on zeros)."""
+
+    def forward(self, x):
+        window = torch.hann_window(64)
+        s = torch.stft(x, 64, hop_length=16, window=window, return_complex=True)
+        return torch.log(s.abs().pow(2) + 1e-6).mean(-1), torch.istft(s * 0.5, 64, hop_length=16, window=window)
+
+
+def test_spectrogram_and_inverse_stft():
+    x = torch.randn(2, 1024)
+    fast = taskmap.compile(Spectrogram(), progress=False, fallback=True)
+    _close(fast(x), Spectrogram()(x), rtol=1e-4, atol=1e-4)
+    assert sorted(op.attrs.description for op in _pytorch_ops(fast)) == ["torch.functional.stft", "torch.istft"]
