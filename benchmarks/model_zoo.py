@@ -8,12 +8,14 @@ Each model is compiled, its main output checked against eager (relative error of
 value), then both are timed in alternating rounds (reverse order every other round); the ratio is
 the median of the rounds' ratios (eager / taskmap).  The table also gives the time of
 ``taskmap.compile`` and the first call (with the cache directory as it is: cold on a fresh one),
-the compiled graph's steps and its slowest step.  Sizes: 6 layers of width 768 with 12 heads (sequence 128) for the
-text models and wav2vec2's encoder (over one second of 16 kHz audio: its feature convolutions and
-its 128-tap positional convolution), 224 x 224 images for ConvNeXt-T / Swin-T / RegNetY /
-PoolFormer-S12 / SegFormer-B0 / LeViT-128S, 1500 frames for Whisper's encoder; the
-recurrent nets (``nn.LSTM``, a bidirectional ``nn.GRU``) two layers of 512 over 64 steps of 256
-features (``lstm_long``: 1000 steps), unrolled by taskmap's frontend.
+the compiled graph's steps and its slowest step.  Sizes: 6 layers of width 768 with 12 heads
+(sequence 128) for the text models (``llama_meta``: Meta's reference LLaMA code, its rotary
+embedding in complex64; ``fnet``: FNet, whose token-mixing FFTs PyTorch runs inside the compiled
+graph) and wav2vec2's encoder (over one second of 16 kHz audio: its feature convolutions and its
+128-tap positional convolution), 224 x 224 images for ConvNeXt-T / Swin-T / RegNetY /
+PoolFormer-S12 / SegFormer-B0 / LeViT-128S, 1500 frames for Whisper's encoder; the recurrent nets
+(``nn.LSTM``, a bidirectional ``nn.GRU``) two layers of 512 over 64 steps of 256 features
+(``lstm_long``: 1000 steps), unrolled by taskmap's frontend.
 """
 from __future__ import annotations
 
@@ -53,17 +55,20 @@ class Recurrent(torch.nn.Module):
 
 def _families() -> dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]]:
     import transformers as tf
+    import meta_llama
     ids = (torch.randint(0, 1000, (1, 128)),)
     image = (torch.randn(1, 3, 224, 224),)
     gqa = dict(TEXT, intermediate_size=2048, num_key_value_heads=4, use_cache=False)
     return {
         "llama": lambda: (tf.LlamaModel(tf.LlamaConfig(**gqa)), ids),
+        "llama_meta": lambda: (meta_llama.Transformer(), ids),         # Meta's code: complex rotary embedding
         "mistral": lambda: (tf.MistralModel(tf.MistralConfig(**gqa)), ids),
         "qwen2": lambda: (tf.Qwen2Model(tf.Qwen2Config(**gqa)), ids),
         "t5": lambda: (tf.T5EncoderModel(tf.T5Config(vocab_size=1000, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
                                                       num_heads=8)), ids),
         "gptneox": lambda: (tf.GPTNeoXModel(tf.GPTNeoXConfig(**TEXT, use_cache=False)), ids),
         "phi": lambda: (tf.PhiModel(tf.PhiConfig(**TEXT, use_cache=False)), ids),
+        "fnet": lambda: (tf.FNetModel(tf.FNetConfig(**TEXT)), ids),      # fftn run by PyTorch (FALLBACK)
         "deberta": lambda: (tf.DebertaV2Model(tf.DebertaV2Config(**TEXT)), ids),
         "falcon": lambda: (tf.FalconModel(tf.FalconConfig(hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                                                           vocab_size=1000, use_cache=False)), ids),
@@ -89,6 +94,10 @@ def _families() -> dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Ten
     }
 
 
+#: families compiled with ``fallback=True``: their ops taskmap does not build run in PyTorch
+FALLBACK = {"fnet"}
+
+
 def bench(name: str, make: Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]], rounds: int,
           seconds: float) -> list[str]:
     torch.manual_seed(0)
@@ -96,7 +105,7 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, tuple[torch.Tenso
     model.eval()
     with torch.no_grad():
         t0 = time.perf_counter()
-        fast = taskmap.compile(model, args, progress=False)
+        fast = taskmap.compile(model, args, progress=False, fallback=name in FALLBACK)
         got = first_tensor(fast(*args))
         compile_s = time.perf_counter() - t0
         want = first_tensor(model(*args))

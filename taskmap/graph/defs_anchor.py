@@ -217,26 +217,33 @@ def _call_torch(arrays: Sequence[Any], a: TorchAttrs, on_meta: bool) -> Any:
 def torch_meta(xs: Sequence[Any], a: TorchAttrs) -> Any:
     """The op's result on meta tensors of the inputs' shapes, as it returns it (nested too); for
     an op without a meta kernel (``istft`` checks its window with ``aten::equal``), its result on
-    zeros on the CPU, constants with their values (a data-dependent size would then differ at run
-    time, where it is checked)."""
+    the CPU, constants with their values and the other inputs once zeros, once random (sizes that
+    still depend on the data would differ at run time, where they are checked)."""
     torch = sys.modules["torch"]
     metas = [torch.empty(x.shape, dtype=getattr(torch, x.dtype.name), device="meta") for x in xs]
     try:
         return _call_torch(metas, a, on_meta=True)
     except NotImplementedError as no_meta:
-        try:
-            out = _call_torch([_probe(x) for x in xs], a, on_meta=False)
+        try:    # on zeros and on random values: sizes that differ depend on the data (nonzero)
+            outs = [_call_torch([_probe(x, fill) for x in xs], a, on_meta=False) for fill in (0, 1)]
         except Exception:
             raise no_meta from None
-        return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), out)
+        shapes = [[tuple(t.shape) for t in torch.utils._pytree.tree_leaves(o) if isinstance(t, torch.Tensor)]
+                  for o in outs]
+        if shapes[0] != shapes[1]:
+            raise no_meta
+        return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), outs[0])
 
 
-def _probe(x: Any) -> Any:
+def _probe(x: Any, fill: int) -> Any:
+    """An input to run an op on at compile time: a constant's value, else zeros (``fill`` 0) or
+    random values (1)."""
     torch = sys.modules["torch"]
     data = getattr(x, "data", None)
     if isinstance(data, np.ndarray) and data.dtype.kind in "fiub":
         return torch.from_numpy(np.array(data))
-    return torch.zeros(x.shape, dtype=getattr(torch, x.dtype.name))
+    t = torch.zeros(x.shape, dtype=getattr(torch, x.dtype.name))
+    return t.random_(0, 2) if fill and t.dtype == torch.bool else t.random_(-3, 4) if fill else t
 
 
 def _infer_torch(xs: Sequence[Any], a: TorchAttrs) -> Spec:
