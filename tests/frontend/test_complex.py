@@ -117,7 +117,8 @@ class Functions(nn.Module):
         p = torch.polar(a.abs(), b)
         e = torch.exp(z * 0.3)
         q = (z.conj() * p - e).neg()
-        return torch.view_as_real(q), torch.view_as_real(z.conj().resolve_conj()), q.abs()
+        w = torch.where(a > 0, q, 1j).masked_fill(b > 0.5, 0.25) + torch.where(b > 0, z, a)
+        return torch.view_as_real(w), torch.view_as_real(z.conj().resolve_conj()), q.abs()
 
 
 class Views(nn.Module):

@@ -257,6 +257,22 @@ def _exp(cv: Converter, z: Complex) -> Complex:
     return _make(cv, _mul(cv, r, cv.unary(UnaryFn.COS, im)), _mul(cv, r, cv.unary(UnaryFn.SIN, im)), z.dtype)
 
 
+@_lowers("where")
+def _where(cv: Converter, cond: Any, a: Any, b: Any) -> Complex:
+    _complex_operands(a, b)
+    if not isinstance(cond, Tensor):
+        raise NotConvertible("a condition that is not a tensor")
+    dtype = _dtype([a, b])
+    c = _unsqueeze(cv, cond)
+    where = lookup("call_function", torch.where)
+    (ar, ai), (br, bi) = _parts(cv, a), _parts(cv, b)
+    return _make(cv, where(cv, c, 0.0 if ar is None else ar, 0.0 if br is None else br),
+                 where(cv, c, 0.0 if ai is None else ai, 0.0 if bi is None else bi), dtype)
+
+
+_LOWER["masked_fill"] = lambda cv, z, mask, value: _where(cv, mask, value, z)
+
+
 # ----------------------------------------------------------------------------- conversions
 
 
@@ -401,17 +417,17 @@ _LOWER["mean"] = lambda cv, z, dim=None, keepdim=False, dtype=None: _reduce(cv, 
 def _attribute(cv: Converter, z: Any, name: str) -> Any:
     if not isinstance(z, Complex):
         raise NotConvertible("not a complex value")
-    if name in ("real", "imag"):
-        return _part(cv, z, _k=name == "imag")
-    if name == "T":
-        return _LOWER["permute"](cv, z, *reversed(range(z.ndim)))
-    if name == "mT":
-        return _LOWER["mT"](cv, z)
-    return {"shape": torch.Size(z.shape), "dtype": z.dtype, "ndim": z.ndim,
-            "device": torch.device(z.data.device)}.get(name) if name in ("shape", "dtype", "ndim", "device") else None
+    if name in ("real", "imag", "T", "mT"):
+        return _LOWER[name](cv, z)
+    values = {"shape": lambda: torch.Size(z.shape), "dtype": lambda: z.dtype, "ndim": lambda: z.ndim,
+              "device": lambda: torch.device(z.data.device)}
+    if name not in values:
+        raise NotConvertible(f"the attribute {name!r} of a complex value")
+    return values[name]()
 
 
 _LOWER["mT"] = lambda cv, z: _LOWER["transpose"](cv, z, -2, -1)
+_LOWER["T"] = lambda cv, z: _LOWER["permute"](cv, z, *reversed(range(z.ndim)))
 _LOWER["size"] = lambda cv, z, dim=None: torch.Size(z.shape) if dim is None else z.shape[norm_axis(dim, z.ndim)]
 _LOWER["sym_size"] = lambda cv, z, dim=0: z.shape[norm_axis(dim, z.ndim)]
 _LOWER["dim"] = lambda cv, z: z.ndim
