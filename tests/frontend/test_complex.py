@@ -277,3 +277,49 @@ def test_spectrogram_and_inverse_stft():
     fast = taskmap.compile(Spectrogram(), progress=False, fallback=True)
     _close(fast(x), Spectrogram()(x), rtol=1e-4, atol=1e-4)
     assert sorted(op.attrs.description for op in _pytorch_ops(fast)) == ["torch.functional.stft", "torch.istft"]
+
+
+class SpectralConv2d(nn.Module):
+    """The Fourier neural operator's spectral convolution: an rfft2, complex weights on the
+    lowest modes (einsums) written into a complex zeros buffer, an irfft2."""
+
+    def __init__(self, cin=4, cout=5, m1=3, m2=3):
+        super().__init__()
+        self.m1, self.m2 = m1, m2
+        self.weights1 = nn.Parameter(torch.randn(cin, cout, m1, m2, dtype=torch.cfloat) / (cin * cout))
+        self.weights2 = nn.Parameter(torch.randn(cin, cout, m1, m2, dtype=torch.cfloat) / (cin * cout))
+
+    def forward(self, x):
+        x_ft = torch.fft.rfft2(x)
+        out_ft = torch.zeros(x.shape[0], self.weights1.shape[1], x.size(-2), x.size(-1) // 2 + 1, dtype=torch.cfloat)
+        out_ft[:, :, :self.m1, :self.m2] = torch.einsum("bixy,ioxy->boxy", x_ft[:, :, :self.m1, :self.m2],
+                                                        self.weights1)
+        out_ft[:, :, -self.m1:, :self.m2] = torch.einsum("bixy,ioxy->boxy", x_ft[:, :, -self.m1:, :self.m2],
+                                                         self.weights2)
+        return torch.fft.irfft2(out_ft, s=(x.size(-2), x.size(-1)))
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_fourier_neural_operator_layer(capture):
+    """Complex einsums with complex weights and item assignment into a complex constant are
+    built from real ops; only the FFTs run in PyTorch."""
+    model = SpectralConv2d().eval()
+    x = torch.randn(2, 4, 12, 12)
+    with torch.no_grad():
+        fast = taskmap.compile(model, progress=False, fallback=True, capture=capture)
+        _close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+    assert len(_pytorch_ops(fast)) == 2 and all("fft" in op.attrs.description for op in _pytorch_ops(fast))
+
+
+class Products(nn.Module):
+    def forward(self, x, y, r):
+        z, w = torch.view_as_complex(x), torch.view_as_complex(y)
+        return (torch.view_as_real(z @ w), torch.view_as_real(torch.bmm(z, w) * r),
+                torch.view_as_real(torch.einsum("bij,bkj->bik", z, w.transpose(1, 2).conj())))
+
+
+def test_complex_matrix_products():
+    x, y, r = torch.randn(3, 4, 5, 2), torch.randn(3, 5, 6, 2), torch.randn(3, 4, 6)
+    fast = taskmap.compile(Products(), progress=False)
+    _close(fast(x, y, r), Products()(x, y, r), rtol=1e-5, atol=1e-5)
+    assert not _pytorch_ops(fast)

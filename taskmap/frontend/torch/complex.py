@@ -257,6 +257,33 @@ def _exp(cv: Converter, z: Complex) -> Complex:
     return _make(cv, _mul(cv, r, cv.unary(UnaryFn.COS, im)), _mul(cv, r, cv.unary(UnaryFn.SIN, im)), z.dtype)
 
 
+def _bilinear(cv: Converter, f: Callable[[Tensor, Tensor], Tensor], a: Any, b: Any) -> Complex:
+    """``f(a, b)`` of a bilinear ``f`` (a product): (ar + i ai)(br + i bi) term by term."""
+    _complex_operands(a, b)
+    dtype = _dtype([a, b])
+
+    if not all(isinstance(v, Complex) or isinstance(v, torch.Tensor) and v.is_complex() for v in (a, b)):
+        raise NotConvertible("a product of a complex and a real operand (PyTorch refuses it)")
+    (ar, ai), (br, bi) = ([_real(cv, p) for p in _parts(cv, v)] for v in (a, b))
+    re = cv.binary(BinaryFn.SUB, f(ar, br), f(ai, bi))
+    im = cv.binary(BinaryFn.ADD, f(ar, bi), f(ai, br))
+    return _make(cv, _unsqueeze(cv, re), _unsqueeze(cv, im), dtype)
+
+
+@_lowers("matmul", "mm", "bmm", "__matmul__")
+def _matmul(cv: Converter, a: Any, b: Any) -> Complex:
+    return _bilinear(cv, lambda x, y: lookup("call_function", torch.matmul)(cv, x, y), a, b)
+
+
+@_lowers("einsum")
+def _einsum(cv: Converter, equation: str, *operands: Any) -> Complex:
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if len(operands) != 2:
+        raise NotConvertible("an einsum of other than two operands")
+    return _bilinear(cv, lambda x, y: lookup("call_function", torch.einsum)(cv, equation, x, y), *operands)
+
+
 @_lowers("where")
 def _where(cv: Converter, cond: Any, a: Any, b: Any) -> Complex:
     _complex_operands(a, b)
@@ -376,11 +403,42 @@ def _getitem(cv: Converter, z: Any, index: Any) -> Any:
         if isinstance(z, (tuple, list)):
             return z[index]                                      # a (complex) value of a tuple
         raise NotConvertible("not a complex value")
+    return Complex(lookup("call_function", operator.getitem)(cv, z.data, _on_view(index)), z.dtype)
+
+
+@_lowers("setitem")
+def _setitem(cv: Converter, z: Any, index: Any, value: Any) -> Complex:
+    """``z[index] = value`` into a complex value or constant: the assignment on the real views."""
+    z = _as_complex(cv, z)
+    value = _as_complex(cv, value, z.data)
+    if value.dtype != z.dtype:
+        raise NotConvertible("assigning a value of another dtype")
+    return Complex(lookup("call_function", operator.setitem)(cv, z.data, _on_view(index), value.data), z.dtype)
+
+
+def _as_complex(cv: Converter, v: Any, like: Tensor | None = None) -> Complex:
+    """``v`` (a complex value or constant; with ``like``, a real tensor or a number too) as a
+    complex value."""
+    if isinstance(v, Complex):
+        return v
+    if isinstance(v, torch.Tensor) and v.is_complex():
+        return Complex(cv.const(torch.view_as_real(v.resolve_conj()).contiguous()), v.dtype)
+    if like is None or not isinstance(v, (Tensor, bool, int, float, complex)) or isinstance(v, Tensor) and \
+            v.dtype is not like.dtype:
+        raise NotConvertible(f"a {type(v).__name__} as a complex value")
+    dtype = OF_PARTS[getattr(torch, like.dtype.name)]
+    if isinstance(v, Tensor):
+        return _make(cv, _unsqueeze(cv, v), None, dtype)
+    c = complex(v)
+    return Complex(cv.const(torch.tensor([c.real, c.imag], dtype=PARTS[dtype])), dtype)
+
+
+def _on_view(index: Any) -> tuple[Any, ...]:
+    """A complex value's index as its real view's: the parts' axis kept whole."""
     items = index if isinstance(index, tuple) else (index,)
-    if any(isinstance(i, (Complex, torch.Tensor)) for i in items):
+    if any(isinstance(i, (Complex, torch.Tensor, Tensor, list)) for i in items):
         raise NotConvertible("indexing by tensors")
-    items = items + ((slice(None),) if Ellipsis in items else (Ellipsis, slice(None)))
-    return Complex(lookup("call_function", operator.getitem)(cv, z.data, items), z.dtype)
+    return items + ((slice(None),) if Ellipsis in items else (Ellipsis, slice(None)))
 
 
 @_lowers("cat", "stack")

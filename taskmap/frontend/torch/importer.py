@@ -336,7 +336,8 @@ class Importer:
         of ``x`` read the result: graph ops are functional, the mutation becomes a rebinding."""
         if not isinstance(result, (Tensor, Complex)) or not node.args or not isinstance(node.args[0], torch.fx.Node):
             return
-        if writes_in_place(node, target) and isinstance(self.env.get(node.args[0]), (Tensor, Complex)):
+        written = self.env.get(node.args[0])
+        if writes_in_place(node, target) and (isinstance(written, (Tensor, Complex)) or cx.is_complex(written)):
             if self.aliases is None:
                 self.aliases = Aliases(self.gm.graph)
             self.aliases.check_write(node, where(node))
