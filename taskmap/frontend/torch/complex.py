@@ -5,9 +5,10 @@ the same shape plus a last axis of 2, the real and the imaginary parts), wrapped
 :class:`Complex` so that no real handler ever reads it as a real tensor.
 
 The importer gives every op that touches a complex value to :func:`lower` first, which builds
-the elementwise arithmetic (``*``, ``+``, ``-``, ``/``, ``abs``, ``conj``, ``exp``...), the
-views and reshapes, and the conversions (``view_as_complex``, ``view_as_real``, ``.real``,
-``torch.complex``, ``torch.polar``) from real graph ops: Meta-LLaMA's rotary embedding
+the elementwise arithmetic (``*``, ``+``, ``-``, ``/``, ``abs``, ``conj``, ``exp``, ``where``...),
+products (``@``, ``einsum``: four real ones), views, indexing and item assignment, reductions, and
+the conversions (``view_as_complex``, ``view_as_real``, ``.real``, ``torch.complex``,
+``torch.polar``) from real graph ops: Meta-LLaMA's rotary embedding
 (``view_as_real(view_as_complex(x) * freqs_cis)``) becomes a few fused elementwise ops.  What
 it does not build (an FFT) is an unsupported op; with ``fallback=True`` PyTorch runs it, its
 complex inputs and results crossing the graph as real views (:class:`~taskmap.graph.InputRef`).
