@@ -186,9 +186,22 @@ def _complex_operands(*values: Any) -> None:
 # ----------------------------------------------------------------------------- arithmetic
 
 
+def _scaled(cv: Converter, fn: BinaryFn, z: Any, r: Any) -> Complex | None:
+    """``z * r`` or ``z / r`` of a complex value by a real tensor or number: one op on the real
+    view (both parts scaled alike); None for other operands."""
+    if not isinstance(z, Complex) or isinstance(r, (Complex, complex, torch.Tensor)) or \
+            isinstance(r, Tensor) and not r.dtype.is_float:
+        return None
+    dtype = _dtype([z, r])
+    return Complex(cv.binary(fn, z.data, _unsqueeze(cv, r) if isinstance(r, Tensor) else r), dtype)
+
+
 @_lowers("mul")
 def _mul_op(cv: Converter, a: Any, b: Any) -> Complex:
     _complex_operands(a, b)
+    scaled = _scaled(cv, BinaryFn.MUL, a, b) or _scaled(cv, BinaryFn.MUL, b, a)
+    if scaled is not None:
+        return scaled
     dtype = _dtype([a, b])
     (ar, ai), (br, bi) = _parts(cv, a), _parts(cv, b)
     return _make(cv, _add(cv, _mul(cv, ar, br), _mul(cv, ai, bi), BinaryFn.SUB),
@@ -213,6 +226,9 @@ def _div_op(cv: Converter, a: Any, b: Any, rounding_mode: Any = None) -> Complex
     _complex_operands(a, b)
     if rounding_mode is not None:
         raise NotConvertible("rounding division of complex numbers")
+    scaled = _scaled(cv, BinaryFn.DIV, a, b)
+    if scaled is not None:
+        return scaled
     dtype = _dtype([a, b])
     (ar, ai), (br, bi) = _parts(cv, a), _parts(cv, b)
     if bi is None:                                                # by a real divisor
@@ -232,8 +248,8 @@ def _neg_op(cv: Converter, z: Complex) -> Complex:
 @_lowers("conj")
 def _conj(cv: Converter, z: Complex) -> Complex:
     _complex_operands(z)
-    re, im = _parts(cv, z)
-    return _make(cv, re, _neg(cv, im), z.dtype)
+    signs = cv.const(torch.tensor([1.0, -1.0], dtype=PARTS[z.dtype]))
+    return Complex(cv.binary(BinaryFn.MUL, z.data, signs), z.dtype)
 
 
 @_lowers("abs")
