@@ -227,6 +227,8 @@ def where(cv: Converter, cond: Any, a: Any = None, b: Any = None) -> Tensor:
     if a is None or b is None:
         raise NotConvertible("where(cond) with one argument (data-dependent shape)")
     a, b = _scalar(cv, a), _scalar(cv, b)
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):      # two numbers: PyTorch's dtype for them
+        b = cv.const(torch.tensor(b, dtype=torch.result_type(torch.tensor(a), torch.tensor(b))))
     ins = [cond] + [v for v in (a, b) if isinstance(v, Tensor)]
     attrs = WhereAttrs(None if isinstance(a, Tensor) else a, None if isinstance(b, Tensor) else b)
     if not isinstance(cond, Tensor):
