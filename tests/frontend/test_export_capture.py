@@ -104,7 +104,9 @@ class UpdatesThroughViews(nn.Module):
         g *= m[:, :, :4]                    # through reshapes; nothing reads x * 3 after (Funnel)
         c = x.permute(0, 2, 1).contiguous()
         c[:, :, 0] += 1                     # contiguous of a permutation: a copy, not a view
-        return h * 2, w, g, c
+        q = (x * 5).view(2, 6, 7, 1).permute(0, 2, 1, 3)
+        q /= 4.0                            # read after through views of the updated view (DeBERTa)
+        return h * 2, w, g, c, q.transpose(-1, -2).to(torch.float32) * 2
 
 
 def test_updates_through_views_are_functional():

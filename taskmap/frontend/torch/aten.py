@@ -190,11 +190,23 @@ def _only_the_view_is_read(node: torch.fx.Node, target: torch.fx.Node, root: tor
         v = v.args[0]
     at = order[node]
     for v, b in base.items():
-        if b is not root or v is target or v is node or v not in order:
+        if b is not root or v is target or v is node or v not in order or \
+                (order[v] > at and _view_of(v, target, root)):
             continue
         if any(u is not node and u not in chain and order.get(u, at + 1) > at for u in v.users):
             return False
     return True
+
+
+def _view_of(v: torch.fx.Node, target: torch.fx.Node, root: torch.fx.Node) -> bool:
+    """Whether ``v`` is a view of ``target`` (through other views): taken after the update, it
+    reads the updated view (DeBERTa's ``pos_query_layer /= scale`` then
+    ``pos_query_layer.transpose(-1, -2)``)."""
+    while v is not root and v.args and isinstance(v.args[0], torch.fx.Node):
+        v = v.args[0]
+        if v is target:
+            return True
+    return False
 
 
 def _copies(node: torch.fx.Node) -> bool:
