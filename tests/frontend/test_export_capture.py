@@ -114,6 +114,27 @@ def test_updates_through_views_are_functional():
     assert tracer == "torch.export"
 
 
+class UpdatedTwice(nn.Module):
+    def forward(self, x, m):
+        acc = torch.zeros_like(x).float()   # an alias (x is float32), updated twice (Autoformer)
+        acc += x
+        acc += x * 2.0
+        h = x * 2
+        v = h[..., :5]
+        v *= m
+        if m.shape[0] == 2:                  # (the second update of a slice: refused, not miscompiled)
+            v += 1
+        return acc, h
+
+
+def test_a_second_update_of_an_updated_view():
+    x, m = torch.randn(2, 6, 7), torch.randn(1, 6, 5)
+    _, tracer = compiled(UpdatedTwice(), x, m)
+    assert tracer == "torch.export"
+    with pytest.raises(UnsupportedError, match=r"aten.add_.Tensor writes through the view .* v \+= 1"):
+        taskmap.compile(UpdatedTwice(), progress=False, capture="export")(x, m.expand(2, 6, 5))
+
+
 class ViewReadAfterWrite(nn.Module):
     def forward(self, x):
         h = x * 2

@@ -115,7 +115,8 @@ def functional_writes(graph: torch.fx.Graph) -> str:
         value = node
         pure = None if node.target.overloadpacket.__name__ in _OVERWRITES else _out_of_place(node.target)
         if same[target] is not root and pure is not None and _only_the_view_is_read(node, target, root, base, order):
-            _updated_view(graph, node, target, pure, order)   # nothing reads the rest of root after
+            new = _updated_view(graph, node, target, pure, order)   # nothing reads the rest of root after
+            base[new] = same[new] = new         # a tensor of its own (a later update may target it)
             graph.erase_node(node)
             continue
         if same[target] is not root:
@@ -125,6 +126,8 @@ def functional_writes(graph: torch.fx.Graph) -> str:
                 raise AliasingError(f"{node.target} writes through the view {target.name} of {root.name}{_line(node)}")
             index, views, current = chain
             new = node.args[1] if overwrite else _updated_view(graph, node, target, pure, order)
+            if not overwrite:               # still a view of root (a second update must set it again)
+                base[new], same[new] = root, new
             with graph.inserting_before(node):
                 value = graph.call_function(operator.setitem, (current, index, new))
             value.meta = {**node.meta, **{k: root.meta[k] for k in ("val", "tensor_meta") if k in root.meta}}
