@@ -961,10 +961,43 @@ def test_inplace_ops_are_rebindings():
             w = alias.clone()
             w.digamma_()                   # unsupported in-place: runs in PyTorch on a copy
             out = alias + 0
-            y += x                         # (symbolic_trace records += as a new value, like fx everywhere)
+            y += x
             return out, z, w, F.relu(y, inplace=True)
 
     check(M(), torch.randn(4, 5), fallback=True)
+
+
+class Augmented(nn.Module):
+    def forward(self, x, w):
+        h = x * 2
+        g = h
+        g += 1                             # h is g: it changes too
+        n = x.shape[0]
+        n += 1                             # a Python number: a new value
+        y = x * 3
+        y -= h
+        y **= 2
+        y @= w
+        y //= 0.3
+        y %= 0.7
+        return h * n, y, g
+
+
+class AugmentedView(nn.Module):
+    def forward(self, x):
+        h = x * 2
+        v = h[:, :2]
+        v *= 3                             # through a view of h, which is read after
+        return h + 1
+
+
+def test_augmented_assignments_are_in_place():
+    """torch.fx traces ``g += 1`` as ``g = g + 1``; taskmap's tracer records the in-place operator,
+    so other names of the tensor see the update and a view's update is refused, not lost."""
+    fast = check(Augmented(), torch.randn(3, 4), torch.randn(4, 4), rtol=1e-5, atol=1e-5, capture="auto")
+    assert next(iter(fast.entries.values())).capture.tracer == "torch.fx"
+    with pytest.raises(taskmap.errors.UnsupportedError, match=r"imul writes in place into .*read after"):
+        taskmap.compile(AugmentedView(), progress=False, capture="auto")(torch.randn(3, 4))
 
 
 def test_unsupported_op_of_a_torch_module_compiled_directly_points_at_its_forward():

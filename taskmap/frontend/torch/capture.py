@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import io
 import linecache
+import operator
 import logging
 import os
 import re
@@ -73,6 +74,29 @@ class Capture:
         return self.codegen.process_outputs(result)
 
 
+#: Python's augmented assignments: fx's proxies have none, so ``v *= m`` would trace as
+#: ``v = v * m`` and a tensor that ``v`` is a view of (or another name for) would miss the update.
+_AUGMENTED = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
+              "__itruediv__": operator.itruediv, "__ifloordiv__": operator.ifloordiv, "__imod__": operator.imod,
+              "__ipow__": operator.ipow, "__imatmul__": operator.imatmul, "__iand__": operator.iand,
+              "__ior__": operator.ior, "__ixor__": operator.ixor, "__ilshift__": operator.ilshift,
+              "__irshift__": operator.irshift}
+
+
+class _Proxy(torch.fx.Proxy):
+    """An fx proxy that records augmented assignments as the in-place operators they are."""
+
+
+def _augmented(op: Any) -> Any:
+    def method(self: _Proxy, other: Any) -> Any:
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+    return method
+
+
+for _name, _op in _AUGMENTED.items():
+    setattr(_Proxy, _name, _augmented(_op))
+
+
 class _Tracer(torch.fx.Tracer):
     """``torch.fx.Tracer`` recording, per node, the innermost frame outside torch and taskmap
     (the model's line) as its ``stack_trace``, in the traceback format — or, for a model that is
@@ -84,6 +108,9 @@ class _Tracer(torch.fx.Tracer):
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return super().is_leaf_module(m, module_qualified_name) and lookup("call_module", m) is not None
+
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _Proxy(node, self)
 
     #: the type of the dict the forward returns when it is a subclass (a ``ModelOutput``), which
     #: fx records as a plain dict: set by :meth:`create_arg`, kept by :meth:`create_node`

@@ -457,8 +457,9 @@ def writes_in_place(node: torch.fx.Node, target: Any) -> bool:
 
 
 _FUNCTIONAL = {operator.setitem: setitem_copy}
-_INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,
-                      operator.ixor, torch.relu_, operator.setitem)
+_INPLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+                      operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                      operator.irshift, torch.relu_, operator.setitem)
 
 
 def _plain(v: Any) -> Any:

@@ -167,7 +167,7 @@ _BINARY = {
     BinaryFn.REMAINDER: (torch.remainder, operator.mod, operator.imod, "remainder", "__mod__"),
     BinaryFn.FMOD: (torch.fmod, "fmod"),
     BinaryFn.ATAN2: (torch.atan2, torch.arctan2, "atan2", "arctan2"),
-    BinaryFn.POW: (torch.pow, operator.pow, "pow", "__pow__"),
+    BinaryFn.POW: (torch.pow, operator.pow, operator.ipow, "pow", "pow_", "__pow__"),
     BinaryFn.MAXIMUM: (torch.maximum, "maximum"),
     BinaryFn.MINIMUM: (torch.minimum, "minimum"),
     BinaryFn.EQ: (torch.eq, operator.eq, "eq", "__eq__"),

@@ -42,7 +42,7 @@ def linear(cv: Converter, x: Any, weight: Any = None, bias: Any = None) -> Tenso
     return cv.op(OpKind.LINEAR, ins)
 
 
-@register(torch.matmul, operator.matmul, "matmul", "__matmul__", torch.bmm, "bmm", torch.mm, "mm")
+@register(torch.matmul, operator.matmul, operator.imatmul, "matmul", "__matmul__", torch.bmm, "bmm", torch.mm, "mm")
 def matmul(cv: Converter, a: Tensor, b: Tensor) -> Tensor:
     return cv.op(OpKind.MATMUL, [a, b])
 
