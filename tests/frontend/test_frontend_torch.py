@@ -1007,3 +1007,46 @@ def test_unsupported_op_of_a_torch_module_compiled_directly_points_at_its_forwar
     text = str(e.value)
     assert "torch.bilinear at node bilinear" in text and "nn/modules/linear.py" in text and "in forward" in text
     assert "taskmap/frontend" not in text
+
+
+class ChunksBySizeTensors(nn.Module):
+    """Longformer's overlapping chunks: a chunk count from ``torch.div(n, w, rounding_mode="trunc")``
+    (a 0-d tensor, which PyTorch reads as an int) in an ``as_strided`` size, with the ``stride()``
+    it reads."""
+
+    def forward(self, x):
+        n = torch.div(x.size(1), 4, rounding_mode="trunc")
+        chunks = x.as_strided(size=(x.size(0), n, 4 * x.size(2)), stride=(x.stride(0), 4 * x.size(2), 1))
+        return torch.relu(chunks) * 2.0
+
+
+class PadByBuffers(nn.Module):
+    """Encodec's extra padding, computed from buffers: a 0-d tensor in ``F.pad``'s amounts."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("step", torch.tensor(3), persistent=False)
+
+    def forward(self, x):
+        extra = torch.ceil(x.shape[-1] / self.step).to(torch.int64) * self.step - x.shape[-1]
+        return F.pad(x, (1, extra)) * 2
+
+
+class ViewBySizeTensor(nn.Module):
+    def forward(self, x):
+        return x.view(x.size(0), torch.div(x.size(1), 4, rounding_mode="trunc"), -1) + 1
+
+
+@pytest.mark.parametrize("capture", ["auto", "export"])       # (torch._dynamo.export fails on these itself)
+def test_integer_tensors_as_sizes(capture):
+    x = torch.randn(2, 16, 7)
+    for model in (ChunksBySizeTensors(), PadByBuffers(), ViewBySizeTensor()):
+        fast = check(model, x, capture=capture)
+        assert "run by PyTorch" not in fast.summary()
+    # torch.fx's graph asks for x.stride(0), a Python value: torch.export's graph has it resolved
+    fast = check(ChunksBySizeTensors(), x, capture=capture)
+    assert next(iter(fast.entries.values())).capture.tracer == "torch.export"
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for model in (ChunksBySizeTensors(), PadByBuffers()):
+            _same(torch.compile(model, backend="taskmap", options={"fallback": False})(x), model(x), 1e-5, 1e-6)

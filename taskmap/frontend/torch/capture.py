@@ -42,7 +42,7 @@ from torch.nn.modules import transformer
 from ...errors import CaptureError, UnsupportedError, UnsupportedOpsError
 from ...graph.passes import debug_enabled
 from . import aten
-from .importer import Imported, import_fx
+from .importer import Imported, ValuesNotTensors, import_fx
 from .registry import lookup
 from .signature import bind, call_arguments, forward_signature
 
@@ -288,9 +288,14 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
             if debug_enabled("shapes"):
                 with torch.no_grad():
                     ShapeProp(traced).propagate(*examples)
-            imported = import_fx(traced, examples, fallback=fallback, name=name)
-            imported.output_type = traced.meta.get(OUTPUT_TYPE)
-            return _stateless(imported, name), cap
+            try:
+                imported = import_fx(traced, examples, fallback=fallback, name=name)
+            except ValuesNotTensors as exc:       # (x.stride(0)): torch.export's graph has them resolved
+                if debug_enabled("capture"):
+                    print(f"// {name}: torch.fx's graph not used ({exc})", file=sys.stderr)
+            else:
+                imported.output_type = traced.meta.get(OUTPUT_TYPE)
+                return _stateless(imported, name), cap
     fs = forward_signature(model)
     args, kwargs = call_arguments(fs, arguments)
     _transformers_caches(model)

@@ -80,6 +80,12 @@ class Imported:
                 target.copy_(torch.view_as_complex(values[out]) if target.is_complex() else values[out])
 
 
+class ValuesNotTensors(UnsupportedError):
+    """An op taskmap would leave to PyTorch whose result is Python values (``x.stride(0)`` in a
+    torch.fx trace; ``tolist``): a compiled graph has no such values.  torch.export's and
+    dynamo's graphs have them resolved at capture, where they depend on no data."""
+
+
 def target_name(node: torch.fx.Node) -> str:
     t = node.target
     if node.op == "call_method":
@@ -262,6 +268,8 @@ class Importer:
                                    "torch.func transform) into this graph; taskmap's graph ops cannot hold "
                                    "functorch's batching levels")
         dynamic = _has_dynamic((args, kwargs))
+        if dynamic:
+            args, kwargs = _sizes_as_ints(args), {k: _sizes_as_ints(v) for k, v in kwargs.items()}
         if dynamic and _touches_complex(node, (args, kwargs)):
             result = cx.lower(self._converter(node), cx.name_of(node.op, target), args, kwargs)
             if result is None:
@@ -276,7 +284,7 @@ class Importer:
         if isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields"):
             return target(*args, **kwargs)      # a namedtuple (of graph tensors): structure, not an op
         if target in _AS_STRIDED and isinstance(node.args[0], torch.fx.Node) and \
-                isinstance(_meta(node.args[0]), torch.Tensor):       # its layout in PyTorch is known
+                isinstance(_layout(node.args[0]), torch.Tensor):       # its layout in PyTorch is known
             return self._as_strided(node, *args, **kwargs)
         handler = lookup(node.op, target)
         if handler is None and aten.is_aten(target):
@@ -311,7 +319,7 @@ class Importer:
         it (a transpose's, a view's of a permuted tensor: Longformer's overlapping chunks), where a
         graph tensor is contiguous: a gather from ``x`` at the logical positions of those storage
         elements (a constant index)."""
-        xm = _meta(node.args[0])
+        xm = _layout(node.args[0])
         spots = _storage_positions(tuple(x.shape), tuple(xm.stride()), int(xm.storage_offset())).reshape(-1)
         want = _storage_positions(tuple(int(v) for v in size), tuple(int(v) for v in stride),
                                   int(xm.storage_offset()) if storage_offset is None else int(storage_offset))
@@ -377,15 +385,18 @@ class Importer:
         attrs = TorchAttrs(target, _freeze(targs), tkw, node.op == "call_method", target_name(node))
         meta = _meta(node)
         try:
-            if meta is None:     # no recorded shapes: how PyTorch's result on meta tensors nests them
-                probe = torch_meta(inputs, attrs)
-                meta = probe if _nests(probe) or any(cx.is_complex(m) for m in _meta_leaves(probe)) else None
-            leaves = _meta_leaves(meta)
-            specs = [_spec(m) for m in leaves] if leaves else None
-            outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=specs)
-            # complex results: their real views, read as complex (dtypes from a probe where sizes are symbolic)
-            dtypes = [m.dtype for m in leaves or _meta_leaves(torch_meta(inputs, attrs))]
-            outs = [Complex(o, d) if d in cx.PARTS else o for o, d in zip(outs, dtypes)] + list(outs[len(dtypes):])
+            if meta is None:     # no recorded shapes: PyTorch's result on meta tensors
+                meta = torch_meta(inputs, attrs)
+            # the result's tensors (on meta tensors where the recorded sizes are symbolic)
+            leaves = _meta_leaves(meta) or _meta_leaves(torch_meta(inputs, attrs))
+            if not leaves:
+                raise ValuesNotTensors(
+                    f"{self.builder.name}: {target_name(node)} at {where(node)} returns no tensor but Python values "
+                    "that PyTorch reads off a tensor's data or memory layout as it runs, which a compiled graph "
+                    "does not have (torch.compile(model, backend=\"taskmap\") runs such code in PyTorch)")
+            outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(node), specs=list(map(_spec, leaves)))
+            # complex results: their real views, read as complex
+            outs = [Complex(o, m.dtype) if m.dtype in cx.PARTS else o for o, m in zip(outs, leaves)]
         except (NotImplementedError, RuntimeError) as e:   # no meta kernel, or `.item()`: sizes from values
             if not isinstance(e, NotImplementedError) and "meta tensors" not in str(e) and \
                     "data-dependent" not in str(e):
@@ -414,6 +425,18 @@ class Importer:
 _AS_STRIDED = {torch.as_strided, "as_strided", torch.ops.aten.as_strided.default}
 
 
+def _sizes_as_ints(v: Any, inside: bool = False) -> Any:
+    """Integer 0-d constants inside the argument's tuples and lists (sizes, pads, indices) as
+    Python ints, as PyTorch reads them (``__index__``): Longformer's ``torch.div(n, w,
+    rounding_mode="trunc")`` in an ``as_strided`` size, Encodec's padding from buffers."""
+    if isinstance(v, (tuple, list)) and not isinstance(v, torch.Size):
+        items = [_sizes_as_ints(x, True) for x in v]
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+    if inside and isinstance(v, Tensor) and v.is_constant and v.ndim == 0 and v.dtype.is_integer:
+        return int(to_torch(v).item())
+    return v
+
+
 def _spec(m: torch.Tensor) -> tuple[tuple[int, ...], Any]:
     """A graph tensor's shape and dtype for a PyTorch result's (a complex one's real view)."""
     if m.dtype in cx.PARTS:
@@ -434,6 +457,13 @@ def _meta(node: torch.fx.Node) -> Any:
     if v is None:
         v = node.meta.get("tensor_meta")
     return v
+
+
+def _layout(node: torch.fx.Node) -> Any:
+    """The node's recorded (fake) tensor, which has PyTorch's strides: dynamo's ``example_value``,
+    torch.export's ``val``."""
+    v = node.meta.get("example_value")
+    return v if v is not None else node.meta.get("val")
 
 
 def setitem_copy(x: torch.Tensor, idx: Any, value: Any) -> torch.Tensor:
