@@ -42,7 +42,7 @@ from torch.nn.modules import transformer
 from ...errors import CaptureError, UnsupportedError, UnsupportedOpsError
 from ...graph.passes import debug_enabled
 from . import aten
-from .importer import Imported, ValuesNotTensors, import_fx
+from .importer import Imported, NotRecorded, import_fx
 from .registry import lookup
 from .signature import bind, call_arguments, forward_signature
 
@@ -290,7 +290,7 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
                     ShapeProp(traced).propagate(*examples)
             try:
                 imported = import_fx(traced, examples, fallback=fallback, name=name)
-            except ValuesNotTensors as exc:       # (x.stride(0)): torch.export's graph has them resolved
+            except NotRecorded as exc:       # (PyTorch's strides): torch.export's graph has them
                 if debug_enabled("capture"):
                     print(f"// {name}: torch.fx's graph not used ({exc})", file=sys.stderr)
             else:

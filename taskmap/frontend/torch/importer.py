@@ -80,10 +80,10 @@ class Imported:
                 target.copy_(torch.view_as_complex(values[out]) if target.is_complex() else values[out])
 
 
-class ValuesNotTensors(UnsupportedError):
-    """An op taskmap would leave to PyTorch whose result is Python values (``x.stride(0)`` in a
-    torch.fx trace; ``tolist``): a compiled graph has no such values.  torch.export's and
-    dynamo's graphs have them resolved at capture, where they depend on no data."""
+class NotRecorded(UnsupportedError):
+    """An op that needs what a torch.fx trace does not record: PyTorch's strides (``as_strided``)
+    or Python values read off a tensor (``x.stride(0)``; ``tolist``, which no graph has).
+    torch.export's and dynamo's graphs record the strides and resolve such values at capture."""
 
 
 def target_name(node: torch.fx.Node) -> str:
@@ -283,8 +283,9 @@ class Importer:
             return result
         if isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields"):
             return target(*args, **kwargs)      # a namedtuple (of graph tensors): structure, not an op
-        if target in _AS_STRIDED and isinstance(node.args[0], torch.fx.Node) and \
-                isinstance(_layout(node.args[0]), torch.Tensor):       # its layout in PyTorch is known
+        if target in _AS_STRIDED and isinstance(node.args[0], torch.fx.Node):
+            if not isinstance(_layout(node.args[0]), torch.Tensor):
+                raise NotRecorded(f"{where(node)}: as_strided of a tensor whose strides in PyTorch were not recorded")
             return self._as_strided(node, *args, **kwargs)
         handler = lookup(node.op, target)
         if handler is None and aten.is_aten(target):
@@ -390,7 +391,7 @@ class Importer:
             # the result's tensors (on meta tensors where the recorded sizes are symbolic)
             leaves = _meta_leaves(meta) or _meta_leaves(torch_meta(inputs, attrs))
             if not leaves:
-                raise ValuesNotTensors(
+                raise NotRecorded(
                     f"{self.builder.name}: {target_name(node)} at {where(node)} returns no tensor but Python values "
                     "that PyTorch reads off a tensor's data or memory layout as it runs, which a compiled graph "
                     "does not have (torch.compile(model, backend=\"taskmap\") runs such code in PyTorch)")
