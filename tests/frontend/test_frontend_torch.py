@@ -1052,3 +1052,22 @@ def test_integer_tensors_as_sizes(capture):
     with torch.no_grad():
         for model in (ChunksBySizeTensors(), PadByBuffers()):
             _same(torch.compile(model, backend="taskmap", options={"fallback": False})(x), model(x), 1e-5, 1e-6)
+
+
+class PadByInputs(nn.Module):
+    def forward(self, x, p0, p1):
+        return F.pad(x, (p0, p1), mode="reflect") * 2.0
+
+
+def test_sizes_from_data_under_torch_compile():
+    """Encodec under torch.compile: its pad amounts, tensors, come into a graph as inputs, so
+    the graph's shapes depend on data: refused clearly (PyTorch runs it, with a warning), and no
+    second trace by torch.export disturbs dynamo's guards."""
+    x, p0, p1 = torch.randn(1, 1, 40), torch.tensor(3), torch.tensor(2)
+    model = PadByInputs()
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.warns(EagerFallbackWarning, match=r"pad at node pad .*shape cannot be known"):
+        _same(torch.compile(model, backend="taskmap")(x, p0, p1), model(x, p0, p1), 0, 0)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.raises(Exception, match=r"pad at node pad .*shape cannot be known"):
+        torch.compile(model, backend="taskmap", options={"fallback": False})(x, p0, p1)

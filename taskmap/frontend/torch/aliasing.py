@@ -59,6 +59,10 @@ def _may_alias(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in VIEW_FUNCTIONS
 
 
+class AliasedWrite(UnsupportedError):
+    """An in-place op whose effect reaches another name of its tensor (a view), read after."""
+
+
 class Aliases:
     """The fx graph's nodes in order, and the node whose memory each one's value may be."""
 
@@ -79,10 +83,10 @@ class Aliases:
             if b is root and v is not target and self.order[v] < at and v.op != "output" and \
                     any(self.order[u] > at for u in v.users):
                 what = "the tensor it is a view of" if v is root else f"its view {v.name}, taken before,"
-                raise UnsupportedError(
+                raise AliasedWrite(
                     f"{where}: {node.name} writes in place into {target.name}, and {what} is read after: "
                     "taskmap's graphs are functional and do not track which tensors share memory; write out of "
                     "place (h = h + 1) or clone the view")
 
 
-__all__ = ["Aliases", "TUPLE_FUNCTIONS", "TUPLE_METHODS", "VIEW_FUNCTIONS", "VIEW_METHODS"]
+__all__ = ["AliasedWrite", "Aliases", "TUPLE_FUNCTIONS", "TUPLE_METHODS", "VIEW_FUNCTIONS", "VIEW_METHODS"]

@@ -29,10 +29,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ...errors import EagerFallbackWarning, UnsupportedError
+from ...errors import EagerFallbackWarning
 from ...graph.passes import debug_enabled
 from ...runtime.graph import CompiledGraph, gc_paused
 from . import precision
+from .aliasing import AliasedWrite
 from .capture import reexport
 from .dynamic import MODES, SPLIT_SHARE, SplitGraph, attr, describe, is_dynamic, regions, static_share, writes
 from .importer import Imported, import_fx
@@ -208,7 +209,7 @@ class DynamoGraph:
         try:
             try:
                 imported = import_fx(gm, live, fallback=self.fallback, name="dynamo_graph")
-            except UnsupportedError as first:
+            except AliasedWrite as first:         # torch.export's ATen graph makes such writes functional
                 try:
                     imported = reexport(gm, live, "dynamo_graph", self.fallback)
                 except Exception:  # noqa: BLE001 - the first error says more
