@@ -199,6 +199,7 @@ def test_one_d_layers(layer):
     lambda t: torch.addcmul(t, t, t.flip(-1), value=0.5), lambda t: t.addcdiv(t, t.abs() + 1),
     lambda t: torch.lerp(t, t * 2, 0.3), lambda t: torch.where(t > 0, 1.0, -1.0),
     lambda t: torch.where(t > 0, 1, 0), lambda t: torch.where(t > 0, 2, 0.5), lambda t: torch.where(t > 0, True, False),
+    lambda t: t.unfold(1, 2, 1), lambda t: t.unfold(-1, 3, 3) + 1, lambda t: t.unfold(0, 1, 2),   # (PatchTST)
     lambda t: torch.outer(t[0, 0], t[1, 1]),
     lambda t: torch.var_mean(t, -1)[0] + torch.var_mean(t, -1)[1], lambda t: torch.std_mean(t, (1, 2), correction=0)[0],
     lambda t: F.cosine_similarity(t[0], t[1], dim=0), lambda t: F.cosine_similarity(t, t.flip(0), dim=-1),

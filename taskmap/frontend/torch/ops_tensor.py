@@ -381,6 +381,27 @@ def index_select(cv: Converter, x: Tensor, dim: int, index: Tensor) -> Tensor:
     return cv.permute(y, inv)
 
 
+@register("unfold")
+def unfold(cv: Converter, x: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """``x.unfold(d, size, step)``: the windows of ``size`` along ``d`` every ``step`` (PatchTST's
+    patches), in a new last axis — a slice and a reshape where they do not overlap, else a gather."""
+    d = norm_axis(dimension, x.ndim)
+    size, step = int(size), int(step)
+    if size < 0 or step <= 0 or size > builtins.max(x.shape[d] if x.ndim else 1, 0):
+        raise NotConvertible(f"unfold(size={size}, step={step}) of a dimension of {x.shape[d] if x.ndim else 1}")
+    if x.ndim == 0:
+        return cv.reshape(x, (1,))
+    count = (x.shape[d] - size) // step + 1
+    if step == size:
+        windows = cv.reshape(cv.slice(x, d, 0, count * size), (*x.shape[:d], count, size, *x.shape[d + 1:]))
+    else:
+        index = (np.arange(count)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+        picked = index_select(cv, x, d, cv.const(torch.from_numpy(index)))
+        windows = cv.reshape(picked, (*x.shape[:d], count, size, *x.shape[d + 1:]))
+    order = [*range(d + 1), *range(d + 2, x.ndim + 1), d + 1]          # the window's axis last
+    return cv.permute(windows, order)
+
+
 @register(torch.gather, "gather")
 def gather(cv: Converter, x: Tensor, dim: int, index: Tensor, sparse_grad: bool = False) -> Tensor:
     return cv.op(OpKind.GATHER, [x, index], AxisAttrs(norm_axis(dim, x.ndim)))
