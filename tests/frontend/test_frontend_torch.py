@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -648,21 +649,32 @@ def test_torch_compile_runs_an_uncompilable_graph_in_pytorch():
 
 
 def test_torch_compile_vmap_runs_in_pytorch():
-    """Dynamo inlines ``torch.vmap`` as functorch's batching calls (Mamba's reference scan):
-    that graph runs in PyTorch, with the warning saying why."""
+    """Dynamo inlines ``torch.vmap`` as functorch's batching calls (Mamba's scan under
+    torch.compile): the region from its level's opening to its closing runs in PyTorch as one
+    op, the rest of the graph in taskmap's kernels; without fallback it is named."""
     class V(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lin = nn.Linear(8, 8)
+            self.lin, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
 
         def forward(self, x):
-            return torch.vmap(lambda r: self.lin(r).sum())(x) * 2
+            h = torch.relu(self.head(x))
+            return torch.vmap(lambda r: self.lin(r).sum() * r)(x).sum(-1, keepdim=True) * 2 + h
 
     model, x = V().eval(), torch.randn(4, 8)
+    seen = []
     torch._dynamo.reset()
-    with torch.no_grad(), pytest.warns(taskmap.errors.EagerFallbackWarning, match="torch.vmap"):
-        got = torch.compile(model, backend="taskmap")(x)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")                  # the graph is not left to PyTorch whole
+        got = torch.compile(model, backend=lambda gm, ex: seen.append(taskmap.frontend.torch.taskmap_backend(gm, ex))
+                            or seen[-1])(x)
     torch.testing.assert_close(got, model(x))
+    (imported, cg), = seen[0].graphs.values()
+    assert [op.attrs.description for op in cg.graph.ops if op.kind.name == "TORCH"] == ["torch.vmap (its region)"]
+    assert any(op.kind.name == "LINEAR" for op in cg.graph.ops)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.raises(Exception, match="torch.vmap"):
+        torch.compile(model, backend="taskmap", options={"fallback": False})(x)
     torch._dynamo.reset()
 
 

@@ -35,6 +35,7 @@ from . import (ops_bag, ops_composite, ops_einsum, ops_elementwise, ops_layers, 
                ops_nn, ops_rnn, ops_sample, ops_scatter, ops_search, ops_tensor, ops_upsample)
 from . import aten, autocast, precision
 from . import complex as cx
+from . import regions
 from .aliasing import Aliases
 from .complex import Complex
 from .registry import Converter, NotConvertible, Unavailable, from_torch_dtype, lookup, to_torch, torch_dtype
@@ -187,7 +188,16 @@ class Importer:
         kinds = []
         out_node = None
         first: dict[torch.fx.Node, Tensor] = {}      # the inputs' and attributes' values before any in-place op
+        done: set[torch.fx.Node] = set()             # nodes of regions run in PyTorch as one op
         for node in self.gm.graph.nodes:
+            if node in done:
+                continue
+            if self.fallback and node.op == "call_function" and regions.is_functorch(node.target):
+                if getattr(node.target, "__name__", "") in regions.NO_OPS:
+                    continue
+                if regions.opens(node):
+                    done.update(self._region(node))
+                    continue
             if node.op == "placeholder":
                 ex = self.examples[placeholders.index(node)]
                 if isinstance(ex, torch.Tensor) and ex.is_complex():
@@ -313,6 +323,35 @@ class Importer:
         result = self._torch_op(node, _FUNCTIONAL.get(target, target), args, kwargs)
         self._rebind_inplace(node, target, result)
         return result
+
+    def _region(self, start: torch.fx.Node) -> tuple[torch.fx.Node, ...]:
+        """The functorch region ``start`` opens (a ``torch.vmap`` dynamo traced), run by PyTorch
+        as one op: the values read after it bound to its outputs.  Its nodes."""
+        region = regions.functorch_region(start)
+        if region is None:
+            raise UnsupportedError(f"{where(start)}: {target_name(start)} opens a functorch level the graph never "
+                                   "closes")
+        args = [self.env[x] for x in region.inputs]
+        if any(isinstance(a, Complex) for a in args):
+            raise UnsupportedError(f"{where(start)}: a torch.vmap region reading complex values")
+        inputs = [a for a in args if isinstance(a, Tensor)]
+        refs, k = [], 0
+        for a in args:
+            refs.append(InputRef(k) if isinstance(a, Tensor) else a)
+            k += isinstance(a, Tensor)
+        attrs = TorchAttrs(region.module, tuple(refs), (), False, "torch.vmap (its region)")
+        metas = [_meta(o) for o in region.outputs]
+        leaves = [m for v in metas for m in _meta_leaves(v)]
+        if len(leaves) != len(region.outputs):    # sizes symbolic (or no record): PyTorch's on meta tensors
+            leaves = _meta_leaves(list(torch_meta(inputs, attrs)))
+        if len(leaves) != len(region.outputs):
+            raise UnsupportedError(f"{where(start)}: a torch.vmap region whose results are not all tensors")
+        self.unsupported.append(("torch.vmap", where(start), "functorch's batching levels: the region runs in "
+                                 "PyTorch as one op"))
+        outs = self.builder.op_multi(OpKind.TORCH, inputs, attrs, source=where(start), specs=list(map(_spec, leaves)))
+        for o, value in zip(region.outputs, outs):
+            self.env[o] = value
+        return region.nodes
 
     def _as_strided(self, node: torch.fx.Node, x: Tensor, size: Sequence[int], stride: Sequence[int],
                     storage_offset: int | None = None) -> Tensor:
