@@ -122,8 +122,8 @@ def _unsqueeze(cv: Converter, x: Tensor) -> Tensor:
 
 
 def _dtype(values: Sequence[Any]) -> torch.dtype:
-    """The result's complex dtype, where the operands agree on their parts' dtype (PyTorch's
-    promotion across dtypes is left to PyTorch); complex32 arithmetic too."""
+    """The result's complex dtype, where the operands agree on their parts' dtype and it is
+    complex64 or complex128 (promotion across dtypes, and complex32, are left to PyTorch)."""
     dtypes = {v.dtype for v in values if isinstance(v, Complex) or isinstance(v, torch.Tensor)}
     dtypes |= {OF_PARTS.get(getattr(torch, v.dtype.name)) for v in values if isinstance(v, Tensor)}
     if len(dtypes) != 1 or next(iter(dtypes)) not in (torch.complex64, torch.complex128):
@@ -277,10 +277,9 @@ def _exp(cv: Converter, z: Complex) -> Complex:
 def _bilinear(cv: Converter, f: Callable[[Tensor, Tensor], Tensor], a: Any, b: Any) -> Complex:
     """``f(a, b)`` of a bilinear ``f`` (a product): (ar + i ai)(br + i bi) term by term."""
     _complex_operands(a, b)
-    dtype = _dtype([a, b])
-
     if not all(isinstance(v, Complex) or isinstance(v, torch.Tensor) and v.is_complex() for v in (a, b)):
         raise NotConvertible("a product of a complex and a real operand (PyTorch refuses it)")
+    dtype = _dtype([a, b])
     (ar, ai), (br, bi) = ([_real(cv, p) for p in _parts(cv, v)] for v in (a, b))
     re = cv.binary(BinaryFn.SUB, f(ar, br), f(ai, bi))
     im = cv.binary(BinaryFn.ADD, f(ar, bi), f(ai, br))
