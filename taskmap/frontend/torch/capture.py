@@ -42,6 +42,7 @@ from torch.nn.modules import transformer
 from ...errors import CaptureError, UnsupportedError, UnsupportedOpsError
 from ...graph.passes import debug_enabled
 from . import aten
+from .aliasing import AliasedWrite
 from .importer import Imported, NotRecorded, import_fx
 from .registry import lookup
 from .signature import bind, call_arguments, forward_signature
@@ -290,7 +291,8 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
                     ShapeProp(traced).propagate(*examples)
             try:
                 imported = import_fx(traced, examples, fallback=fallback, name=name)
-            except NotRecorded as exc:       # (PyTorch's strides): torch.export's graph has them
+            except (NotRecorded, AliasedWrite) as exc:   # torch.export's graph has the strides; its
+                # functionalization makes writes through views functional
                 if debug_enabled("capture"):
                     print(f"// {name}: torch.fx's graph not used ({exc})", file=sys.stderr)
             else:
