@@ -1044,7 +1044,7 @@ class PadByBuffers(nn.Module):
 
     def forward(self, x):
         extra = torch.ceil(x.shape[-1] / self.step).to(torch.int64) * self.step - x.shape[-1]
-        return F.pad(x, (1, extra)) * 2
+        return F.pad(x, (1, extra)) * 2, F.pad(x, (self.step, self.step - 1))     # (all amounts tensors)
 
 
 class ViewBySizeTensor(nn.Module):

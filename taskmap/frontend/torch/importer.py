@@ -278,7 +278,7 @@ class Importer:
                                    "torch.func transform) into this graph; taskmap's graph ops cannot hold "
                                    "functorch's batching levels")
         dynamic = _has_dynamic((args, kwargs))
-        if dynamic:
+        if dynamic and not _indexes(target):
             args, kwargs = _sizes_as_ints(args), {k: _sizes_as_ints(v) for k, v in kwargs.items()}
         if dynamic and _touches_complex(node, (args, kwargs)):
             result = cx.lower(self._converter(node), cx.name_of(node.op, target), args, kwargs)
@@ -465,16 +465,26 @@ class Importer:
 _AS_STRIDED = {torch.as_strided, "as_strided", torch.ops.aten.as_strided.default}
 
 
-def _sizes_as_ints(v: Any, inside: bool = False) -> Any:
-    """Integer 0-d constants inside the argument's tuples and lists (sizes, pads, indices) as
-    Python ints, as PyTorch reads them (``__index__``): Longformer's ``torch.div(n, w,
-    rounding_mode="trunc")`` in an ``as_strided`` size, Encodec's padding from buffers."""
-    if isinstance(v, (tuple, list)) and not isinstance(v, torch.Size):
-        items = [_sizes_as_ints(x, True) for x in v]
-        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
-    if inside and isinstance(v, Tensor) and v.is_constant and v.ndim == 0 and v.dtype.is_integer:
-        return int(to_torch(v).item())
-    return v
+def _indexes(target: Any) -> bool:
+    """Whether the op indexes (``x[i]``, ATen's ``index``): its index lists are no sizes (a list
+    ``[t, 0]`` indexes two dimensions, ``[1, 0]`` picks two rows)."""
+    name = target.overloadpacket.__name__ if isinstance(target, torch._ops.OpOverload) else ""
+    return target in (operator.getitem, operator.setitem, "__getitem__", "__setitem__") or \
+        name in ("index", "index_put", "index_put_", "_unsafe_index", "_unsafe_index_put")
+
+
+def _sizes_as_ints(v: Any) -> Any:
+    """Integer 0-d constants in the argument's size-like tuples and lists (those holding some
+    Python value: sizes, pads, indices; not lists of tensors) as Python ints, as PyTorch reads
+    them (``__index__``): Longformer's ``torch.div(n, w, rounding_mode="trunc")`` in an
+    ``as_strided`` size, Encodec's padding from buffers."""
+    if not isinstance(v, (tuple, list)) or isinstance(v, torch.Size):
+        return v
+    items = [_sizes_as_ints(x) for x in v]
+    if not all(isinstance(x, (Tensor, Complex)) for x in items):
+        items = [int(to_torch(x).item()) if isinstance(x, Tensor) and x.is_constant and x.ndim == 0 and
+                 x.dtype.is_integer else x for x in items]
+    return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
 
 
 def _spec(m: torch.Tensor) -> tuple[tuple[int, ...], Any]:

@@ -480,6 +480,7 @@ def unbind(cv: Converter, x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
 
 @register(F.pad, torch._C._nn.pad)
 def pad(cv: Converter, x: Tensor, pad: Sequence[int], mode: str = "constant", value: Any = None) -> Tensor:
+    pad = _sizes(tuple(pad)) if builtins.all(isinstance(p, Tensor) and p.is_constant for p in pad) else pad
     if builtins.any(isinstance(p, Tensor) for p in pad):
         raise NotConvertible("padding by amounts computed from tensor data as the model runs")
     if mode not in ("constant", "reflect", "replicate", "circular") or len(pad) % 2 or len(pad) > 2 * x.ndim:
