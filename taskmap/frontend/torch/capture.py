@@ -1,9 +1,12 @@
 """Capturing a model as an fx graph for ``taskmap.compile``.
 
-``torch.fx.symbolic_trace`` first (shape-independent, parameters as ``get_attr``); a model it
-cannot trace (Python control flow on tensors, as in transformers' models) is captured by
-``torch._dynamo.export`` for the concrete example inputs, which also handles nested inputs and
-outputs (``ModelOutput`` dataclasses) through its pytree specs.
+``torch.fx.symbolic_trace`` first (shape-independent, parameters as ``get_attr``; augmented
+assignments recorded as the in-place operators they are); a model it cannot trace (Python
+control flow on tensors, as in transformers' models), or whose fx graph lacks what the import
+needs (PyTorch's strides for ``as_strided``, a write through a view made functional), is
+captured by ``torch.export`` or else ``torch._dynamo.export`` for the concrete example inputs,
+which also handle nested inputs and outputs (``ModelOutput`` dataclasses) through their pytree
+specs.
 
 Capturing stays cheap: each fx node records only the model's source line that created it (for
 messages; fx's own ``record_stack_traces`` symbolizes whole stacks and imports
@@ -25,8 +28,8 @@ import dataclasses
 import itertools
 import io
 import linecache
-import operator
 import logging
+import operator
 import os
 import re
 import sys
