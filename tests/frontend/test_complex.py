@@ -323,3 +323,22 @@ def test_complex_matrix_products():
     fast = taskmap.compile(Products(), progress=False)
     _close(fast(x, y, r), Products()(x, y, r), rtol=1e-5, atol=1e-5)
     assert not _pytorch_ops(fast)
+
+
+class Rotations(nn.Module):
+    """Rotations from positions computed in the forward: ``torch.exp(1j * theta)``, a complex
+    number times a real tensor."""
+
+    def forward(self, pos, x):
+        theta = pos[:, None] * torch.arange(1, 5).float()
+        z = torch.exp(1j * theta) * torch.view_as_complex(x)
+        return (torch.view_as_real(z), (theta * 1j + 1).abs(), torch.view_as_real(theta - 2j),
+                torch.view_as_real(theta / (1 + 1j)))
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_complex_numbers_times_real_tensors(capture):
+    pos, x = torch.randn(6), torch.randn(6, 4, 2)
+    fast = taskmap.compile(Rotations(), progress=False, capture=capture)
+    _close(fast(pos, x), Rotations()(pos, x), rtol=1e-5, atol=1e-5)
+    assert not _pytorch_ops(fast)

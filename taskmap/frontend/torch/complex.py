@@ -51,8 +51,9 @@ class Complex:
 
 
 def is_complex(v: Any) -> bool:
-    """A complex graph value, a complex torch tensor (a constant), or a complex dtype."""
-    return isinstance(v, Complex) or isinstance(v, torch.Tensor) and v.is_complex() or \
+    """A complex graph value, a complex torch tensor (a constant), a Python complex number, or a
+    complex dtype."""
+    return isinstance(v, (Complex, complex)) or isinstance(v, torch.Tensor) and v.is_complex() or \
         isinstance(v, torch.dtype) and v in PARTS
 
 
@@ -179,7 +180,10 @@ def _real(cv: Converter, p: Tensor) -> Tensor:
 
 
 def _complex_operands(*values: Any) -> None:
-    if not any(isinstance(v, Complex) for v in values):
+    """A complex graph value among the operands, or a complex number with a real tensor
+    (``1j * theta``)."""
+    if not any(isinstance(v, Complex) for v in values) and not (
+            any(isinstance(v, complex) for v in values) and any(isinstance(v, Tensor) for v in values)):
         raise NotConvertible("no complex graph operand")
 
 
