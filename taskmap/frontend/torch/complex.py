@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ...graph import BinaryFn, Tensor, UnaryFn
+from .ops_tensor import _sizes
 from .registry import Converter, NotConvertible, lookup, norm_axis
 
 #: complex dtype -> the real dtype of its parts
@@ -382,10 +383,6 @@ def _on_data(name: str, make_args: Callable[..., tuple[tuple[Any, ...], dict[str
         handler = lookup("call_method", name)
         return Complex(handler(cv, z.data, *a, **kw), z.dtype)
     _LOWER[name] = fn
-
-
-def _sizes(args: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else tuple(args)
 
 
 def _dims(z: Complex, *dims: Any) -> tuple[int, ...]:

@@ -38,7 +38,8 @@ from . import complex as cx
 from . import regions
 from .aliasing import Aliases
 from .complex import Complex
-from .registry import Converter, NotConvertible, Unavailable, from_torch_dtype, lookup, to_torch, torch_dtype
+from .registry import (Converter, NotConvertible, Unavailable, as_index, from_torch_dtype, lookup, to_torch,
+                       torch_dtype)
 
 
 @dataclass
@@ -482,8 +483,7 @@ def _sizes_as_ints(v: Any) -> Any:
         return v
     items = [_sizes_as_ints(x) for x in v]
     if not all(isinstance(x, (Tensor, Complex)) for x in items):
-        items = [int(to_torch(x).item()) if isinstance(x, Tensor) and x.is_constant and x.ndim == 0 and
-                 x.dtype.is_integer else x for x in items]
+        items = [as_index(x) for x in items]
     return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
 
 

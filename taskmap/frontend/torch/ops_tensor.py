@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph import AxisAttrs, BinaryFn, OpKind, PadAttrs, PadMode, Tensor, WhereAttrs
-from .registry import Converter, NotConvertible, norm_axis, register, to_torch
+from .registry import Converter, NotConvertible, as_index, norm_axis, register
 
 nn = torch.nn
 
@@ -19,8 +19,7 @@ nn = torch.nn
 def _sizes(args: Sequence[Any]) -> tuple[int, ...]:
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
         args = tuple(args[0])
-    args = tuple(to_torch(a).item() if isinstance(a, Tensor) and a.is_constant and a.ndim == 0 and a.dtype.is_integer
-                 else a for a in args)                  # x.view(b, n, -1) with n a 0-d constant
+    args = tuple(map(as_index, args))                   # x.view(b, n, -1) with n a 0-d constant
     if any(isinstance(a, Tensor) for a in args):
         raise NotConvertible("sizes given as tensors")
     return tuple(int(a) for a in args)

@@ -105,6 +105,14 @@ def to_torch(t: Tensor) -> torch.Tensor:
     return torch_view(t.data)
 
 
+def as_index(v: Any) -> Any:
+    """A 0-d integer constant as the Python int PyTorch reads it as (``__index__``); other
+    values as they are."""
+    if isinstance(v, Tensor) and v.is_constant and v.ndim == 0 and v.dtype.is_integer:
+        return int(to_torch(v).item())
+    return v
+
+
 def norm_axis(axis: int, ndim: int) -> int:
     n = max(ndim, 1)
     if not -n <= axis < n:
