@@ -979,6 +979,33 @@ def test_inplace_ops_are_rebindings():
     check(M(), torch.randn(4, 5), fallback=True)
 
 
+class InPlaceVariants(nn.Module):
+    """In-place variants with no handler of their own; each keeps its tensor's dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.SiLU(inplace=True)
+
+    def forward(self, x):
+        y = x * 2
+        y.sigmoid_()
+        torch.tanh_(y)
+        F.elu_(y, 0.5)
+        h = (x * 3).half()
+        h.add_(x)                          # float32 operand, float16 result
+        h.mul_(y)
+        z = self.act(x - 1)
+        return y + 1, h, z
+
+
+@pytest.mark.parametrize("capture", ["auto", "export", "dynamo"])
+def test_inplace_variants_take_their_out_of_place_handler(capture):
+    """``x.sigmoid_()``, ``torch.tanh_``, ``F.elu_`` and ATen's ``silu_`` (torch.export keeps
+    in-place overloads) compute as their out-of-place ops, and the written tensor keeps its dtype."""
+    fast = check(InPlaceVariants(), torch.randn(4, 6), rtol=1e-3, atol=1e-3, capture=capture)
+    assert not next(iter(fast.entries.values())).imported.unsupported
+
+
 class Augmented(nn.Module):
     def forward(self, x, w):
         h = x * 2

@@ -169,13 +169,17 @@ def _read_after(v: torch.fx.Node, order: dict[torch.fx.Node, int], at: int) -> b
 def _updated_view(graph: torch.fx.Graph, node: torch.fx.Node, target: torch.fx.Node, pure: Any,
                   order: dict[torch.fx.Node, int]) -> torch.fx.Node:
     """The in-place update ``node`` of the view ``target``, out of place (``pure``): its result,
-    which the node's users and the view's later readers read instead."""
+    in the view's dtype (``h.add_(x)`` of float16 ``h`` and float32 ``x`` stays float16), which
+    the node's users and the view's later readers read instead."""
+    val = node.meta.get("val")
     with graph.inserting_before(node):
-        new = graph.call_function(pure, node.args, node.kwargs)
-    new.meta = dict(node.meta)
-    order[new] = order[node]
+        new = out = graph.call_function(pure, node.args, node.kwargs)
+        if isinstance(val, torch.Tensor):
+            new = graph.call_function(torch.ops.aten._to_copy.default, (out,), {"dtype": val.dtype})
+    out.meta, new.meta = dict(node.meta), dict(node.meta)
+    order[out] = order[new] = order[node]
     node.replace_all_uses_with(new)
-    for user in [u for u in target.users if u is not new and order.get(u, len(order)) > order[node]]:
+    for user in [u for u in target.users if u not in (out, new) and order.get(u, len(order)) > order[node]]:
         user.replace_input_with(target, new)
     return new
 
@@ -269,9 +273,11 @@ def handler(op: torch._ops.OpOverload) -> Handler | None:
         return _no_op
     fn = _ADAPTERS.get(f"{name}.{op._overloadname}", _ADAPTERS.get(name))
     if fn is None:
-        fn = _generic(name)
+        fn = generic(name)
     if fn is None:
-        return None
+        pure = _out_of_place(op) if mutates(op) else None
+        # ``silu_``: its value out of place (:func:`functional_writes` made later readers read it)
+        return handler(pure) if pure is not None else None
     returns = len(op._schema.returns)
 
     def convert(cv: Converter, *args: Any, **kwargs: Any) -> Any:
@@ -286,7 +292,7 @@ def handler(op: torch._ops.OpOverload) -> Handler | None:
     return convert
 
 
-def _generic(name: str) -> Handler | None:
+def generic(name: str) -> Handler | None:
     """``torch.<name>``, the method ``<name>`` or ``F.<name>``, whichever has a handler."""
     for op, target in (("call_function", getattr(torch, name, None)), ("call_method", name),
                        ("call_function", getattr(F, name, None))):

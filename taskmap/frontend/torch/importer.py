@@ -286,12 +286,10 @@ class Importer:
             if result is None:
                 self.unsupported.append((target_name(node), where(node), COMPLEX_REASON))
                 result = self._torch_op(node, _FUNCTIONAL.get(target, target), args, kwargs)
-            self._rebind_inplace(node, target, result)
-            return result
+            return self._rebind_inplace(node, target, result)
         if not dynamic and not _random(target):
             result = self._fold(node, target, args, kwargs)
-            self._rebind_inplace(node, target, result)
-            return result
+            return self._rebind_inplace(node, target, result)
         if isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields"):
             return target(*args, **kwargs)      # a namedtuple (of graph tensors): structure, not an op
         if target in _AS_STRIDED and isinstance(node.args[0], torch.fx.Node):
@@ -301,6 +299,8 @@ class Importer:
         handler = lookup(node.op, target)
         if handler is None and aten.is_aten(target):
             handler = aten.handler(target)
+        if handler is None and writes_in_place(node, target) and _in_place_name(node, target):
+            handler = aten.generic(_in_place_name(node, target)[:-1])     # ``x.sigmoid_()``: ``sigmoid``'s value
         reason = ""
         if handler is not None:
             cv = self._converter(node)
@@ -314,16 +314,14 @@ class Importer:
                     result = handler(cv, target, *args, **kwargs)
                 else:
                     result = handler(cv, *args, **kwargs)
-                self._rebind_inplace(node, target, result)
-                return result
+                return self._rebind_inplace(node, target, result)
             except NotConvertible as e:
                 reason = str(e)
         elif _random(target):
             reason = "it draws random numbers, anew on every call: a compiled graph would repeat one draw"
         self.unsupported.append((target_name(node), where(node), reason))
         result = self._torch_op(node, _FUNCTIONAL.get(target, target), args, kwargs)
-        self._rebind_inplace(node, target, result)
-        return result
+        return self._rebind_inplace(node, target, result)
 
     def _region(self, start: torch.fx.Node) -> tuple[torch.fx.Node, ...]:
         """The functorch region ``start`` opens (a ``torch.vmap`` dynamo traced), run by PyTorch
@@ -380,17 +378,21 @@ class Importer:
         return Converter(self.builder, f"{where(node)}: {target_name(node)}",
                          str(node.target) if node.op == "call_module" else "", self.consts, self.tf32)
 
-    def _rebind_inplace(self, node: torch.fx.Node, target: Any, result: Any) -> None:
+    def _rebind_inplace(self, node: torch.fx.Node, target: Any, result: Any) -> Any:
         """After an in-place op (``x.add_(y)``, ``x += y``, ``relu(x, inplace=True)``) later uses
-        of ``x`` read the result: graph ops are functional, the mutation becomes a rebinding."""
+        of ``x`` read the result, in ``x``'s dtype (returned): graph ops are functional, the
+        mutation becomes a rebinding."""
         if not isinstance(result, (Tensor, Complex)) or not node.args or not isinstance(node.args[0], torch.fx.Node):
-            return
+            return result
         written = self.env.get(node.args[0])
         if writes_in_place(node, target) and (isinstance(written, (Tensor, Complex)) or cx.is_complex(written)):
             if self.aliases is None:
                 self.aliases = Aliases(self.gm.graph)
             self.aliases.check_write(node, where(node))
+            if isinstance(written, Tensor) and isinstance(result, Tensor) and result.dtype != written.dtype:
+                result = self._converter(node).cast(result, written.dtype)    # the tensor keeps its dtype
             self.env[node.args[0]] = result
+        return result
 
     def _fold(self, node: torch.fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
         dtype = self.autocast.dtype                # the graph's autocast regions hold for folded ops too
@@ -533,7 +535,20 @@ def writes_in_place(node: torch.fx.Node, target: Any) -> bool:
         return getattr(target, "inplace", False) is True
     if aten.is_aten(target):
         return aten.mutates(target)
-    return target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True
+    return target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True or bool(_in_place_name(node, target))
+
+
+def _in_place_name(node: torch.fx.Node, target: Any) -> str:
+    """``sigmoid_`` for ``x.sigmoid_()``, ``torch.sigmoid_`` and ``F.elu_``: an in-place variant
+    whose name without the ``_`` is the same op out of place; ``""`` for others (``x.bernoulli_(p)``
+    draws with probability ``p``, ``x.bernoulli()`` with ``x``'s)."""
+    if node.op == "call_method":
+        name = str(target)
+    elif node.op == "call_function" and getattr(target, "__module__", None) in ("torch", "torch._C._nn"):
+        name = getattr(target, "__name__", "")
+    else:
+        return ""
+    return name if name.endswith("_") and not name.startswith("_") and name != "bernoulli_" else ""
 
 
 _FUNCTIONAL = {operator.setitem: setitem_copy}
