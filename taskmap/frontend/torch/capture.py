@@ -321,7 +321,9 @@ def capture(model: torch.nn.Module, traced: torch.fx.GraphModule | None, argumen
     with _quiet(), _no_recompile_limit(), _no_fastpaths(), _state_kept(model), \
             torch._dynamo.config.patch(allow_rnn=True):
         try:
-            exported = torch._dynamo.export(model)(*args, **kwargs)
+            # static sizes: the graph is compiled for these shapes (a new shape captures again);
+            # symbolic ones cost minutes of sympy on some models (timm's MobileViT-v2)
+            exported = torch._dynamo.export(model, assume_static_by_default=True)(*args, **kwargs)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not the model's own errors
             if refused is not None:      # torch.export's graph, with the ops it refused run in PyTorch (or named)
                 return refused.resolve(fallback, name)
