@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="seconds a model may take")
     ap.add_argument("--cache", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "taskmap-timm-sweep"),
                     help="cache directories, one per model, under this one")
+    ap.add_argument("--jsonl", help="append each model's row to this file as it finishes")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -120,6 +121,9 @@ def main() -> None:
         if row.get("match") and row.get("rel_error") is None:       # zeros out: check the features
             row = _child(name + "@features", args)
         rows.append(row)
+        if args.jsonl:
+            with open(args.jsonl, "a") as f:
+                f.write(json.dumps(row) + "\n")
         status = "match" if row.get("match") else row.get("error", "mismatch")
         print(f"[{i + 1}/{len(names)}] {name}: {status}", file=sys.stderr, flush=True)
     fmt = lambda v, f: "-" if v is None else f.format(v)    # noqa: E731
