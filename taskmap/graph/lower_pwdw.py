@@ -87,7 +87,7 @@ def pair_problem(graph: Graph, pw: FusionGroup, dw: FusionGroup, target: Target)
     p = PwDwProblem(n, cin, h, w, cexp, kh, kw, sh, sw, ph, ph, pw_, pw_, act)
     if not PWDW_CPU.applies(p, target) or (p.oh, p.ow) != tuple(b.output.shape[2:]):
         return None
-    if not worth_fusing(e.nbytes // n, target):    # the two kernels pass an image through L2 anyway
+    if not worth_fusing(e.nbytes // n, cin, target):    # the two kernels pass an image through L2 anyway
         return None
     operands = {"x": (a.inputs[0], (n, cin, h * w)), "w1": (a.inputs[1], (cexp, cin)),
                 "wd": (b.inputs[1], (cexp, kh * kw))}

@@ -14,7 +14,7 @@ from torch import nn
 
 import taskmap
 from taskmap.backends.base import host_cpu_target
-from taskmap.templates.pwdw_cpu import worth_fusing
+from taskmap.templates.pwdw_cpu import MAX_FUSED_CIN, worth_fusing
 from taskmap.testing import assert_close
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -59,7 +59,7 @@ def fusing_side(cexp, least=28):
     """The smallest image side (a multiple of 4, at least ``least``) whose expanded tensor of
     ``cexp`` channels this machine fuses."""
     side = least
-    while not worth_fusing(cexp * side * side * 4, host_cpu_target()):
+    while not worth_fusing(cexp * side * side * 4, 8, host_cpu_target()):
         side = max(side + 4, 4 * math.ceil(side * 1.2 / 4))
     return side
 
@@ -92,14 +92,18 @@ def test_no_bias_at_all():
     assert len(fused(compiled_steps(model, torch.randn(1, 6, side, side)))) == 1
 
 
-@pytest.mark.parametrize("why", ["reuse", "gelu", "small", "small-images", "env"])
+@pytest.mark.parametrize("why", ["reuse", "gelu", "small", "small-images", "env", "wide-input"])
 def test_pairs_that_stay_two_kernels(why, monkeypatch):
+    """Not fused: the expansion read elsewhere too, an activation the kernel lacks, images whose
+    expanded tensor fits L2, the switch off, a pointwise of more than ``MAX_FUSED_CIN`` input
+    channels (Xception's separable layers: a GEMM the matmul template runs faster)."""
     torch.manual_seed(0)
     if why == "env":
         monkeypatch.setenv("TASKMAP_FUSE_PWDW", "0")
-    model = Block(act=nn.GELU if why == "gelu" else nn.ReLU6, extra="reuse" if why == "reuse" else None)
+    cin = MAX_FUSED_CIN + 16 if why == "wide-input" else 8
+    model = Block(cin=cin, act=nn.GELU if why == "gelu" else nn.ReLU6, extra="reuse" if why == "reuse" else None)
     side = {"small": 8, "small-images": 14}.get(why, fusing_side(192))     # 8x8x192: 48 KB
-    x = torch.randn(8 if why == "small-images" else 1, 8, side, side)    # 8 x 150 KB: small per image
+    x = torch.randn(8 if why == "small-images" else 1, cin, side, side)    # 8 x 150 KB: small per image
     names = compiled_steps(randomize_bn(model).eval(), x)
     assert not fused(names)
 
@@ -109,8 +113,8 @@ def test_mobilenet_v2_launches():
     core the six at 112x112 .. 28x28 (0.6-4.8 MB), with 2 MB the three at 112x112 and 56x56; the
     14x14 and 7x7 ones (0.19-0.45 MB) stay two kernels."""
     pairs = [(96, 112)] + [(144, 56)] * 2 + [(192, 28)] * 3 + [(384, 14)] * 4 + [(576, 14)] * 3 + [(960, 7)] * 3
-    want = sum(worth_fusing(c * hw * hw * 4, host_cpu_target()) for c, hw in pairs)
-    assert want >= 1 and not worth_fusing(576 * 14 * 14 * 4, host_cpu_target())
+    want = sum(worth_fusing(c * hw * hw * 4, c // 6, host_cpu_target()) for c, hw in pairs)
+    assert want >= 1 and not worth_fusing(576 * 14 * 14 * 4, 96, host_cpu_target())
     torch.manual_seed(0)
     names = compiled_steps(mobilenet_v2().eval(), torch.randn(1, 3, 224, 224))
     assert len(fused(names)) == want and len(names) == 54 - want

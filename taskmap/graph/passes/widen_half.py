@@ -71,7 +71,7 @@ def _into_depthwise(graph: Graph, target: Target) -> set[Op]:
                 t = c.output
                 continue
             if c.kind is OpKind.CONV2D and c.inputs[0] is t and c.attrs.groups == t.shape[1] > 1 and \
-                    worth_fusing(4 * op.output.numel // op.output.shape[0], target):
+                    worth_fusing(4 * op.output.numel // op.output.shape[0], op.inputs[0].shape[1], target):
                 out.add(op)
             break
     return out
