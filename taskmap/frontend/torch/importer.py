@@ -299,8 +299,8 @@ class Importer:
         handler = lookup(node.op, target)
         if handler is None and aten.is_aten(target):
             handler = aten.handler(target)
-        if handler is None and writes_in_place(node, target) and _in_place_name(node, target):
-            handler = aten.generic(_in_place_name(node, target)[:-1])     # ``x.sigmoid_()``: ``sigmoid``'s value
+        if handler is None and _in_place_name(node, target):     # ``x.sigmoid_()``: ``sigmoid``'s value
+            handler = aten.generic(_in_place_name(node, target)[:-1])
         reason = ""
         if handler is not None:
             cv = self._converter(node)
