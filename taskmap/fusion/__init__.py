@@ -19,7 +19,7 @@ Public API::
     y = compute("y", [1, 5, 9], lambda b, i, j: maximum(c_in[b, i, j] + bias[j], 0.0))
 
     fused = fuse(anchor, prologues={"a": a_def}, epilogues={"c": y})    # -> taskmap.Kernel
-    [p.name for p in fused.func.params]   # ['xt', 'b', 'bias', 'bias_n', 'y', 'cw', 'wa', 'wb']
+    [p.name for p in fused.func.params]   # ['xt', 'b', 'bias', 'bias_n', 'y', 'cw', 'wa', 'wb', 'bidx']
     fused(xt_array, b_array, ..., y_array, ...)                        # or fused.build("cuda", arch="sm_90")
 
 Semantics:

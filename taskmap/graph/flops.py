@@ -8,9 +8,12 @@ from .ir import Op
 from .kinds import OpKind
 
 
+_COUNTED = frozenset((OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR, OpKind.ATTENTION))
+
+
 def op_flops(op: Op) -> float:
     """The FLOPs of a convolution, matmul, linear or attention (0 for any other op)."""
-    if not op.inputs:
+    if not op.inputs or op.kind not in _COUNTED:    # (only these have one output for certain)
         return 0.0
     out = math.prod(op.output.shape)
     if op.kind is OpKind.CONV2D:          # weight (cout, cin / groups, kh, kw)

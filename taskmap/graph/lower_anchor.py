@@ -473,6 +473,18 @@ def plan_anchor(anchor: Op, prologues: Sequence[tuple[int, Sequence[Op]]], epilo
         if source is not None:       # only reshapes (views of row-major data): read the source itself
             anc.operands[param] = source
             continue
+        indexed = _indexed_b(ops, anchor.inputs[k], p) if param == "b" and target.kind is TargetKind.CPU else None
+        if indexed is not None:      # each batch's matrix picked from a constant stack: packed once, indexed
+            table, idx, idx_ops = indexed
+            anc.problem = p = replace(p, const_b=True, b_groups=table.shape[0])
+            anc.packed = {}
+            anc.operands["b"], anc.views["b"] = table, p.b_shape
+            if idx_ops:
+                compose(idx_ops, nodes, sources, "p")
+                pro_defs["bidx"] = view_as(nodes[idx], "bidx", (p.batch,))
+            else:
+                anc.operands["bidx"], anc.views["bidx"] = idx, (p.batch,)
+            continue
         compose(ops, nodes, sources, "p")
         pro_defs[param] = view_as(nodes[anchor.inputs[k]], param, anc.views[param])
     if anc.conv is not None and anc.direct is None:   # implicit GEMM: img2col / weights definitions
@@ -606,7 +618,7 @@ def _plan_args(kernel: Kernel, anc: _Anchor, anchor: Op, pro_defs: dict[str, Ten
         if name in anc.operands and name not in pro_defs:
             t = anc.operands[name]
             arg, shape = t, anc.views.get(name, kernel_shape(t.shape))
-        elif name == "bias":
+        elif name in ("bias", "bidx"):
             arg, shape = Zeros(dtype=param.type.dtype.name), None
         elif name in fixed:
             arg, shape = fixed[name]
@@ -626,6 +638,34 @@ def _reshaped(ops: Sequence[Op], operand: Tensor) -> Tensor | None:
     while t in chain and chain[t].kind is OpKind.RESHAPE and len(chain[t].inputs) == 1:
         t = chain.pop(t).inputs[0]
     return t if not chain and t is not operand and t.numel == operand.numel else None
+
+
+def _indexed_b(ops: Sequence[Op], operand: Tensor, p: MatmulProblem) -> tuple[Tensor, Tensor, list[Op]] | None:
+    """Where a batched f32 product's ``b`` prologue picks each batch's matrix out of a constant
+    stack — an embedding of a constant ``(G, k, n)`` by ``batch`` indices, then reshapes (a
+    mixture of experts' blocks of rows: :mod:`taskmap.frontend.torch.ops_moe`) — the stack, the
+    indices and the prologue ops that compute them (the CPU template then reads the stack packed
+    once, by batch: ``MatmulProblem.b_groups``); else None."""
+    if p.dtype != "float32" or p.trans_b or not p.b_batched or p.batch < 1:
+        return None
+    made = {op.output: op for op in ops}
+    t = operand
+    while t in made and made[t].kind is OpKind.RESHAPE:
+        t = made[t].inputs[0]
+    emb = made.get(t)
+    if emb is None or emb.kind is not OpKind.EMBEDDING:
+        return None
+    table, idx = emb.inputs
+    if not _constant(table) or table.ndim != 3 or tuple(table.shape[1:]) != (p.k, p.n) or idx.numel != p.batch \
+            or idx.dtype.name not in ("int32", "int64"):
+        return None
+    needed, todo = set(), [idx]           # the prologue ops the indices come from
+    while todo:
+        u = todo.pop()
+        if u in made and made[u] not in needed:
+            needed.add(made[u])
+            todo.extend(made[u].inputs)
+    return table, idx, [op for op in ops if op in needed]
 
 
 def _packed_constants(anc: _Anchor, sched: Schedule, target: Target) -> tuple[Tensor | None, Tensor | None]:

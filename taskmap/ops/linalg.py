@@ -303,6 +303,7 @@ def _template_for(op: str, p: MatmulProblem, target: Target) -> Any:
 
 
 _ZERO_PTR = _ZERO.ctypes.data
+_NO_INDEX = np.zeros(1, np.int64)       # the CPU matmul kernels' ``bidx`` (for ``b_groups`` only)
 
 
 class _HostPlan:
@@ -314,6 +315,7 @@ class _HostPlan:
         self.kernel, self.target = kernel, target
         self.wa, self.wb = template.workspace_sizes(problem, schedule, target)
         self.launch: HostLaunch | None = None
+        self.tail: tuple[int, ...] = ()
         self._workspace: dict[int, tuple[int, int, int]] = {}   # thread -> generation, workspace pointers
 
     def __call__(self, kind: ArrayKind, a: Any, b: Any, bias: Any, c: Any) -> None:
@@ -321,13 +323,14 @@ class _HostPlan:
             inputs = [a, b] if bias is None else [a, b, bias]
             args = self.template.arguments(self.problem, inputs, [c], self.schedule, self.target)
             self.launch = self.kernel.build("cpu").bind_host(*args)
+            self.tail = (_NO_INDEX.ctypes.data,) * (self.launch.arity - 7)     # bidx, where the kernel has it
         tid = threading.get_ident()
         ws = self._workspace.get(tid)
         if ws is None or ws[0] != WORKSPACE.generation():
             wa, wb = WORKSPACE.get("cpu_a", self.wa), WORKSPACE.get("cpu_b", self.wb)
             ws = self._workspace[tid] = (WORKSPACE.generation(), _ptr(wa), _ptr(wb))
         pc = _ptr(c)          # c is also cw, the partial sums (write-once c: see matmul_cpu_kernel)
-        self.launch(_ptr(a), _ptr(b), _ZERO_PTR if bias is None else _ptr(bias), pc, pc, ws[1], ws[2])
+        self.launch(_ptr(a), _ptr(b), _ZERO_PTR if bias is None else _ptr(bias), pc, pc, ws[1], ws[2], *self.tail)
 
 
 class _DevicePlan:

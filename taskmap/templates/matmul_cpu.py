@@ -57,7 +57,7 @@ from .base import KernelFamily, Schedule
 from .matmul_cpu_dot import DotConfig, build_dot_kernel
 from .matmul_cpu_kernel import CpuConfig, build_kernel, pack_a_panels, pack_b_panels
 from .matmul_cpu_rows import ROW_BLOCK, build_rows_kernel
-from .matmul_problem import WORKSPACE, MatmulProblem, operand_views
+from .matmul_problem import WORKSPACE, MatmulProblem, operand_views, view
 from .panels import PREFETCH_BYTES
 
 #: Register tiles (MR, NR in vectors) by vector register count.
@@ -171,6 +171,7 @@ STREAM_C = 0.5
 #: Below this many FLOPs one core is considered too; above it, only all of them.
 SMALL_FLOPS, LARGE_FLOPS = 2e5, 2e7
 _ZERO = np.zeros(1, np.float32)
+_NO_INDEX = np.zeros(1, np.int64)      # ``bidx`` of a problem without ``b_groups``
 
 
 def lanes_of(target: Target) -> int:
@@ -269,12 +270,13 @@ class MatmulCpuTemplate(KernelFamily):
     """f32 matmul (batched, broadcast batch, transposed B, bias) on the CPU."""
 
     name = "matmul_cpu"
-    version = 17  # keys the tuning cache: bump when the kernels or the space change (17: thin tiles: B prefetched, K whole)
+    version = 18  # keys the tuning cache: bump when the kernels or the space change (18: B indexed by batch)
 
 
     def applies(self, problem: Any, target: Target) -> bool:
         return (isinstance(problem, MatmulProblem) and target.kind is TargetKind.CPU
-                and problem.dtype == "float32" and problem.out_dtype == "float32")
+                and problem.dtype == "float32" and problem.out_dtype == "float32"
+                and (not problem.b_groups or (problem.const_b and problem.b_batched)))
 
     # ------------------------------------------------------------------ space
     def space(self, problem: MatmulProblem, target: Target) -> list[Schedule]:
@@ -303,6 +305,8 @@ class MatmulCpuTemplate(KernelFamily):
                 if s < 2 * small:
                     mr, nr = (s, b) if p.m <= p.n else (b, s)
                     out += [Schedule.of(dot=True, mr=mr, nr=nr, pack_a=False, pack_b=False, cores=c) for c in cores]
+        if p.b_groups:       # B indexed by batch: its matrices packed beforehand, read through the blocked kernel
+            out = [s for s in out if s.as_dict().get("pack_b") and not s.as_dict().get("fold")]
         return out
 
     def _blocked(self, p: MatmulProblem, target: Target, tiles: Sequence[tuple[int, int]], cores: list[int],
@@ -472,7 +476,8 @@ class MatmulCpuTemplate(KernelFamily):
                          mcb, V, s["cores"], problem.a_batched, problem.b_batched, problem.trans_b,
                          problem.bias, problem.trans_c, problem.const_a and s["pack_a"], problem.const_b and pack_b,
                          edge_lanes(problem.n * (problem.batch if fold else 1), s["nr"], V), PREFETCH_BYTES // 4,
-                         stream, fold, 4 * problem.batch * problem.m * problem.n > l2 and not problem.trans_c)
+                         stream, fold, 4 * problem.batch * problem.m * problem.n > l2 and not problem.trans_c,
+                         problem.b_groups > 0)
 
     def instantiate(self, problem: MatmulProblem, target: Target, schedule: Schedule) -> Kernel:
         cfg = self.config(problem, target, schedule)
@@ -482,6 +487,8 @@ class MatmulCpuTemplate(KernelFamily):
 
     def workspace_sizes(self, problem: MatmulProblem, schedule: Schedule, target: Target) -> tuple[int, int]:
         cfg = self.config(problem, target, schedule)
+        if problem.b_groups:        # (the blocked kernel's only: the space holds no other)
+            return cfg.workspace(problem.batch, problem.m, problem.n, problem.k, problem.b_groups)
         return cfg.workspace(problem.batch, problem.m, problem.n, problem.k)
 
     def pack_constants(self, problem: MatmulProblem, schedule: Schedule, a: Any, b: Any,
@@ -501,7 +508,8 @@ class MatmulCpuTemplate(KernelFamily):
                   schedule: Schedule | None = None, target: Target | None = None) -> list[Any]:
         """a, b, bias (a 1-element dummy without one), c, c again as ``cw`` (the partial sums: see
         :mod:`.matmul_cpu_kernel`), then the two workspace buffers — or, for constant operands,
-        their packed panels (:meth:`pack_constants`).  Without a schedule (the tuner's call) the
+        their packed panels (:meth:`pack_constants`) — and ``bidx`` (the input after the bias;
+        a 1-element dummy without ``b_groups``).  Without a schedule (the tuner's call) the
         workspace fits every point of the space."""
         ops = operand_views(problem, inputs, outputs)
         if not problem.bias:
@@ -513,7 +521,9 @@ class MatmulCpuTemplate(KernelFamily):
         wa, wb = max(x[0] for x in sizes), max(x[1] for x in sizes)
         pa, pb = self.pack_constants(problem, schedule, ops[0], ops[1], target) if schedule is not None and \
             (problem.const_a or problem.const_b) else (None, None)
-        return ops + [WORKSPACE.get("cpu_a", wa) if pa is None else pa, WORKSPACE.get("cpu_b", wb) if pb is None else pb]
+        bidx = view(inputs[3 if problem.bias else 2], (problem.batch,)) if problem.b_groups else _NO_INDEX
+        return ops + [WORKSPACE.get("cpu_a", wa) if pa is None else pa, WORKSPACE.get("cpu_b", wb) if pb is None else pb,
+                      bidx]
 
 
 MATMUL_CPU = MatmulCpuTemplate()

@@ -15,7 +15,7 @@ the parameters are the same).  Cores take contiguous ranges of the ``batch * MP 
 from dataclasses import dataclass
 
 from ..ir.mapping import repeat, spatial
-from ..lang import f32, func, i32, register_tensor, symbol, unroll
+from ..lang import f32, func, i32, i64, register_tensor, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 
@@ -45,7 +45,7 @@ def build_dot_kernel(cfg: DotConfig) -> Kernel:
     dots = repeat(T, 1) * spatial(1, V)                      # T accumulators, lanes along K
     half8, half4, half2 = (repeat(T, 1) * spatial(1, w) for w in (8, 4, 2))   # the lane tree's steps
     batch, m, n, k, nbias = symbol("batch"), symbol("m"), symbol("n"), symbol("k"), symbol("nbias")
-    wsa, wsb = symbol("wsa"), symbol("wsb")
+    wsa, wsb, nidx = symbol("wsa"), symbol("wsb"), symbol("nidx")
     A_T = f32[batch if cfg.a_batched else 1, m, k]
     B_T = f32[batch if cfg.b_batched else 1, n, k]
     BIAS_T = (f32[m] if TRANS_C else f32[n]) if BIAS else f32[nbias]
@@ -90,7 +90,8 @@ def build_dot_kernel(cfg: DotConfig) -> Kernel:
                     c[ci, r, s] = acc[t, 0] + acc[t, 1]
 
     @kernel
-    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, cw: C_T, wa: f32[wsa], wb: f32[wsb]):
+    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, cw: C_T, wa: f32[wsa], wb: f32[wsb],
+                   bidx: i64[nidx]):     # bidx: the blocked kernel's (b_groups), unused
         MP = (m + MR - 1) // MR
         NP = (n + NR - 1) // NR
         T = batch * MP * NP

@@ -61,8 +61,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.mapping import repeat, spatial
-from ..lang import (bool_, f32, func, i32, parallel, prefetch, register_tensor, symbol, transpose_block, unroll,
-                    vectorize)
+from ..lang import (bool_, cast, f32, func, i32, i64, parallel, prefetch, register_tensor, select, symbol, transpose_block,
+                    unroll, vectorize)
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .panels import row_panels
@@ -119,10 +119,12 @@ class CpuConfig:
     fold: bool = False      # the batch folded into the columns (B batched and packed, A shared: see the doc)
     pf_c: bool = False      # the last K block prefetches its tile of C, or with ``stream`` what an epilogue reads
                             # beside it (see the comment above ``CpuConfig``)
+    b_index: bool = False   # B holds ``groups`` matrices packed beforehand; batch bi multiplies by matrix bidx[bi]
 
-    def workspace(self, batch: int, m: int, n: int, k: int) -> tuple[int, int]:
+    def workspace(self, batch: int, m: int, n: int, k: int, groups: int = 0) -> tuple[int, int]:
         """Elements of the two workspace buffers (packed A, packed B) — for ``pre_a`` / ``pre_b``,
-        of the operand packed beforehand (all of its panels, whole K)."""
+        of the operand packed beforehand (all of its panels, whole K; ``groups`` matrices of B
+        with ``b_index``)."""
         if self.fold:                   # one problem of batch x n columns
             batch, n = 1, batch * n
         mp, np_ = -(-m // self.mr), -(-n // self.nr)
@@ -137,7 +139,7 @@ class CpuConfig:
         if self.pre_a:
             wa = ba * mp * k * self.mr
         if self.pre_b:
-            wb = bb * np_ * k * self.nr
+            wb = (groups if self.b_index else bb) * np_ * k * self.nr
         return wa, max(wb, 1)
 
 
@@ -148,6 +150,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     PRE_A, PRE_B = cfg.pre_a, cfg.pre_b
     assert PACK_A or not PRE_A
     assert PACK_B or not PRE_B
+    B_INDEX = cfg.b_index
     PAR = parallel if P > 1 else range                 # one core: no parallel regions at all
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     A_BATCHED, B_BATCHED = cfg.a_batched, cfg.b_batched
@@ -156,6 +159,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     FOLD = cfg.fold
     assert not FOLD or (PACK_B and B_BATCHED and not A_BATCHED and not TRANS_B and not cfg.trans_c and not BIAS
                         and not PRE_B)
+    assert not B_INDEX or (PRE_B and B_BATCHED and not FOLD)
     NE = cfg.ne                                      # the narrow tile's width (see make_micro)
     assert NE % V == 0 and 0 <= NE < NR
     # The panels packed beforehand (the weights) come from memory when a model runs: the micro-kernel
@@ -174,9 +178,11 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                                                      # (gcc vectorizes predicated / gathered prologue loads
                                                      # in it; split into repeat x spatial it does not)
     batch, m, n, k = symbol("batch"), symbol("m"), symbol("n"), symbol("k")
-    wsa, wsb, nbias = symbol("wsa"), symbol("wsb"), symbol("nbias")
+    wsa, wsb, nbias, nidx = symbol("wsa"), symbol("wsb"), symbol("nbias"), symbol("nidx")
     A_T = f32[batch if A_BATCHED else 1, m, k]
-    B_T = f32[batch if B_BATCHED else 1, n, k] if TRANS_B else f32[batch if B_BATCHED else 1, k, n]
+    BB = symbol("groups") if B_INDEX else (batch if B_BATCHED else 1)       # B's matrices
+    B_T = f32[BB, n, k] if TRANS_B else f32[BB, k, n]
+    IDX_T = i64[batch] if B_INDEX else i64[nidx]      # bidx (without b_index: a 1-element dummy)
     TRANS_C = cfg.trans_c
     BIAS_T = (f32[m] if TRANS_C else f32[n]) if BIAS else f32[nbias]
     C_T = f32[batch, n, m] if TRANS_C else f32[batch, m, n]
@@ -387,7 +393,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
 
 
     @kernel
-    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, cw: C_T, wa: f32[wsa], wb: f32[wsb]):
+    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, cw: C_T, wa: f32[wsa], wb: f32[wsb], bidx: IDX_T):
         NF = batch * n if FOLD else n         # columns: with FOLD all images' side by side
         LB = 1 if FOLD else batch              # batches the loops run (C's image is then per tile)
         MP = (m + MR - 1) // MR
@@ -416,7 +422,9 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
             u1 = (p + 1) * (LB * units) // P
             for bi in range(u0 // units, (u1 + units - 1) // units):
                 ai = bi if A_BATCHED else 0
-                bj = bi if B_BATCHED and not FOLD else 0
+                # with B_INDEX the matrix of this batch (as an embedding reads: from the end when negative, clamped)
+                bj = min(max(cast(select(bidx[bi] < 0, bidx[bi] + BB, bidx[bi]), i32), 0), BB - 1) if B_INDEX else \
+                    (bi if B_BATCHED and not FOLD else 0)
                 lo = max(u0 - bi * units, 0)
                 hi = min(u1 - bi * units, units)
                 if SPLIT_M:   # my row panels lo..hi, MCB at a time; B blocks of NCB panels pass by

@@ -13,7 +13,7 @@ leaves such problems to the blocked kernel).  Cores take contiguous ranges of th
 ``batch * MP * blocks`` column blocks.
 """
 from ..ir.mapping import repeat, spatial
-from ..lang import bool_, f32, func, i32, register_tensor, symbol, unroll
+from ..lang import bool_, f32, func, i32, i64, register_tensor, symbol, unroll
 from ..lang.kernel import kernel
 from ..runtime.kernel import Kernel
 from .matmul_cpu_dot import DotConfig
@@ -30,7 +30,7 @@ def build_rows_kernel(cfg: DotConfig) -> Kernel:
     CORES = spatial(P).parallel() if P > 1 else spatial(1).sequential()
     col = repeat(MR, 1) * spatial(1, V)                      # one vector of each of the MR rows
     batch, m, n, k, nbias = symbol("batch"), symbol("m"), symbol("n"), symbol("k"), symbol("nbias")
-    wsa, wsb = symbol("wsa"), symbol("wsb")
+    wsa, wsb, nidx = symbol("wsa"), symbol("wsb"), symbol("nidx")
     A_T = f32[batch if A_BATCHED else 1, m, k]
     B_T = f32[batch if B_BATCHED else 1, k, n]
     BIAS_T = f32[n] if BIAS else f32[nbias]
@@ -82,7 +82,8 @@ def build_rows_kernel(cfg: DotConfig) -> Kernel:
             column(b, bias, c, cw, ak, bj, ci, r0, n - V, n // V * V, k0, first, last)
 
     @kernel
-    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, cw: C_T, wa: f32[wsa], wb: f32[wsb]):
+    def matmul_cpu(a: A_T, b: B_T, bias: BIAS_T, c: C_T, cw: C_T, wa: f32[wsa], wb: f32[wsb],
+                   bidx: i64[nidx]):     # bidx: the blocked kernel's (b_groups), unused
         MP = (m + MR - 1) // MR
         pieces = (P + batch * MP - 1) // (batch * MP)     # blocks per row group: every core gets one
         nb = min(NB, (n + pieces * V - 1) // (pieces * V) * V)

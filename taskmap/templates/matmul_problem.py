@@ -4,7 +4,10 @@ templates, and the workspace buffers their kernels borrow.
 A problem is a batch of ``C[b] = A[b] @ B[b] (+ bias)`` with ``A[b]`` of shape ``(m, k)`` and
 ``B[b]`` of shape ``(k, n)`` — or ``(n, k)`` with ``trans_b`` (a ``linear`` weight) — all
 row-major.  An operand that is not batched (``a_batched=False``) is one matrix shared by every
-batch (a broadcast).  Its kernels take 3-D views: ``a (ba, m, k)``, ``b (bb, k, n)`` or
+batch (a broadcast).  With ``b_groups`` B holds that many matrices and batch ``j`` multiplies by
+matrix ``bidx[j]`` (a mixture of experts' blocks of rows, each with its expert's weights: see
+:mod:`taskmap.frontend.torch.ops_moe`); ``bidx`` is an int64 vector of ``batch`` entries, an input
+after the bias.  Its kernels take 3-D views: ``a (ba, m, k)``, ``b (bb, k, n)`` or
 ``(bb, n, k)``, ``bias (n,)``, ``c (batch, m, n)``, where ``ba``/``bb`` are ``batch`` or 1.
 Sizes are symbolic in the kernels: one kernel serves every shape with the same schedule and
 flags, and the problem's sizes only steer the schedule choice.
@@ -42,6 +45,7 @@ class MatmulProblem:
     tf32: bool = False              # f32 products may run on TF32 tensor cores (10-bit mantissas, f32 sums)
     tf32x3: bool = False            # ... as 3xTF32: each operand a tf32 high part plus a tf32 low part, the
                                     # products hi*hi + hi*lo + lo*hi on tensor cores (~f32 accuracy)
+    b_groups: int = 0               # B holds this many matrices, batch j takes matrix bidx[j] (0: B as batched)
 
     def __post_init__(self) -> None:
         for name in ("batch", "m", "n", "k"):
@@ -58,7 +62,7 @@ class MatmulProblem:
 
     @property
     def b_shape(self) -> tuple[int, int, int]:
-        bb = self.batch if self.b_batched else 1
+        bb = self.b_groups or (self.batch if self.b_batched else 1)
         return (bb, self.n, self.k) if self.trans_b else (bb, self.k, self.n)
 
     @property
@@ -68,11 +72,12 @@ class MatmulProblem:
     @property
     def flags(self) -> tuple[bool, ...]:
         """What shapes the kernel's code (not its sizes): one kernel per flags and schedule."""
-        return (self.a_batched, self.b_batched, self.trans_b, self.bias, self.trans_c)
+        return (self.a_batched, self.b_batched, self.trans_b, self.bias, self.trans_c, self.b_groups > 0)
 
     def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
         specs = [(self.a_shape, self.dtype), (self.b_shape, self.dtype)]
-        return specs + ([((self.c_shape[-1],), self.out_dtype)] if self.bias else [])
+        specs += [((self.c_shape[-1],), self.out_dtype)] if self.bias else []
+        return specs + ([((self.batch,), "int64")] if self.b_groups else [])
 
     def output_specs(self) -> list[tuple[tuple[int, ...], str]]:
         return [(self.c_shape, self.out_dtype)]

@@ -166,7 +166,7 @@ def test_a_fused_epilogue_is_streamed_with_the_tile(m, n):
     eb = rng.standard_normal(m).astype(np.float32)
     out = np.full((2, m, n), np.nan, np.float32)
     wa, wb = MATMUL_CPU.workspace_sizes(p, sched, CPU)
-    avail = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": eb, "y": out, "cw": np.zeros((2, m, n), np.float32),
+    avail = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "bidx": np.zeros(1, np.int64), "eb": eb, "y": out, "cw": np.zeros((2, m, n), np.float32),
              "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
     fused(*[avail[q.name] for q in fused.func.params])
     assert_close(out, np.maximum(np.einsum("mk,bkn->bmn", a[0].astype(np.float64), b) + eb[:, None], 0.0),

@@ -132,7 +132,8 @@ def check_fused(template, p, schedule_, pro, epi, extra_args, seed=0, dtype="flo
 
 def cpu_extra(p, s):
     wa, wb = MATMUL_CPU.workspace_sizes(p, s, CPU)
-    return lambda c: {"cw": np.zeros_like(c), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
+    return lambda c: {"cw": np.zeros_like(c), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32),
+                      "bidx": np.zeros(1, np.int64)}
 
 
 LANES = max(4, CPU.vector_bytes // 4)
@@ -208,7 +209,7 @@ def test_cp_async_stays_asynchronous_for_a_gathering_prologue(kind):
     assert any(c.args[2].value == 16 for c in copies)          # B's copies are untouched
     xv, bv = rand((1, k, m - 3), 1), rand((1, k, n), 2)
     c = np.zeros((1, m, n), np.float32)
-    call_by_name(fused, xt=xv, b=bv, bias=np.zeros(1, np.float32), c=c)
+    call_by_name(fused, xt=xv, b=bv, bias=np.zeros(1, np.float32), bidx=np.zeros(1, np.int64), c=c)
     a_ref = np.concatenate([np.swapaxes(xv, 1, 2), np.zeros((1, 3, k), np.float32)], axis=1)
     if kind == "computed":
         a_ref = 2 * a_ref

@@ -200,8 +200,8 @@ def test_cpu_constants_start_on_a_cache_line():
 
 def test_op_flops():
     """What the profile divides by: 2 per multiply-add of convolutions (groups), matmuls, linears
-    and attention; nothing for other ops."""
-    from taskmap.graph import Conv2dAttrs, GraphBuilder
+    and attention; nothing for other ops, those of several outputs included (top-k)."""
+    from taskmap.graph import Conv2dAttrs, GraphBuilder, TopkAttrs
     from taskmap.graph.flops import op_flops
     b = GraphBuilder()
     x = b.input((2, 8, 10, 10), f32)
@@ -213,11 +213,13 @@ def test_op_flops():
     q, k, v = b.input((2, 4, 5, 8), f32), b.input((2, 4, 6, 8), f32), b.input((2, 4, 6, 3), f32)
     att = b.op(OpKind.ATTENTION, [q, k, v])
     relu = b.op(OpKind.UNARY, [mm], UnaryAttrs(UnaryFn.RELU))
-    g = b.build([conv, lin, att, relu])
+    top = b.op_multi(OpKind.TOPK, [relu], TopkAttrs(2, 1, True))
+    g = b.build([conv, lin, att, *top])
     flops = {op.kind: op_flops(op) for op in g.ops}
     assert flops[OpKind.CONV2D] == 2 * (2 * 6 * 10 * 10) * (4 * 3 * 3)
     assert flops[OpKind.MATMUL] == 2 * 5 * 3 * 7 and flops[OpKind.LINEAR] == 2 * 5 * 9 * 7
-    assert flops[OpKind.ATTENTION] == 2 * (2 * 4 * 5) * 6 * (8 + 3) and flops[OpKind.UNARY] == 0
+    assert flops[OpKind.ATTENTION] == 2 * (2 * 4 * 5) * 6 * (8 + 3)
+    assert flops[OpKind.UNARY] == 0 and flops[OpKind.TOPK] == 0
 
 
 @pytest.mark.cuda

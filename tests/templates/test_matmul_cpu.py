@@ -406,7 +406,7 @@ def test_edge_tiles_fused_with_split_k(pack_b):
     fused = fuse(MATMUL_CPU.instantiate(p, CPU, schedule), {}, {"c": y}, sizes)
     a, b, _ = operands(p)
     wa, wb = MATMUL_CPU.workspace_sizes(p, schedule, CPU)
-    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "bidx": np.zeros(1, np.int64), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
               "y": np.full(cs, np.nan, np.float32), "cw": np.full(cs, np.nan, np.float32),
               "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
     fused(*(arrays[q.name] for q in fused.func.params))
@@ -599,7 +599,7 @@ def test_small_m_kernels_fuse_an_epilogue(p, schedule):
     a, b, bias = operands(p)
     arrays = {"a": a, "b": b, "bias": bias, "res": RNG.standard_normal(cs).astype(np.float32),
               "y": np.full(cs, np.nan, np.float32), "cw": np.full(cs, np.nan, np.float32),
-              "wa": np.zeros(1, np.float32), "wb": np.zeros(1, np.float32)}
+              "wa": np.zeros(1, np.float32), "wb": np.zeros(1, np.float32), "bidx": np.zeros(1, np.int64)}
     fused(*(arrays[q.name] for q in fused.func.params))
     expect = np.maximum(reference(p, a, b, bias) + arrays["res"], 0.0)
     assert_close(arrays["y"], expect, rtol=1e-5, atol=1e-4)
@@ -634,7 +634,7 @@ def test_constant_operands_come_from_the_packed_panels():
         s = sched(mr=6, nr=32, kc=64, split=split)
         wa, wb = MATMUL_CPU.pack_constants(p, s, a2, b2)
         args = MATMUL_CPU.arguments(p, [a, b], [np.full(p.c_shape, np.nan, np.float32)], s, CPU)
-        args[-2], args[-1] = wa, wb
+        args[-3], args[-2] = wa, wb          # (then bidx)
         MATMUL_CPU.instantiate(p, CPU, s)(*args)
         assert_close(args[3], reference(p, a2, b2, None), rtol=1e-5, atol=1e-4)
 
@@ -722,7 +722,7 @@ def test_folded_batch_fuses_a_residual_epilogue():
     fused = fuse(MATMUL_CPU.instantiate(p, CPU, schedule), {}, {"c": y}, sizes)
     a, b, _ = operands(p)
     wa, wb = MATMUL_CPU.workspace_sizes(p, schedule, CPU)
-    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "res": RNG.standard_normal(cs).astype(np.float32),
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "bidx": np.zeros(1, np.int64), "res": RNG.standard_normal(cs).astype(np.float32),
               "y": np.full(cs, np.nan, np.float32), "cw": np.full(cs, np.nan, np.float32),
               "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
     fused(*(arrays[q.name] for q in fused.func.params))
@@ -741,7 +741,7 @@ def test_folded_batch_gathers_through_a_prologue():
     a = RNG.standard_normal(p.a_shape).astype(np.float32)
     x = RNG.standard_normal((6, 90, 14, 14)).astype(np.float32)
     wa, wb = MATMUL_CPU.workspace_sizes(p, schedule, CPU)
-    arrays = {"a": a, "x": x, "bias": np.zeros(1, np.float32), "c": np.full(p.c_shape, np.nan, np.float32),
+    arrays = {"a": a, "x": x, "bias": np.zeros(1, np.float32), "bidx": np.zeros(1, np.int64), "c": np.full(p.c_shape, np.nan, np.float32),
               "cw": np.full(p.c_shape, np.nan, np.float32), "wa": np.zeros(wa, np.float32),
               "wb": np.zeros(wb, np.float32)}
     fused(*(arrays[q.name] for q in fused.func.params))
@@ -799,7 +799,7 @@ def _check_residual(fused, p: MatmulProblem, target, s) -> None:
     cs = p.c_shape
     a, b, _ = operands(p)
     wa, wb = MATMUL_CPU.workspace_sizes(p, s, target)
-    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
+    arrays = {"a": a, "b": b, "bias": np.zeros(1, np.float32), "bidx": np.zeros(1, np.int64), "eb": RNG.standard_normal(cs[1]).astype(np.float32),
               "res": RNG.standard_normal(cs).astype(np.float32), "y": np.full(cs, np.nan, np.float32),
               "cw": np.full(cs, np.nan, np.float32), "wa": np.zeros(wa, np.float32), "wb": np.zeros(wb, np.float32)}
     fused(*(arrays[q.name] for q in fused.func.params))
@@ -839,3 +839,22 @@ def test_a_streamed_c_prefetches_only_what_its_epilogue_reads():
     assert any("&res[" in h and h.endswith(", 0, 3);") for h in hints), hints
     assert not any("&y[" in h or "&eb[" in h for h in hints), hints
     _check_residual(fused, p, target, s)
+
+
+@given(batch=st.integers(1, 6), m=st.integers(1, 20), n=st.integers(1, 80), k=st.integers(1, 300),
+       groups=st.integers(1, 4), data=st.data())
+@settings(max_examples=12, deadline=None)
+def test_b_indexed_by_batch(batch, m, n, k, groups, data):
+    """``b_groups``: batch ``j`` multiplies by matrix ``bidx[j]`` of a constant stack packed
+    beforehand (negative indices from the end, as an embedding reads them), on every point of the
+    space (the blocked kernel only: the others cannot read packed B)."""
+    p = MatmulProblem(batch, m, n, k, const_b=True, b_groups=groups)
+    space = MATMUL_CPU.space(p, CPU)
+    assert space and all(s["pack_b"] for s in space)
+    s = data.draw(st.sampled_from(space))
+    a = RNG.standard_normal((batch, m, k)).astype(np.float32)
+    b = RNG.standard_normal((groups, k, n)).astype(np.float32)
+    idx = RNG.integers(-groups, groups, batch).astype(np.int64)
+    c = np.full((batch, m, n), np.nan, np.float32)
+    MATMUL_CPU.instantiate(p, CPU, s)(*MATMUL_CPU.arguments(p, [a, b, idx], [c], s, CPU))
+    assert_close(c, np.einsum("bmk,bkn->bmn", a.astype(np.float64), b[idx].astype(np.float64)), rtol=1e-5, atol=1e-4)

@@ -32,7 +32,7 @@ from ...errors import IRError, UnsupportedError, UnsupportedOpsError
 from ...graph import Graph, GraphBuilder, InputRef, OpKind, Tensor, TorchAttrs
 from ...graph.defs_anchor import torch_meta
 from . import (ops_bag, ops_composite, ops_einsum, ops_elementwise, ops_layers, ops_math,  # noqa: F401
-               ops_nn, ops_rnn, ops_sample, ops_scatter, ops_search, ops_tensor, ops_upsample)
+               ops_moe, ops_nn, ops_rnn, ops_sample, ops_scatter, ops_search, ops_tensor, ops_upsample)
 from . import aten, autocast, precision
 from . import complex as cx
 from . import regions

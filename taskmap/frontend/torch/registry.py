@@ -2,8 +2,10 @@
 
 A handler converts one torch call into graph ops.  It is registered for every way the call can
 appear in an ``fx`` graph — a function (``torch.relu``, ``torch.nn.functional.relu``,
-``operator.add``), a method name (``"relu"`` for ``x.relu()``), or an ``nn.Module`` class (for
-``call_module`` nodes; the handler then gets the module first)::
+``operator.add``), a method name (``"relu"`` for ``x.relu()``), an ``nn.Module`` class (for
+``call_module`` nodes; the handler then gets the module first), or a custom operator's qualified
+name (``"transformers::grouped_mm_fallback"``: its packet and overloads, which may not exist until the
+library that defines them is imported)::
 
     @register(torch.relu, torch.nn.functional.relu, "relu", torch.nn.ReLU)
     def relu(cv, x, inplace=False):
@@ -33,6 +35,7 @@ Handler = Callable[..., Any]
 _FUNCTIONS: dict[Any, Handler] = {}
 _METHODS: dict[str, Handler] = {}
 _MODULES: dict[type, Handler] = {}
+_CUSTOM_OPS: dict[str, Handler] = {}
 
 
 class NotConvertible(UnsupportedError):
@@ -49,10 +52,13 @@ class Unavailable:
 
 
 def register(*targets: Any) -> Callable[[Handler], Handler]:
-    """Register a handler for torch functions, method names (str) and nn.Module classes."""
+    """Register a handler for torch functions, method names (str), nn.Module classes and custom
+    operators (``"namespace::name"``)."""
     def deco(fn: Handler) -> Handler:
         for t in targets:
-            if isinstance(t, str):
+            if isinstance(t, str) and "::" in t:
+                _CUSTOM_OPS[t] = fn
+            elif isinstance(t, str):
                 _METHODS[t] = fn
             elif isinstance(t, type) and issubclass(t, torch.nn.Module):
                 _MODULES[t] = fn
@@ -71,12 +77,17 @@ def lookup(op: str, target: Any) -> Handler | None:
             if cls in _MODULES:
                 return _MODULES[cls]
         return None
+    if isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        packet = target if isinstance(target, torch._ops.OpOverloadPacket) else target.overloadpacket
+        if packet._qualified_op_name in _CUSTOM_OPS:
+            return _CUSTOM_OPS[packet._qualified_op_name]
     return _FUNCTIONS.get(target)
 
 
 def registered() -> dict[str, list[Any]]:
     """Everything registered: functions, method names, module classes (for coverage checks)."""
-    return {"functions": list(_FUNCTIONS), "methods": sorted(_METHODS), "modules": list(_MODULES)}
+    return {"functions": list(_FUNCTIONS), "methods": sorted(_METHODS), "modules": list(_MODULES),
+            "custom": sorted(_CUSTOM_OPS)}
 
 
 def torch_dtype(t: ScalarType) -> torch.dtype:
