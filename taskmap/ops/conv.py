@@ -48,7 +48,7 @@ from ..schedule import tune
 from ..templates.base import Schedule
 from ..templates.conv_cpu import CONV_CPU
 from ..templates.conv_problem import ConvProblem, output_size
-from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_cpu import MATMUL_CPU, NO_INDEX
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, new_like, view
 from ..templates.matmul_simt import MATMUL_SIMT
 from ..templates.matmul_tc import MATMUL_TC
@@ -260,6 +260,7 @@ class _Plan:
                                                     (mp.batch, mp.m, mp.n))
             avail["wa"] = WORKSPACE.get("cpu_a", self.wa)
             avail["wb"] = WORKSPACE.get("cpu_b", self.wb)
+            avail["bidx"] = NO_INDEX         # the matmul template's index of B's matrices (unused)
         args = [avail[name] for name in self.names]
         if self.cpu and kind.target == "cpu":
             _launch_host(self, args)

@@ -25,14 +25,13 @@ from ..schedule import tune
 from ..templates.base import Schedule
 from ..templates.conv_cpu import CONV_CPU, direct_cost, gemm_cost, gemm_space
 from ..templates.conv_problem import ConvProblem
-from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_cpu import MATMUL_CPU, NO_INDEX
 from ..templates.matmul_problem import WORKSPACE
 from .conv_defs import gemm_prologues, gemm_views
 
 #: The tag of the implicit GEMM's points (the direct template's have no ``vec`` or another one).
 GEMM = "gemm"
 _ZERO = np.zeros(1, np.float32)      # the matmul template's own bias, unused
-_NO_INDEX = np.zeros(1, np.int64)    # ... and its index of B's matrices
 
 
 def gemm_schedule(schedule: Schedule) -> Schedule | None:
@@ -98,7 +97,7 @@ class ConvRouteCpuTemplate:
         avail = gemm_views(p, names, inputs[0], inputs[1], outputs[0])
         wa, wb = MATMUL_CPU.workspace_sizes(mp, gemm, target)
         packed_a, _ = MATMUL_CPU.pack_constants(mp, gemm, inputs[1], None, target) if mp.const_a else (None, None)
-        avail.update(cw=avail["c"], bias=_ZERO, bidx=_NO_INDEX, wb=WORKSPACE.get("cpu_b", wb),
+        avail.update(cw=avail["c"], bias=_ZERO, bidx=NO_INDEX, wb=WORKSPACE.get("cpu_b", wb),
                      wa=WORKSPACE.get("cpu_a", wa) if packed_a is None else packed_a)
         return [avail[name] for name in names]
 

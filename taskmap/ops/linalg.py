@@ -32,7 +32,7 @@ from ..runtime.args import data_ptr as _ptr
 from ..runtime.args import is_torch_tensor
 from ..runtime.kernel import HostLaunch
 from ..schedule import tune
-from ..templates.matmul_cpu import MATMUL_CPU
+from ..templates.matmul_cpu import MATMUL_CPU, NO_INDEX
 from ..templates.matmul_cpu_bf16 import MATMUL_CPU_BF16
 from ..templates.matmul_problem import WORKSPACE, MatmulProblem, view
 from ..templates.matmul_simt import MATMUL_SIMT
@@ -303,7 +303,6 @@ def _template_for(op: str, p: MatmulProblem, target: Target) -> Any:
 
 
 _ZERO_PTR = _ZERO.ctypes.data
-_NO_INDEX = np.zeros(1, np.int64)       # the CPU matmul kernels' ``bidx`` (for ``b_groups`` only)
 
 
 class _HostPlan:
@@ -323,7 +322,7 @@ class _HostPlan:
             inputs = [a, b] if bias is None else [a, b, bias]
             args = self.template.arguments(self.problem, inputs, [c], self.schedule, self.target)
             self.launch = self.kernel.build("cpu").bind_host(*args)
-            self.tail = (_NO_INDEX.ctypes.data,) * (self.launch.arity - 7)     # bidx, where the kernel has it
+            self.tail = (NO_INDEX.ctypes.data,) * (self.launch.arity - 7)     # bidx, where the kernel has it
         tid = threading.get_ident()
         ws = self._workspace.get(tid)
         if ws is None or ws[0] != WORKSPACE.generation():

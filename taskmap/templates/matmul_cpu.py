@@ -171,7 +171,7 @@ STREAM_C = 0.5
 #: Below this many FLOPs one core is considered too; above it, only all of them.
 SMALL_FLOPS, LARGE_FLOPS = 2e5, 2e7
 _ZERO = np.zeros(1, np.float32)
-_NO_INDEX = np.zeros(1, np.int64)      # ``bidx`` of a problem without ``b_groups``
+NO_INDEX = np.zeros(1, np.int64)       # the kernels' ``bidx`` for a problem without ``b_groups``
 
 
 def lanes_of(target: Target) -> int:
@@ -521,11 +521,11 @@ class MatmulCpuTemplate(KernelFamily):
         wa, wb = max(x[0] for x in sizes), max(x[1] for x in sizes)
         pa, pb = self.pack_constants(problem, schedule, ops[0], ops[1], target) if schedule is not None and \
             (problem.const_a or problem.const_b) else (None, None)
-        bidx = view(inputs[3 if problem.bias else 2], (problem.batch,)) if problem.b_groups else _NO_INDEX
+        bidx = view(inputs[3 if problem.bias else 2], (problem.batch,)) if problem.b_groups else NO_INDEX
         return ops + [WORKSPACE.get("cpu_a", wa) if pa is None else pa, WORKSPACE.get("cpu_b", wb) if pb is None else pb,
                       bidx]
 
 
 MATMUL_CPU = MatmulCpuTemplate()
 
-__all__ = ["MATMUL_CPU", "MatmulCpuTemplate", "lanes_of"]
+__all__ = ["MATMUL_CPU", "MatmulCpuTemplate", "NO_INDEX", "lanes_of"]
