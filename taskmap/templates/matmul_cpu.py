@@ -305,8 +305,8 @@ class MatmulCpuTemplate(KernelFamily):
                 if s < 2 * small:
                     mr, nr = (s, b) if p.m <= p.n else (b, s)
                     out += [Schedule.of(dot=True, mr=mr, nr=nr, pack_a=False, pack_b=False, cores=c) for c in cores]
-        if p.b_groups:       # B indexed by batch: its matrices packed beforehand, read through the blocked kernel
-            out = [s for s in out if s.as_dict().get("pack_b") and not s.as_dict().get("fold")]
+        if p.b_groups:       # B indexed by batch: its matrices packed beforehand, read by the blocked kernel with the
+            out = [s for s in out if s.as_dict().get("pack_b") and s.as_dict().get("split") == "n"]   # panels outer
         return out
 
     def _blocked(self, p: MatmulProblem, target: Target, tiles: Sequence[tuple[int, int]], cores: list[int],

@@ -92,7 +92,7 @@ def routed(rows, experts, seed, empty=(), unused_tail=0):
 @pytest.mark.parametrize("rows, experts, k, n, empty, tail", [
     (3, 4, 24, 40, (1,), 0),         # decoding: one row a block
     (64, 4, 40, 72, (0, 2), 0),      # blocks of 8 rows, empty experts
-    (200, 3, 33, 50, (), 5),         # blocks of 32, rows past the last group
+    (200, 3, 33, 50, (), 5),         # blocks of 16, rows past the last group
 ])
 def test_grouped_mm_matches_torch(rows, experts, k, n, empty, tail, monkeypatch):
     """Against a loop of products (torch's own CPU kernel wants rows of 16 bytes); the experts'
