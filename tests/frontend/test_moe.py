@@ -153,3 +153,24 @@ def test_mixtral_default_experts_compile_whole(tokens):
         fast = taskmap.compile(model, progress=False)       # fallback off: every op converted
         got = fast(input_ids=ids).last_hidden_state
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_oss_experts_with_biases_and_transposed_weights():
+    """gpt-oss: experts stored (E, K, N) with biases gathered by expert, its own gate (clamped
+    SwiGLU of interleaved halves), a router whose weights are random here."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    cfg = transformers.GptOssConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=4,
+                                    num_experts_per_tok=2, max_position_embeddings=64, use_cache=False)
+    model = transformers.AutoModel.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.abs().max():
+                p.normal_(0, 0.5)
+    ids = torch.randint(3, 100, (1, 20))
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state
+        got = taskmap.compile(model, progress=False)(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
