@@ -143,6 +143,19 @@ class ViewReadAfterWrite(nn.Module):
         return v * 3, h                     # ... and the view is read after: it sees the change
 
 
+class ViewsOfAWrittenView(nn.Module):
+    """Qwen3.5's rotary frequencies: ``f0 = freq[0]`` written through stepped slices from other
+    rows of ``freq`` (views taken before, disjoint from the writes), then ``f0`` read whole."""
+
+    def forward(self, x):
+        freq = x * 2.0
+        f0 = freq[0]
+        for row, offset in ((1, 1), (2, 2)):
+            f0[..., offset:12:3] = freq[row, ..., offset:12:3]
+        f0[:, ::2, -1] = 7.0                # a stepped slice in the middle, a number
+        return torch.cat((f0, f0), dim=-1), freq[2] * 1.5
+
+
 class WritesInput(nn.Module):
     def forward(self, x):
         if x.shape[0] > 1:                  # Python branching on a size: torch.fx cannot trace it
@@ -150,15 +163,18 @@ class WritesInput(nn.Module):
         return x * 2
 
 
-def test_writes_reaching_views_are_refused_and_input_writes_left_to_dynamo(capsys, monkeypatch):
-    # a view read after its base changed in place: no functional graph is right (dynamo's graph
-    # would silently give the view's old value), so the capture refuses with the model's line
+def test_views_read_after_a_write_and_input_writes_left_to_dynamo(capsys, monkeypatch):
+    # a view read after its base changed in place: the ATen graph takes the view again from the
+    # new value (torch.fx's graph refuses it, so "auto" goes there too); dynamo's torch-level graph
+    # would silently give the view's old value, so that capture refuses with the model's line
     x = torch.randn(3, 4)
-    for capture in ("auto", "export", "dynamo"):       # torch.fx's graph, the ATen one, dynamo's
-        with pytest.raises(UnsupportedError, match=r"view \S+,? \(?taken before\)?,? is read after") as info:
-            taskmap.compile(ViewReadAfterWrite().eval(), progress=False, capture=capture)(x)
-        assert 'test_export_capture.py", line' in str(info.value) and "h.add_(1)" in str(info.value)
-        assert "clone the view" in str(info.value)
+    for capture in ("auto", "export"):
+        _, tracer = compiled(ViewReadAfterWrite(), x, capture=capture)
+        assert tracer == "torch.export"
+    with pytest.raises(UnsupportedError, match=r"view \S+,? \(?taken before\)?,? is read after") as info:
+        taskmap.compile(ViewReadAfterWrite().eval(), progress=False, capture="dynamo")(x)
+    assert 'test_export_capture.py", line' in str(info.value) and "h.add_(1)" in str(info.value)
+    assert "clone the view" in str(info.value)
     # writes into an input: dynamo's graph, which writes them back
     monkeypatch.setenv("TASKMAP_DEBUG", "capture")
     fast = taskmap.compile(WritesInput(), progress=False)
@@ -171,6 +187,29 @@ def test_writes_reaching_views_are_refused_and_input_writes_left_to_dynamo(capsy
     assert "writes into an input" in capsys.readouterr().err
     with pytest.raises(CaptureError, match=r"torch.export.export could not capture(?s:.*)writes into an input"):
         taskmap.compile(WritesInput(), progress=False, capture="export")(torch.randn(3, 4))
+
+
+def test_views_taken_before_writes_through_stepped_slices():
+    _, tracer = compiled(ViewsOfAWrittenView(), torch.randn(3, 2, 5, 16))
+    assert tracer == "torch.export"
+
+
+class SteppedAssignments(nn.Module):
+    def forward(self, x, v):
+        y = x * 1.0
+        y[:, 1::3] = v
+        y[::2, :, 0] = -1.0
+        y[1:, 2:7:2, 1:] = v[1:, :3, 1:] * 2
+        return y
+
+
+@pytest.mark.parametrize("capture", ["export", "dynamo"])
+def test_item_assignment_into_stepped_slices(capture):
+    """``x[:, 1::3] = v``: the value spread along the step, as torch writes it (the ATen graph's
+    writes through views and dynamo's ``operator.setitem``; torch.fx cannot trace item assignment)."""
+    x, v = torch.randn(4, 10, 3), torch.randn(4, 3, 3)
+    _, tracer = compiled(SteppedAssignments(), x, v, capture=capture, rtol=0, atol=0)
+    assert tracer == {"export": "torch.export", "dynamo": "torch._dynamo.export"}[capture]
 
 
 def test_multi_output_ops_need_multi_output_handlers():

@@ -108,9 +108,11 @@ def functional_writes(graph: torch.fx.Graph) -> str:
         if root.op in ("placeholder", "get_attr"):
             return f"{node.target} writes into an input or a weight"
         late = [v for v in base if base[v] is root and same[v] is v and v is not root and v is not target and
-                order[v] < order[node] and _read_after(v, order, order[node])]
-        if late:
-            raise AliasingError(f"{node.target} changes {root.name}, whose view {late[0].name} (taken before) is "
+                order[v] < order[node] and _read_after(v, order, order[node]) and not _disjoint(v, target, lambda n: same.get(n) is root)]
+        stale = [(v, _view_chain(v, lambda n: same.get(n) is root)) for v in late]   # taken again, for later readers
+        if any(chain is None for _, chain in stale):
+            v = next(v for v, chain in stale if chain is None)
+            raise AliasingError(f"{node.target} changes {root.name}, whose view {v.name} (taken before) is "
                                 f"read after{_line(node)}")
         value = node
         pure = None if node.target.overloadpacket.__name__ in _OVERWRITES else _out_of_place(node.target)
@@ -134,13 +136,46 @@ def functional_writes(graph: torch.fx.Graph) -> str:
             graph.erase_node(node)
             if overwrite:
                 for v in views:
-                    graph.erase_node(v)
+                    if not v.users:         # (a view read elsewhere stays: before the write, or taken again below)
+                        graph.erase_node(v)
             order[value], same[value], base[value] = order.pop(node), root, root
+        _take_again(graph, stale, value, root, base, same, order)
         for v in [v for v in same if same[v] is root and v is not value and v in order]:
             for user in list(v.users):          # later readers of the tensor read its new value
                 if order.get(user, len(order)) > order[value]:
                     user.replace_input_with(v, value)
     return ""
+
+
+def _view_chain(view: torch.fx.Node, is_root: Callable[[torch.fx.Node], bool]) -> list[torch.fx.Node] | None:
+    """The ``slice`` / ``select`` views from the tensor (a value of it) to ``view``, first first; None
+    for other views."""
+    chain = []
+    while not is_root(view):
+        if view.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.select.int):
+            return None
+        chain.append(view)
+        view = view.args[0]
+    return chain[::-1]
+
+
+def _take_again(graph: torch.fx.Graph, stale: list[tuple[torch.fx.Node, list[torch.fx.Node]]], value: torch.fx.Node,
+                root: torch.fx.Node, base: dict[torch.fx.Node, torch.fx.Node], same: dict[torch.fx.Node, torch.fx.Node],
+                order: dict[torch.fx.Node, int]) -> None:
+    """Views of ``root`` taken before a write and read after (``f0 = freq[0]; f0[..., 1::3] = x;
+    cat(f0, ...)``): their readers after the write read the same views of its result ``value``."""
+    at = order[value]
+    for view, chain in stale:
+        last = current = value
+        for v in chain:
+            with graph.inserting_after(last):
+                current = graph.call_function(v.target, (current, *v.args[1:]), dict(v.kwargs))
+            current.meta = dict(v.meta)
+            order[current], base[current], same[current] = at, root, current
+            last = current
+        for user in list(view.users):
+            if order.get(user, len(order)) > at:
+                user.replace_input_with(view, current)
 
 
 def _line(node: torch.fx.Node) -> str:
@@ -231,17 +266,54 @@ def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     return getattr(packet, op._overloadname, None) if packet is not None else None
 
 
+def _region(view: torch.fx.Node, is_root: Callable[[torch.fx.Node], bool]) -> list[range] | None:
+    """The elements of the tensor (a value of it: ``is_root``) a chain of ``slice`` / ``select``
+    views shows: per dimension, the indices (None: another kind of view, or no recorded shape)."""
+    chain = []
+    node = view
+    while not is_root(node):
+        if node.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.select.int) or \
+                not isinstance(node.args[0], torch.fx.Node):
+            return None
+        chain.append(node)
+        node = node.args[0]
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    region = [range(int(n)) for n in val.shape]
+    dims = list(range(len(region)))            # the root's dimensions the current view still has
+    for v in reversed(chain):
+        d = dims[(v.args[1] if len(v.args) > 1 else 0) % len(dims)]
+        if v.target is torch.ops.aten.select.int:
+            i = region[d][v.args[2]]
+            region[d] = range(i, i + 1)
+            dims.remove(d)
+        else:
+            given = list(v.args[2:])
+            start, end, step = given + [None, None, 1][len(given):]
+            region[d] = region[d][slice(start, end, step)]
+    return region
+
+
+def _disjoint(a: torch.fx.Node, b: torch.fx.Node, is_root: Callable[[torch.fx.Node], bool]) -> bool:
+    """Whether the ``slice`` / ``select`` views ``a`` and ``b`` of a tensor share no element
+    (``freq[1]`` and ``freq[0][..., 1::3]``): a write through one leaves the other as it was."""
+    ra, rb = _region(a, is_root), _region(b, is_root)
+    return ra is not None and rb is not None and any(set(x).isdisjoint(y) for x, y in zip(ra, rb))
+
+
 def _index_chain(view: torch.fx.Node, is_base: Callable[[torch.fx.Node], bool], users: int = 1
                  ) -> tuple[tuple[Any, ...], list[torch.fx.Node], torch.fx.Node] | None:
     """``base[index]`` for a chain of ``slice`` / ``select`` views, up to a node ``is_base``
     accepts; the views (last first) and that base.  The view itself may have ``users`` users
-    (its write; with an update, its readers too), the chain's others one (the next view).  None
+    (its write; with an update, its readers too); the chain's others any (readers before the
+    write read the old values, readers after it views taken again: :func:`_take_again`).  None
     for other views."""
     views = []
     node = view
     while not is_base(node):
         if node.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.select.int) or \
-                len(node.users) > (users if node is view else 1):
+                (node is view and len(node.users) > users):
             return None
         views.append(node)
         node = node.args[0]

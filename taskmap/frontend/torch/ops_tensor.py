@@ -253,9 +253,10 @@ def getitem(cv: Converter, x: Any, idx: Any) -> Any:
 
 
 def setitem_basic(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
-    """``x[idx] = value`` for basic indices (ints, slices of step 1, ``...``): a new tensor —
-    ``value`` broadcast to the region, padded out to ``x``'s shape, chosen where a constant mask
-    marks the region — that later uses of ``x`` read (the importer rebinds it)."""
+    """``x[idx] = value`` for basic indices (ints, slices, ``...``): a new tensor — ``value``
+    broadcast to the region, spread out along the slices with a step (each element followed by
+    ``step - 1`` zeros), padded out to ``x``'s shape, chosen where a constant mask marks the
+    region — that later uses of ``x`` read (the importer rebinds it)."""
     if not isinstance(x, Tensor):
         raise NotConvertible("item assignment into a non-tensor")
     items = idx if isinstance(idx, tuple) else (idx,)
@@ -269,7 +270,7 @@ def setitem_basic(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
     for i in items:
         full += [builtins.slice(None)] * (x.ndim - n_real) if i is Ellipsis else [i]
     full += [builtins.slice(None)] * (x.ndim - len(full))
-    bounds, region, keep = [], [], []
+    bounds, region, keep, steps = [], [], [], []
     for n, i in zip(x.shape, full):
         if isinstance(i, int) and not isinstance(i, bool):
             k = i + n if i < 0 else i
@@ -277,15 +278,21 @@ def setitem_basic(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
                 raise NotConvertible(f"index {i} out of range for a dimension of size {n}")
             bounds.append((k, k + 1))
             keep.append(False)
+            steps.append(1)
+            region.append(1)
         elif isinstance(i, builtins.slice):
             b, e, step = i.indices(n)
-            if step != 1:
-                raise NotConvertible("item assignment into a slice with a step")
-            bounds.append((b, builtins.max(b, e)))
+            if step < 1:
+                raise NotConvertible("item assignment into a slice with a negative step")
+            count = len(range(b, e, step))
+            bounds.append((b, b + (count - 1) * step + 1 if count else b))     # the span the elements cover
             keep.append(True)
+            steps.append(step)
+            region.append(count)
         else:
             raise NotConvertible(f"index of type {type(i).__name__}")
-        region.append(bounds[-1][1] - bounds[-1][0])
+    if 0 in region:                 # nothing assigned
+        return x
     if isinstance(value, Tensor):
         v = cv.cast(value, x.dtype)
         view = [r for r, k in zip(region, keep) if k]          # the shape of x[idx]: value broadcasts to it
@@ -298,11 +305,18 @@ def setitem_basic(cv: Converter, x: Any, idx: Any, value: Any) -> Tensor:
         v = cv.expand(cv.reshape(v, tuple(shaped)), tuple(region))
     else:
         v = cv.expand(cv.const(np.full((1,) * x.ndim, value, dtype=x.dtype.numpy_dtype)), tuple(region))
+    for a, (step, count) in enumerate(zip(steps, region)):
+        if step > 1 and count > 1:  # (.., c, ..) -> (.., c, step, ..) with zeros after each -> its span
+            shape = v.shape
+            spread = cv.op(OpKind.PAD, [cv.reshape(v, (*shape[:a + 1], 1, *shape[a + 1:]))],
+                           PadAttrs(tuple((0, step - 1) if d == a + 1 else (0, 0) for d in range(v.ndim + 1))))
+            v = cv.slice(cv.reshape(spread, (*shape[:a], count * step, *shape[a + 1:])), a, 0, (count - 1) * step + 1)
     widths = tuple((b, n - e) for (b, e), n in zip(bounds, x.shape))
     padded = cv.op(OpKind.PAD, [v], PadAttrs(widths)) if builtins.any(w != (0, 0) for w in widths) else v
-    cut = [(b, e) != (0, n) for (b, e), n in zip(bounds, x.shape)]       # the axes the region restricts
+    cut = [(b, e) != (0, n) or step > 1 for (b, e), n, step in zip(bounds, x.shape, steps)]   # axes restricted
     mask = np.zeros(tuple(n if c else 1 for n, c in zip(x.shape, cut)), dtype=bool)
-    mask[tuple(builtins.slice(b, e) if c else builtins.slice(None) for (b, e), c in zip(bounds, cut))] = True
+    mask[tuple(builtins.slice(b, e, step) if c else builtins.slice(None)
+               for (b, e), c, step in zip(bounds, cut, steps))] = True
     return cv.op(OpKind.WHERE, [cv.const(mask), padded, x], WhereAttrs())
 
 
