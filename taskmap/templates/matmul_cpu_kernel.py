@@ -159,12 +159,13 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
     FOLD = cfg.fold
     assert not FOLD or (PACK_B and B_BATCHED and not A_BATCHED and not TRANS_B and not cfg.trans_c and not BIAS
                         and not PRE_B)
-    assert not B_INDEX or (PRE_B and B_BATCHED and not FOLD)
+    assert not B_INDEX or (PRE_B and B_BATCHED and not FOLD and not SPLIT_M)
     # B indexed by batch, cores on column panels: the panels outer and the batches inner, so that a
     # run of batches with the same matrix (a mixture of experts' blocks of one expert) reads each of
     # its panels from memory once, then from L2 (with the batches outer each batch streamed it again):
     # 256 rows of 1024 -> 5632 over 8 experts in blocks of 16, 27-30 ms against 35-41 (Zen 4, two cores).
-    INDEX_N = B_INDEX and not SPLIT_M
+    # (Its K blocks and tiles repeat the column-panel branch's; a shared helper would cost a call per tile.)
+    INDEX_N = B_INDEX
     NE = cfg.ne                                      # the narrow tile's width (see make_micro)
     assert NE % V == 0 and 0 <= NE < NR
     # The panels packed beforehand (the weights) come from memory when a model runs: the micro-kernel
@@ -429,6 +430,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                     je = min(jb + NCB, j1)
                     for bi in range(batch):
                         ai = bi if A_BATCHED else 0
+                        # this batch's matrix, as an embedding reads it: from the end when negative, clamped
                         bj = min(max(cast(select(bidx[bi] < 0, bidx[bi] + BB, bidx[bi]), i32), 0), BB - 1)
                         for pb in range(KB):
                             k0 = pb * k // KB
@@ -450,9 +452,7 @@ def build_kernel(cfg: CpuConfig) -> Kernel:
                 u1 = (p + 1) * (LB * units) // P
                 for bi in range(u0 // units, (u1 + units - 1) // units):
                     ai = bi if A_BATCHED else 0
-                    # with B_INDEX the matrix of this batch (as an embedding reads: from the end when negative, clamped)
-                    bj = min(max(cast(select(bidx[bi] < 0, bidx[bi] + BB, bidx[bi]), i32), 0), BB - 1) if B_INDEX else \
-                        (bi if B_BATCHED and not FOLD else 0)
+                    bj = bi if B_BATCHED and not FOLD else 0
                     lo = max(u0 - bi * units, 0)
                     hi = min(u1 - bi * units, units)
                     if SPLIT_M:   # my row panels lo..hi, MCB at a time; B blocks of NCB panels pass by
