@@ -657,7 +657,7 @@ def _indexed_b(ops: Sequence[Op], operand: Tensor, p: MatmulProblem) -> tuple[Te
         return None
     table, idx = emb.inputs
     if not _constant(table) or table.ndim != 3 or tuple(table.shape[1:]) != (p.k, p.n) or idx.numel != p.batch \
-            or idx.dtype.name not in ("int32", "int64"):
+            or idx.dtype.name != "int64":          # (the kernel's bidx is int64)
         return None
     needed, todo = set(), [idx]           # the prologue ops the indices come from
     while todo:

@@ -522,8 +522,8 @@ class MatmulCpuTemplate(KernelFamily):
         pa, pb = self.pack_constants(problem, schedule, ops[0], ops[1], target) if schedule is not None and \
             (problem.const_a or problem.const_b) else (None, None)
         bidx = view(inputs[3 if problem.bias else 2], (problem.batch,)) if problem.b_groups else NO_INDEX
-        return ops + [WORKSPACE.get("cpu_a", wa) if pa is None else pa, WORKSPACE.get("cpu_b", wb) if pb is None else pb,
-                      bidx]
+        return ops + [WORKSPACE.get("cpu_a", wa) if pa is None else pa,
+                      WORKSPACE.get("cpu_b", wb) if pb is None else pb, bidx]
 
 
 MATMUL_CPU = MatmulCpuTemplate()

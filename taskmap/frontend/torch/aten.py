@@ -107,9 +107,10 @@ def functional_writes(graph: torch.fx.Graph) -> str:
         root = base[target]
         if root.op in ("placeholder", "get_attr"):
             return f"{node.target} writes into an input or a weight"
+        written = lambda n: same.get(n) is root      # noqa: E731 - root, or a value written into it
         late = [v for v in base if base[v] is root and same[v] is v and v is not root and v is not target and
-                order[v] < order[node] and _read_after(v, order, order[node]) and not _disjoint(v, target, lambda n: same.get(n) is root)]
-        stale = [(v, _view_chain(v, lambda n: same.get(n) is root)) for v in late]   # taken again, for later readers
+                order[v] < order[node] and _read_after(v, order, order[node]) and not _disjoint(v, target, written)]
+        stale = [(v, _view_chain(v, written)) for v in late]     # taken again, for the later readers
         if any(chain is None for _, chain in stale):
             v = next(v for v, chain in stale if chain is None)
             raise AliasingError(f"{node.target} changes {root.name}, whose view {v.name} (taken before) is "

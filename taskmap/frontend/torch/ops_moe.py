@@ -12,7 +12,8 @@ the product is built from ops of static shapes:
   ``NB = (S + min(E, S) * (BM - 1)) // BM`` blocks exist whatever the routing.  Block ``j`` gathers
   its rows of ``a`` and its expert's matrix, and one batched product computes all blocks
   ``(NB, BM, K) @ (NB, K, N)`` — the gathers are injective, so they fuse into the product's
-  operand reads (no copy of an expert's matrix per block).  Row ``s`` of the result is row
+  operand reads; on the CPU the experts' stack is packed once and each block reads its expert's
+  panels by index (``MatmulProblem.b_groups``: no copy of a matrix per block).  Row ``s`` of the result is row
   ``bstart[e] * BM + (s - offs[e-1])`` of the blocks' output, another gather.
 * ``BM = 1`` (few rows an expert, as when decoding) is one matrix-vector product per row with its
   expert's matrix: no padding and nothing to gather back.
@@ -26,11 +27,12 @@ Also converted: both operands 3-d without ``offs`` (a batched product).  Not con
 reason: a 2-d ``b`` (the weight-gradient form, groups along K), ``bias`` (torch refuses it too).
 
 **histc** counts the values in ``bins`` equal bins between ``min`` and ``max`` (the data's own
-extremes when they are equal, as torch — moved 1 apart when those are equal too), values outside left out, a value equal to ``max`` in the last bin.  A
-value's bin is the number of inner bin edges at or below it — the edges torch computes
-(``linspace``), so a value on an edge lands where torch puts it — and each bin counts its values
-(one comparison per value and bin, then a sum: right for the few bins of routing and of
-quantization statistics, quadratic for large histograms).
+extremes when they are equal, as torch — moved 1 apart when those are equal too), values outside
+left out, a value equal to ``max`` in the last bin.  A value's bin is the number of inner bin
+edges at or below it — the edges torch computes (``linspace``), so a value on an edge lands where
+torch puts it — and each bin counts its values (one comparison per value and bin, then a sum:
+right for the few bins of routing and of quantization statistics, quadratic for large
+histograms).
 """
 from __future__ import annotations
 
