@@ -124,7 +124,11 @@ def grouped_rows(cv: Converter, a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     return cv.op(OpKind.WHERE, [cv.reshape(inside, (rows, 1)), out], WhereAttrs(b_scalar=0))
 
 
-@register(F.grouped_mm, torch._grouped_mm, "transformers::grouped_mm_fallback")
+#: The grouped products this torch has (``F.grouped_mm`` since 2.10, ``torch._grouped_mm`` since 2.8).
+_GROUPED_MM = tuple(f for f in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f is not None)
+
+
+@register(*_GROUPED_MM, "transformers::grouped_mm_fallback")
 def grouped_mm(cv: Converter, a: Tensor, b: Tensor, offs: Any = None, bias: Any = None, out_dtype: Any = None
                ) -> Tensor:
     if bias is not None:
