@@ -270,20 +270,15 @@ def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
 def _region(view: torch.fx.Node, is_root: Callable[[torch.fx.Node], bool]) -> list[range] | None:
     """The elements of the tensor (a value of it: ``is_root``) a chain of ``slice`` / ``select``
     views shows: per dimension, the indices (None: another kind of view, or no recorded shape)."""
-    chain = []
-    node = view
-    while not is_root(node):
-        if node.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.select.int) or \
-                not isinstance(node.args[0], torch.fx.Node):
-            return None
-        chain.append(node)
-        node = node.args[0]
-    val = node.meta.get("val")
+    chain = _view_chain(view, is_root)
+    if chain is None:
+        return None
+    val = (chain[0].args[0] if chain else view).meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None
     region = [range(int(n)) for n in val.shape]
     dims = list(range(len(region)))            # the root's dimensions the current view still has
-    for v in reversed(chain):
+    for v in chain:
         d = dims[(v.args[1] if len(v.args) > 1 else 0) % len(dims)]
         if v.target is torch.ops.aten.select.int:
             i = region[d][v.args[2]]
